@@ -1,0 +1,58 @@
+"""Configuration: AMEM_CONF strings and enable()/Allocator keyword arguments.
+
+The options table lives in C++ (csrc/core/options.h); this module only turns keyword arguments
+into the same `key:value,...` text, merges it over AMEM_CONF, and lets the core validate it, so
+a bad key or value raises the core's ValueError naming the key and what it accepts.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from . import _C
+
+ENV_VAR = "AMEM_CONF"
+
+
+def _format_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    if isinstance(value, Mapping):  # roundup_power2_divisions={256: 1, ">": 8}
+        return "[" + ",".join(f"{k}:{v}" for k, v in value.items()) + "]"
+    raise ValueError(
+        f"AMEM_CONF: option '{key}' got a {type(value).__name__}; pass a number, True/False, "
+        "or for roundup_power2_divisions a dict {interval_MiB: divisions, '>': divisions}"
+    )
+
+
+def to_conf_string(options: Mapping[str, Any]) -> str:
+    """{'max_split_size_mb': 512} -> 'max_split_size_mb:512'."""
+    return ",".join(f"{key}:{_format_value(key, value)}" for key, value in options.items())
+
+
+def resolve(options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> str:
+    """AMEM_CONF overlaid by keyword options; validated; returned as a conf string."""
+    env = os.environ if env is None else env
+    parts = [p for p in (env.get(ENV_VAR, "").strip(), to_conf_string(options or {})) if p]
+    conf = ",".join(parts)
+    _C.canonical_config(conf)  # raises ValueError naming the bad key or value
+    return conf
+
+
+def canonical(conf: str = "") -> str:
+    """Every option, defaults included, as `key:value,...`."""
+    return _C.canonical_config(conf)
+
+
+def option_table() -> list[tuple[str, str, str]]:
+    """(name, default, accepted values and meaning) for every option."""
+    return [tuple(row) for row in _C.option_table()]
+
+
+def describe() -> str:
+    """The options table as text, for `amem config` and the README."""
+    rows = option_table()
+    width = max(len(name) for name, _, _ in rows)
+    return "\n".join(f"{name:<{width}}  default {default:<9}  {doc}" for name, default, doc in rows)

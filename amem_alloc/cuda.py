@@ -1,0 +1,110 @@
+"""amem on real GPUs: swap it in as torch's CUDA allocator, and read what it holds per device.
+
+enable() must run before torch initializes CUDA (the first CUDA tensor, torch.cuda.init(), ...):
+torch refuses to swap an allocator that has served memory. `amem run script.py` and
+AMEM_ENABLE=1 put it in place before any user code runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from . import _C
+from .config import resolve
+from .introspection import Fragmentation, SegmentInfo, parse_fragmentation, parse_segments, parse_stats
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"enabled": False, "conf": None, "allocator": None}
+
+_TOO_LATE = (
+    "amem_alloc.enable() must run before CUDA is initialized, but torch has already initialized "
+    "CUDA in this process (a CUDA tensor, torch.cuda.init() or a CUDA query created its context), "
+    "and torch cannot swap an allocator after that. Call amem_alloc.enable() at the very top of "
+    "your script, before any CUDA work, or start the script with `amem run script.py` or with "
+    "AMEM_ENABLE=1 in the environment."
+)
+
+
+def _function_address(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def enable(**options: Any) -> None:
+    """Makes amem torch's CUDA allocator for this process.
+
+    Keyword options are those of AMEM_CONF (they override it), e.g.
+    enable(max_split_size_mb=512, garbage_collection_threshold=0.8).
+    """
+    import torch
+
+    conf = resolve(options)
+    with _lock:
+        if _state["enabled"]:
+            if conf != _state["conf"]:
+                raise RuntimeError(
+                    f"amem is already enabled with options {_state['conf']!r}; options are fixed "
+                    "once the allocator is in place. Restart the process to change them."
+                )
+            return
+        if torch.cuda.is_initialized():
+            raise RuntimeError(_TOO_LATE)
+        _C.cuda_configure(conf)
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "amem_malloc", "amem_free")
+        lib = ctypes.CDLL(_C.__file__)
+        pluggable._allocator.set_init_fn(_function_address(lib, "amem_init"))
+        pluggable._allocator.set_reset_fn(_function_address(lib, "amem_empty_cache"))
+        try:
+            torch.cuda.memory.change_current_allocator(pluggable)
+        except RuntimeError as err:
+            raise RuntimeError(f"{_TOO_LATE} (torch said: {err})") from err
+        _state.update(enabled=True, conf=conf, allocator=pluggable)
+
+
+def is_enabled() -> bool:
+    """Whether amem is torch's CUDA allocator in this process."""
+    return bool(_state["enabled"])
+
+
+def _device_index(device: Any = None) -> int:
+    if device is None:
+        import torch
+
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if isinstance(device, int):
+        index = device
+    else:
+        import torch
+
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"amem: {device!r} is not a CUDA device")
+        index = 0 if dev.index is None else dev.index
+    if index < 0:
+        raise ValueError(f"amem: CUDA device index {index} is negative")
+    return index
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """amem's counters for a CUDA device, with torch.cuda.memory_stats() key names."""
+    return parse_stats(_C.cuda_stats_json(_device_index(device)))
+
+
+def segments(device: Any = None) -> list[SegmentInfo]:
+    """Every segment amem holds on a CUDA device, with its blocks."""
+    return parse_segments(_C.cuda_segments_json(_device_index(device)))
+
+
+def fragmentation(device: Any = None) -> Fragmentation:
+    return parse_fragmentation(_C.cuda_fragmentation_json(_device_index(device)))
+
+
+def empty_cache(device: Any = None) -> None:
+    """Returns amem's cached whole segments on a device (all devices if None) to CUDA."""
+    devices = _C.cuda_devices_in_use() if device is None else [_device_index(device)]
+    for d in devices:
+        _C.cuda_empty_cache(d)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _C.cuda_reset_peak_stats(_device_index(device))

@@ -1,0 +1,201 @@
+// cuda_backend.cpp — segments in real device memory. The only file in amem
+// that calls CUDA.
+//
+// Design note
+// -----------
+// The few runtime types we need are declared in cuda_runtime_abi.h (checked
+// against a toolkit header where one exists), and the functions are resolved
+// at run time from the libcudart that torch has already loaded (RTLD_NOLOAD),
+// falling back to the loader's search path. So the extension links against
+// nothing from CUDA, builds on a machine with no GPU and no driver, and shares
+// torch's runtime (same contexts, same streams) when it runs. Nothing here is
+// touched until the first CUDA allocation.
+//
+// Every call runs with the backend's device made current and the caller's
+// device restored afterwards (DeviceGuard). An out-of-memory from cudaMalloc is
+// reported as 0, with CUDA's sticky error cleared; any other CUDA error throws
+// BackendError with CUDA's own message.
+#include <dlfcn.h>
+
+#include <mutex>
+#include <string>
+
+#include "../core/backend.h"
+#include "../core/errors.h"
+#include "cuda_runtime_abi.h"
+
+namespace amem {
+namespace {
+
+using cudart::Error;
+
+// ---------------------------------------------------------------- the runtime's functions
+
+struct CudaRuntime {
+  cudart::MallocFn malloc = nullptr;
+  cudart::FreeFn free = nullptr;
+  cudart::MemGetInfoFn mem_get_info = nullptr;
+  cudart::GetDeviceFn get_device = nullptr;
+  cudart::SetDeviceFn set_device = nullptr;
+  cudart::GetDeviceCountFn get_device_count = nullptr;
+  cudart::EventCreateWithFlagsFn event_create = nullptr;
+  cudart::EventRecordFn event_record = nullptr;
+  cudart::EventQueryFn event_query = nullptr;
+  cudart::EventDestroyFn event_destroy = nullptr;
+  cudart::DeviceSynchronizeFn device_synchronize = nullptr;
+  cudart::GetLastErrorFn get_last_error = nullptr;
+  cudart::GetErrorStringFn error_string = nullptr;
+
+  static const CudaRuntime& get();
+};
+
+void* open_cudart() {
+  static const char* const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                      "libcudart.so"};
+  for (const char* name : names)  // torch's own copy first
+    if (void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) return h;
+  for (const char* name : names)
+    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return h;
+  throw BackendError(
+      "amem cuda backend: the CUDA runtime (libcudart) is not loaded and could not be found; "
+      "import torch (a CUDA build) before allocating, or use backend='host' or 'sim' on a "
+      "machine without a GPU");
+}
+
+template <typename Fn>
+void resolve(void* lib, Fn& fn, const char* symbol) {
+  fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
+  if (fn == nullptr)
+    throw BackendError(std::string("amem cuda backend: libcudart has no ") + symbol);
+}
+
+const CudaRuntime& CudaRuntime::get() {
+  static CudaRuntime rt;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = open_cudart();
+    resolve(lib, rt.malloc, "cudaMalloc");
+    resolve(lib, rt.free, "cudaFree");
+    resolve(lib, rt.mem_get_info, "cudaMemGetInfo");
+    resolve(lib, rt.get_device, "cudaGetDevice");
+    resolve(lib, rt.set_device, "cudaSetDevice");
+    resolve(lib, rt.get_device_count, "cudaGetDeviceCount");
+    resolve(lib, rt.event_create, "cudaEventCreateWithFlags");
+    resolve(lib, rt.event_record, "cudaEventRecord");
+    resolve(lib, rt.event_query, "cudaEventQuery");
+    resolve(lib, rt.event_destroy, "cudaEventDestroy");
+    resolve(lib, rt.device_synchronize, "cudaDeviceSynchronize");
+    resolve(lib, rt.get_last_error, "cudaGetLastError");
+    resolve(lib, rt.error_string, "cudaGetErrorString");
+  });
+  return rt;
+}
+
+void check(const CudaRuntime& rt, Error err, const char* what) {
+  if (err == cudart::kSuccess) return;
+  rt.get_last_error();  // clear the sticky error so the process can go on
+  throw BackendError(std::string("amem cuda backend: ") + what + " failed: " + rt.error_string(err));
+}
+
+// Makes `device` current for a scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  DeviceGuard(const CudaRuntime& rt, int device) : rt_(rt) {
+    check(rt_, rt_.get_device(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(rt_, rt_.set_device(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) rt_.set_device(previous_);
+  }
+
+ private:
+  const CudaRuntime& rt_;
+  int previous_ = -1;
+};
+
+// ---------------------------------------------------------------- the backend
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : rt_(CudaRuntime::get()), device_(device) {
+    int count = 0;
+    check(rt_, rt_.get_device_count(&count), "cudaGetDeviceCount");
+    if (device < 0 || device >= count)
+      throw std::invalid_argument("amem: CUDA device " + std::to_string(device) +
+                                  " does not exist; this process sees " + std::to_string(count) +
+                                  " device(s) (indices 0.." + std::to_string(count - 1) + ")");
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  uintptr_t allocate_segment(size_t bytes) override {
+    DeviceGuard guard(rt_, device_);
+    void* p = nullptr;
+    Error err = rt_.malloc(&p, bytes);
+    if (err == cudart::kErrorMemoryAllocation) {
+      rt_.get_last_error();  // an OOM is an answer, not a failure: clear it
+      return 0;
+    }
+    check(rt_, err, "cudaMalloc");
+    return reinterpret_cast<uintptr_t>(p);
+  }
+
+  void release_segment(uintptr_t address, size_t) override {
+    DeviceGuard guard(rt_, device_);
+    check(rt_, rt_.free(reinterpret_cast<void*>(address)), "cudaFree");
+  }
+
+  DeviceMemoryInfo memory_info() override {
+    DeviceGuard guard(rt_, device_);
+    size_t free_bytes = 0, total_bytes = 0;
+    check(rt_, rt_.mem_get_info(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    return {free_bytes, total_bytes};
+  }
+
+  EventId record_event(StreamId stream) override {
+    DeviceGuard guard(rt_, device_);
+    cudart::Event event = nullptr;
+    check(rt_, rt_.event_create(&event, cudart::kEventDisableTiming), "cudaEventCreateWithFlags");
+    check(rt_, rt_.event_record(event, reinterpret_cast<cudart::Stream>(stream)), "cudaEventRecord");
+    return reinterpret_cast<EventId>(event);
+  }
+
+  bool event_completed(EventId event) override {
+    Error err = rt_.event_query(reinterpret_cast<cudart::Event>(event));
+    if (err == cudart::kErrorNotReady) {
+      rt_.get_last_error();
+      return false;
+    }
+    check(rt_, err, "cudaEventQuery");
+    return true;
+  }
+
+  void destroy_event(EventId event) override {
+    check(rt_, rt_.event_destroy(reinterpret_cast<cudart::Event>(event)), "cudaEventDestroy");
+  }
+
+  void synchronize() override {
+    DeviceGuard guard(rt_, device_);
+    check(rt_, rt_.device_synchronize(), "cudaDeviceSynchronize");
+  }
+
+ private:
+  const CudaRuntime& rt_;
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  const CudaRuntime& rt = CudaRuntime::get();
+  check(rt, rt.get_device_count(&count), "cudaGetDeviceCount");
+  return count;
+}
+
+}  // namespace amem

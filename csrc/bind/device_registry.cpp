@@ -1,0 +1,73 @@
+// device_registry.cpp — see device_registry.h.
+#include "device_registry.h"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+namespace amem {
+namespace {
+
+std::array<std::atomic<CachingAllocator*>, kMaxDevices> g_devices{};
+std::mutex g_mutex;                 // guards creation and the options below
+bool g_configured = false;
+Options g_options;
+
+void check_index(int device) {
+  if (device < 0 || device >= kMaxDevices)
+    throw std::invalid_argument("amem: CUDA device index " + std::to_string(device) +
+                                " is out of range [0, " + std::to_string(kMaxDevices) + ")");
+}
+
+// AMEM_CONF applies when nobody configured the registry explicitly.
+const Options& options_locked() {
+  if (!g_configured) {
+    const char* env = std::getenv("AMEM_CONF");
+    g_options = Options::parse(env ? env : "");
+    g_configured = true;
+  }
+  return g_options;
+}
+
+}  // namespace
+
+void registry_configure(const std::string& conf) {
+  Options parsed = Options::parse(conf);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!registry_devices_in_use().empty())
+    throw std::logic_error(
+        "amem: the CUDA allocator has already served allocations; its options are fixed. "
+        "Set AMEM_CONF or call amem_alloc.enable(...) before the first CUDA tensor.");
+  g_options = parsed;
+  g_configured = true;
+}
+
+std::string registry_settings() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return options_locked().to_string();
+}
+
+CachingAllocator& registry_device(int device) {
+  check_index(device);
+  if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
+  auto* created = new CachingAllocator(make_cuda_backend(device), options_locked());
+  g_devices[device].store(created, std::memory_order_release);
+  return *created;
+}
+
+CachingAllocator* registry_existing(int device) {
+  check_index(device);
+  return g_devices[device].load(std::memory_order_acquire);
+}
+
+std::vector<int> registry_devices_in_use() {
+  std::vector<int> in_use;
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (g_devices[d].load(std::memory_order_acquire) != nullptr) in_use.push_back(d);
+  return in_use;
+}
+
+}  // namespace amem

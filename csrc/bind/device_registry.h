@@ -1,0 +1,32 @@
+// device_registry.h — the process-wide CUDA allocators torch calls into.
+//
+// Design note
+// -----------
+// One CachingAllocator per CUDA device, created on the device's first
+// allocation with the options configured by amem_alloc.enable() (or AMEM_CONF),
+// so each device has its own pools, stats and lock. The hot path reads an
+// atomic pointer; creation takes a mutex once per device. Allocators are never
+// destroyed: at interpreter exit the CUDA runtime may already be gone, and the
+// driver reclaims device memory with the process (torch does the same).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "../core/caching_allocator.h"
+
+namespace amem {
+
+constexpr int kMaxDevices = 64;  // torch: C10_COMPILE_TIME_MAX_GPUS is at most this
+
+// Sets the options for devices not yet created. Throws ConfigError on a bad
+// string, and std::logic_error once any device has allocated (too late).
+void registry_configure(const std::string& conf);
+std::string registry_settings();
+// The device's allocator, created on first use. Throws for a bad index.
+CachingAllocator& registry_device(int device);
+// The device's allocator if it exists, else nullptr.
+CachingAllocator* registry_existing(int device);
+std::vector<int> registry_devices_in_use();
+
+}  // namespace amem

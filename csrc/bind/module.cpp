@@ -1,0 +1,123 @@
+// module.cpp — the pybind11 module amem_alloc._C: a thin layer over the core.
+//
+// Everything structured crosses as JSON text (stats, segments, fragmentation,
+// options), which amem_alloc parses; no Python code depends on a C++ layout.
+// Core exceptions become Python exceptions of a matching kind: OutOfMemoryError
+// (a MemoryError), InvalidFreeError / ConfigError / InvalidRequestError (each a
+// ValueError), BackendError (a RuntimeError). Calls that may block or spin
+// release the GIL so Python threads really run concurrently.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "../backends/simulated_streams.h"
+#include "../core/caching_allocator.h"
+#include "device_registry.h"
+
+namespace py = pybind11;
+using amem::CachingAllocator;
+
+namespace {
+
+std::unique_ptr<amem::Backend> make_backend(const std::string& name, size_t limit_bytes) {
+  if (name == "host") return amem::make_host_backend(limit_bytes);
+  if (name == "sim") return amem::make_sim_backend(limit_bytes);
+  if (name == "cuda")
+    throw std::invalid_argument(
+        "amem: backend 'cuda' is used through amem_alloc.enable(), not Allocator(); "
+        "Allocator takes 'host' or 'sim'");
+  throw std::invalid_argument("amem: unknown backend '" + name + "'; choose 'host' or 'sim'");
+}
+
+std::unique_ptr<CachingAllocator> make_allocator(const std::string& backend, const std::string& conf,
+                                                 size_t limit_bytes) {
+  amem::Options options = amem::Options::parse(conf);
+  return std::make_unique<CachingAllocator>(make_backend(backend, limit_bytes), options);
+}
+
+void set_stream_busy(CachingAllocator& a, amem::StreamId stream, bool busy) {
+  auto* simulated = dynamic_cast<amem::SimulatedBackend*>(&a.backend());
+  if (simulated == nullptr) throw std::invalid_argument("amem: only host and sim streams can be held busy");
+  simulated->set_stream_busy(stream, busy);
+}
+
+py::tuple block_info(const CachingAllocator& a, uintptr_t address) {
+  auto info = a.block_info(address);
+  return py::make_tuple(info.address, info.size, info.requested, info.stream, info.alloc_seq);
+}
+
+py::list option_rows() {
+  py::list rows;
+  for (const auto& row : amem::option_table()) rows.append(py::make_tuple(row.name, row.default_text, row.doc));
+  return rows;
+}
+
+template <typename Fn>
+auto on_device(int device, Fn fn) {  // introspection of a device that may not exist yet
+  CachingAllocator* a = amem::registry_existing(device);
+  return a ? fn(*a) : decltype(fn(*a))();
+}
+
+void bind_errors(py::module_& m) {
+  py::register_exception<amem::OutOfMemoryError>(m, "OutOfMemoryError", PyExc_MemoryError);
+  py::register_exception<amem::InvalidFreeError>(m, "InvalidFreeError", PyExc_ValueError);
+  py::register_exception<amem::ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_exception<amem::InvalidRequestError>(m, "InvalidRequestError", PyExc_ValueError);
+  py::register_exception<amem::BackendError>(m, "BackendError", PyExc_RuntimeError);
+}
+
+void bind_allocator(py::module_& m) {
+  using py::arg;
+  auto nogil = py::call_guard<py::gil_scoped_release>();
+  py::class_<CachingAllocator>(m, "CoreAllocator")
+      .def(py::init(&make_allocator), arg("backend"), arg("conf"), arg("limit_bytes"))
+      .def("malloc", &CachingAllocator::malloc, arg("size"), arg("stream"), nogil)
+      .def("free", &CachingAllocator::free, arg("address"), nogil)
+      .def("record_stream", &CachingAllocator::record_stream, arg("address"), arg("stream"))
+      .def("empty_cache", &CachingAllocator::empty_cache, nogil)
+      .def("set_memory_fraction", &CachingAllocator::set_memory_fraction, arg("fraction"))
+      .def("stats_json", &CachingAllocator::stats_json)
+      .def("segments_json", &CachingAllocator::segments_json)
+      .def("fragmentation_json", &CachingAllocator::fragmentation_json)
+      .def("reset_peak_stats", &CachingAllocator::reset_peak_stats)
+      .def("reset_accumulated_stats", &CachingAllocator::reset_accumulated_stats)
+      .def("check_valid", &CachingAllocator::check_valid)
+      .def("block_info", &block_info, arg("address"))
+      .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
+      .def_property_readonly("backend", &CachingAllocator::backend_name)
+      .def_property_readonly("settings", [](const CachingAllocator& a) { return a.options().to_string(); });
+}
+
+void bind_policy(py::module_& m) {
+  m.def("option_table", &option_rows);
+  m.def("canonical_config", [](const std::string& conf) { return amem::Options::parse(conf).to_string(); });
+  m.def("config_json", [](const std::string& conf) { return amem::Options::parse(conf).to_json(); });
+  m.def("round_size", [](size_t size, const std::string& conf) {
+    return amem::round_size(size, amem::Options::parse(conf));
+  });
+  m.def("segment_size", &amem::segment_size_for);
+  m.def("is_small", [](size_t rounded) { return amem::pool_for(rounded) == amem::PoolKind::kSmall; });
+}
+
+void bind_cuda_registry(py::module_& m) {
+  m.def("cuda_configure", &amem::registry_configure);
+  m.def("cuda_settings", &amem::registry_settings);
+  m.def("cuda_devices_in_use", &amem::registry_devices_in_use);
+  m.def("cuda_device_count", &amem::cuda_device_count);
+  m.def("cuda_stats_json", [](int d) { return on_device(d, [](auto& a) { return a.stats_json(); }); });
+  m.def("cuda_segments_json", [](int d) { return on_device(d, [](auto& a) { return a.segments_json(); }); });
+  m.def("cuda_fragmentation_json",
+        [](int d) { return on_device(d, [](auto& a) { return a.fragmentation_json(); }); });
+  m.def("cuda_empty_cache", [](int d) { on_device(d, [](auto& a) { a.empty_cache(); return 0; }); });
+  m.def("cuda_reset_peak_stats", [](int d) { on_device(d, [](auto& a) { a.reset_peak_stats(); return 0; }); });
+  m.def("cuda_check_valid", [](int d) { on_device(d, [](auto& a) { a.check_valid(); return 0; }); });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "amem_alloc core: the caching allocator's C++ policy, its backends and the CUDA entry points";
+  bind_errors(m);
+  bind_allocator(m);
+  bind_policy(m);
+  bind_cuda_registry(m);
+}

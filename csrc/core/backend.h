@@ -1,0 +1,60 @@
+// backend.h — the only way the policy core reaches memory.
+//
+// Design note
+// -----------
+// The caching allocator decides *which* bytes serve a request; a Backend only
+// hands out and takes back whole segments, and orders work between streams
+// with events. Three implementations (csrc/backends/):
+//   cuda — real device memory through the CUDA runtime (the only file that
+//          calls CUDA; it resolves the runtime at run time, so nothing here
+//          links against CUDA);
+//   host — real host memory (mmap), so CPU tests can write into blocks;
+//   sim  — addresses only, touching no memory, so a trace with an 80 GB peak
+//          replays on a small machine.
+// A backend belongs to one device and is called under that device's allocator
+// lock, so implementations need no locking of their own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace amem {
+
+using StreamId = uint64_t;  // a cudaStream_t's value; 0 is the default stream
+using EventId = uint64_t;   // an opaque handle owned by the backend
+
+struct DeviceMemoryInfo {
+  size_t free_bytes = 0;   // what the device could still hand out
+  size_t total_bytes = 0;  // the device's (or the simulated limit's) capacity
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const char* name() const = 0;
+  // A new segment of exactly `bytes`, or 0 when the device is out of memory.
+  virtual uintptr_t allocate_segment(size_t bytes) = 0;
+  // Gives back a segment obtained from allocate_segment.
+  virtual void release_segment(uintptr_t address, size_t bytes) = 0;
+  virtual DeviceMemoryInfo memory_info() = 0;
+
+  // Stream ordering, for blocks used on streams other than their own.
+  virtual EventId record_event(StreamId stream) = 0;
+  virtual bool event_completed(EventId event) = 0;
+  virtual void destroy_event(EventId event) = 0;
+  // Waits for all work on the device (before memory goes back to it).
+  virtual void synchronize() = 0;
+};
+
+// limit_bytes: the capacity of a host or sim device (0 = unlimited for sim,
+// physical memory for host). device: the CUDA device index.
+std::unique_ptr<Backend> make_host_backend(size_t limit_bytes);
+std::unique_ptr<Backend> make_sim_backend(size_t limit_bytes);
+std::unique_ptr<Backend> make_cuda_backend(int device);
+// Devices the CUDA runtime sees (throws BackendError without a runtime).
+int cuda_device_count();
+
+}  // namespace amem

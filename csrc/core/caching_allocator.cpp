@@ -1,0 +1,396 @@
+// caching_allocator.cpp — malloc, free and releasing memory (see the design
+// note in caching_allocator.h). Introspection lives in introspect.cpp and the
+// invariant walker in validate.cpp.
+#include "caching_allocator.h"
+
+#include <algorithm>
+#include <array>
+
+namespace amem {
+
+// ================================================================ construction
+
+CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options options)
+    : backend_(std::move(backend)), options_(options) {
+  allocated_.reserve(1024);
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [event, block] : pending_) backend_->destroy_event(event);
+  for (auto& [address, segment] : segments_) {
+    for (Block* b = segment->first; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    backend_->release_segment(segment->address, segment->size);
+    delete segment;
+  }
+  for (Block* b : spare_blocks_) delete b;
+}
+
+// ================================================================ malloc
+
+uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
+  if (size == 0) return 0;  // Note [size 0]
+  if (size > kMaxRequest)
+    throw InvalidRequestError("amem: request of " + std::to_string(size) +
+                              " bytes is larger than any device (limit " +
+                              std::to_string(kMaxRequest) + " bytes); check the size computation");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!pending_.empty()) process_events();
+  size_t rounded = round_size(size, options_);
+  BlockPool& pool = pool_of(pool_for(rounded));
+  Block* block = find_free_block(pool, stream, rounded);
+  if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
+  if (block == nullptr) fail_out_of_memory(size, rounded, stream);
+  block = split_and_mark_allocated(block, rounded, size);
+  if (options_.debug_checks) check_valid_locked();
+  return block->address;
+}
+
+// Best fit on the same stream, with torch's rules for oversize blocks
+// (torch: get_free_block). Removes the block from the pool.
+Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
+  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
+  auto it = pool.best_fit(stream, rounded);
+  if (it == pool.free_blocks.end()) return nullptr;
+  Block* block = *it;
+  // Do not hand out an oversize block for a request that is not oversize.
+  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return nullptr;
+  // An oversize request may take a block only slightly larger than itself.
+  if (rounded >= options_.max_split_size &&
+      block->size >= rounded + options_.max_non_split_rounding_size)
+    return nullptr;
+  pool.take(it);
+  return block;
+}
+
+// No cached block fits: get a new segment, freeing cached memory to make room
+// if the backend refuses (torch: the alloc_block / release_* chain in malloc).
+Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded) {
+  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
+  if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
+  if (release_available_cached_blocks(pool, stream, rounded))
+    if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
+  if (release_cached_blocks())
+    if (Block* b = allocate_segment(pool, stream, rounded, true)) return b;
+  return nullptr;
+}
+
+Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size_t rounded,
+                                          bool is_retry) {
+  size_t size = segment_size_for(rounded);
+  if (is_retry) stats_.num_alloc_retries += 1;
+  int64_t reserved = stats_.reserved_bytes.all().current;
+  if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
+  uintptr_t address = backend_->allocate_segment(size);
+  if (address == 0) return nullptr;
+
+  auto* segment = new Segment{address, size, stream, pool.kind, nullptr};
+  Block* block = new_block();
+  block->address = address;
+  block->size = size;
+  block->stream = stream;
+  block->segment = segment;
+  block->pool = &pool;
+  segment->first = block;
+  segments_.emplace(address, segment);
+
+  stats_.num_device_alloc += 1;
+  stats_.segment.increase(pool.kind, 1);
+  const int64_t old_peak = stats_.reserved_bytes.all().peak;
+  stats_.reserved_bytes.increase(pool.kind, static_cast<int64_t>(size));
+  if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
+  if (stats_.reserved_bytes.all().current > old_peak)  // a new peak: start measuring at it
+    stats_.allocated_at_reserved_peak = stats_.allocated_bytes.all().current;
+  return block;
+}
+
+// Carves `rounded` bytes off the front of a free block (torch: alloc_found_block).
+Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
+  BlockPool& pool = *block->pool;
+  const bool was_split = block->is_split();
+  if (should_split(pool.kind, block->size, rounded, options_)) {
+    Block* rest = new_block();
+    rest->address = block->address + rounded;
+    rest->size = block->size - rounded;
+    rest->stream = block->stream;
+    rest->segment = block->segment;
+    rest->pool = &pool;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    block->size = rounded;
+    pool.insert(rest);
+    if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
+      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(rounded));
+    } else {
+      stats_.inactive_split.increase(pool.kind, 1);
+      stats_.inactive_split_bytes.increase(pool.kind, static_cast<int64_t>(rest->size));
+    }
+  } else if (was_split) {
+    stats_.inactive_split.decrease(pool.kind, 1);
+    stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(block->size));
+  }
+  block->allocated = true;
+  block->requested = requested;
+  block->alloc_seq = ++alloc_seq_;
+  allocated_.emplace(block->address, block);
+
+  auto bytes = static_cast<int64_t>(block->size);
+  stats_.allocation.increase(pool.kind, 1);
+  stats_.allocated_bytes.increase(pool.kind, bytes);
+  stats_.active.increase(pool.kind, 1);
+  stats_.active_bytes.increase(pool.kind, bytes);
+  stats_.requested_bytes.increase(pool.kind, static_cast<int64_t>(requested));
+  if (block->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+  const Stat& reserved = stats_.reserved_bytes.all();
+  if (reserved.current == reserved.peak)  // Note [fragmentation at the peak]
+    stats_.allocated_at_reserved_peak =
+        std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.all().current);
+  return block;
+}
+
+// ================================================================ free
+
+void CachingAllocator::free(uintptr_t address) {
+  if (address == 0) return;  // Note [size 0]
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(address);
+  if (it == allocated_.end()) {
+    stats_.num_invalid_frees += 1;
+    throw InvalidFreeError(describe_bad_free(address));
+  }
+  Block* block = it->second;
+  allocated_.erase(it);
+  block->allocated = false;
+
+  PoolKind kind = block->pool->kind;
+  stats_.allocation.decrease(kind, 1);
+  stats_.allocated_bytes.decrease(kind, static_cast<int64_t>(block->size));
+  if (block->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+
+  if (!block->stream_uses.empty()) insert_events(block);  // Note [record_stream]
+  else free_block(block);
+  if (options_.debug_checks) check_valid_locked();
+}
+
+// Returns a block to its pool, merged with free neighbours (torch: free_block).
+void CachingAllocator::free_block(Block* block) {
+  BlockPool& pool = *block->pool;
+  const auto original_size = static_cast<int64_t>(block->size);
+  int64_t split_blocks_change = 0;
+  int64_t split_bytes_change = 0;
+  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) {
+    size_t subsumed = merge_into(block, neighbour, pool);
+    if (subsumed > 0) {
+      split_blocks_change -= 1;
+      split_bytes_change -= static_cast<int64_t>(subsumed);
+    }
+  }
+  pool.insert(block);
+  if (block->is_split()) {
+    split_blocks_change += 1;
+    split_bytes_change += static_cast<int64_t>(block->size);
+  }
+  if (split_blocks_change >= 0) stats_.inactive_split.increase(pool.kind, split_blocks_change);
+  else stats_.inactive_split.decrease(pool.kind, -split_blocks_change);
+  if (split_bytes_change >= 0) stats_.inactive_split_bytes.increase(pool.kind, split_bytes_change);
+  else stats_.inactive_split_bytes.decrease(pool.kind, -split_bytes_change);
+  stats_.active.decrease(pool.kind, 1);
+  stats_.active_bytes.decrease(pool.kind, original_size);
+  stats_.requested_bytes.decrease(pool.kind, static_cast<int64_t>(block->requested));
+  block->requested = 0;  // requested bytes count until the block is reusable (torch)
+}
+
+// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
+// (0 when `src` is absent or not free) (torch: try_merge_blocks).
+size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
+  if (src == nullptr || !src->is_free()) return 0;
+  if (dst->prev == src) {
+    dst->address = src->address;
+    dst->prev = src->prev;
+    if (dst->prev) dst->prev->next = dst;
+    else dst->segment->first = dst;
+  } else {
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  size_t subsumed = src->size;
+  dst->size += subsumed;
+  pool.erase(src);
+  recycle_block(src);
+  return subsumed;
+}
+
+void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(address);
+  if (it == allocated_.end())
+    throw InvalidFreeError("amem: record_stream on " + describe_bad_free(address));
+  Block* block = it->second;
+  if (stream == block->stream) return;  // its own stream orders itself
+  auto& uses = block->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+}
+
+void CachingAllocator::insert_events(Block* block) {
+  for (StreamId s : block->stream_uses) {
+    pending_.emplace_back(backend_->record_event(s), block);
+    block->pending_events += 1;
+  }
+  block->stream_uses.clear();
+}
+
+// Frees the blocks whose every pending event has completed.
+void CachingAllocator::process_events() {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    auto [event, block] = pending_[i];
+    if (!backend_->event_completed(event)) {
+      pending_[kept++] = pending_[i];
+      continue;
+    }
+    backend_->destroy_event(event);
+    if (--block->pending_events == 0) free_block(block);
+  }
+  pending_.resize(kept);
+}
+
+void CachingAllocator::synchronize_and_free_events() {
+  backend_->synchronize();
+  stats_.num_sync_all_streams += 1;
+  for (auto& [event, block] : pending_) {
+    backend_->destroy_event(event);
+    if (--block->pending_events == 0) free_block(block);
+  }
+  pending_.clear();
+}
+
+// ================================================================ releasing memory
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.num_empty_cache += 1;
+  release_cached_blocks();
+  if (options_.debug_checks) check_valid_locked();
+}
+
+// Frees every cached whole segment (torch: release_cached_blocks).
+bool CachingAllocator::release_cached_blocks() {
+  synchronize_and_free_events();
+  release_pool_segments(large_);
+  release_pool_segments(small_);
+  return true;
+}
+
+void CachingAllocator::release_pool_segments(BlockPool& pool) {
+  std::vector<Block*> whole;
+  for (Block* b : pool.free_blocks)
+    if (!b->is_split()) whole.push_back(b);
+  for (Block* b : whole) release_segment_of(b);
+}
+
+// `block` is free and spans its whole segment (torch: release_block).
+void CachingAllocator::release_segment_of(Block* block) {
+  Segment* segment = block->segment;
+  BlockPool& pool = *block->pool;
+  backend_->release_segment(segment->address, segment->size);
+  stats_.num_device_free += 1;
+  stats_.segment.decrease(pool.kind, 1);
+  stats_.reserved_bytes.decrease(pool.kind, static_cast<int64_t>(segment->size));
+  if (segment->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
+  pool.erase(block);
+  segments_.erase(segment->address);
+  recycle_block(block);
+  delete segment;
+}
+
+// With max_split_size set, frees oversize cached blocks of the request's stream
+// until the request could fit (torch: release_available_cached_blocks).
+bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId stream,
+                                                       size_t rounded) {
+  if (options_.max_split_size == SIZE_MAX) return false;
+  size_t key_size = std::max(rounded, options_.max_split_size);
+  auto it = pool.lower_bound(stream, key_size);
+  if (it != pool.free_blocks.end() && (*it)->stream == stream) {
+    if ((*it)->is_split()) return false;
+    release_segment_of(*it);  // one oversize block is enough
+    return true;
+  }
+  // No single block is enough: free this stream's oversize blocks, largest
+  // first, until their sizes add up to the request.
+  std::vector<Block*> victims;
+  size_t released = 0;
+  while (released < key_size && it != pool.free_blocks.begin()) {
+    Block* b = *--it;
+    if (b->stream != stream || b->size < options_.max_split_size) break;
+    if (b->is_split()) continue;
+    victims.push_back(b);
+    released += b->size;
+  }
+  for (Block* b : victims) release_segment_of(b);
+  return released >= key_size;
+}
+
+// Frees cached whole large segments older than the average, repeatedly, until
+// reserved memory is back under the threshold (torch: garbage_collect_cached_blocks).
+void CachingAllocator::garbage_collect_cached_blocks() {
+  auto threshold = static_cast<size_t>(options_.garbage_collection_threshold *
+                                       static_cast<double>(allowed_bytes_));
+  auto reserved = static_cast<size_t>(stats_.reserved_bytes.all().current);
+  if (reserved <= threshold) return;
+  size_t target = reserved - threshold;
+  auto age = [&](const Block* b) { return large_.get_free_block_calls - b->free_since; };
+  uint64_t total_age = 0;
+  size_t freeable = 0;
+  for (Block* b : large_.free_blocks)
+    if (!b->is_split()) total_age += age(b), ++freeable;
+  if (freeable == 0) return;
+  synchronize_and_free_events();
+  size_t reclaimed = 0;
+  bool freed_one = true;
+  while (reclaimed < target && freed_one && freeable > 0) {
+    double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
+    freed_one = false;
+    std::vector<Block*> old;
+    for (Block* b : large_.free_blocks)
+      if (!b->is_split() && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
+    for (Block* b : old) {
+      freed_one = true;
+      reclaimed += b->size;
+      total_age -= age(b);
+      --freeable;
+      release_segment_of(b);
+    }
+  }
+}
+
+void CachingAllocator::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0))
+    throw std::invalid_argument("amem: memory fraction " + std::to_string(fraction) +
+                                " is outside [0, 1]; pass the share of device memory to allow");
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = backend_->memory_info().total_bytes;
+  allowed_bytes_ = static_cast<size_t>(fraction * static_cast<double>(total));
+  fraction_set_ = true;
+}
+
+// ================================================================ block objects
+
+Block* CachingAllocator::new_block() {
+  if (spare_blocks_.empty()) return new Block();
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return b;
+}
+
+void CachingAllocator::recycle_block(Block* block) {
+  *block = Block();
+  spare_blocks_.push_back(block);
+}
+
+}  // namespace amem

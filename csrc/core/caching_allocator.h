@@ -1,0 +1,145 @@
+// caching_allocator.h — one device's caching allocator: the policy core.
+//
+// Design note
+// -----------
+// CachingAllocator decides which bytes serve a request, with PyTorch's native
+// policy by default (see size_policy.h for the size classes):
+//
+//   malloc(size, stream)
+//     1. size 0 returns address 0 and changes nothing (Note [size 0]).
+//     2. Complete blocks whose stream events have finished (record_stream).
+//     3. Round the request; pick the small or large pool.
+//     4. Best fit: the smallest cached block of the same stream that is large
+//        enough, O(log n) in the pool's (stream, size, address) index.
+//     5. Otherwise ask the backend for a new segment (after the optional
+//        garbage collection); if that fails, free oversize cached blocks and
+//        retry; if that fails, free every cached whole segment and retry once
+//        more; if that fails, the request is out of memory.
+//     6. Split the block if the remainder is worth keeping (should_split).
+//   free(address)
+//     The block becomes free — or pending, if other streams used it, until
+//     their events complete — and merges with free neighbours.
+//   empty_cache()
+//     Returns every cached whole segment to the backend.
+//
+// Lock contract: every public member takes mutex_; every private member
+// expects it held and never takes it. The backend is only called under the
+// lock. Nothing here knows about torch or CUDA.
+//
+// Note [size 0]: torch asks the plugin for 0 bytes for empty tensors. Like the
+// native allocator we return a null pointer without touching any state, and
+// free(0) is a no-op, so empty tensors cost nothing and are never "leaked".
+//
+// Note [record_stream]: a block used on another stream (record_stream) is not
+// reusable when its owner frees it: we record an event on each such stream and
+// keep the block "pending" (active, not allocated) until every event has
+// completed, exactly as the native allocator does.
+//
+// Note [fragmentation at the peak]: when reserved memory reaches a new peak we
+// start recording the allocated bytes, and keep the highest allocated figure
+// seen while reserved stays at that peak. 1 - that / peak reserved is the
+// fragmentation at the peak: how much of the most memory we ever held was not
+// serving a tensor when it mattered.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.h"
+#include "block.h"
+#include "errors.h"
+#include "options.h"
+#include "stats.h"
+
+namespace amem {
+
+class CachingAllocator {
+ public:
+  CachingAllocator(std::unique_ptr<Backend> backend, Options options);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // ------------------------------------------------------------ requests
+  uintptr_t malloc(size_t size, StreamId stream);   // throws OutOfMemoryError
+  void free(uintptr_t address);                      // throws InvalidFreeError
+  void record_stream(uintptr_t address, StreamId stream);
+  void empty_cache();
+  // Caps reserved memory at fraction × the backend's total (torch semantics).
+  void set_memory_fraction(double fraction);
+
+  // ------------------------------------------------------------ introspection
+  std::string stats_json() const;
+  std::string segments_json() const;
+  std::string fragmentation_json() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  // Throws std::logic_error naming the first broken invariant.
+  void check_valid() const;
+  // The allocated block containing `address`: {block address, block size,
+  // requested}; all zero if none.
+  struct BlockInfo {
+    uintptr_t address = 0;
+    size_t size = 0;
+    size_t requested = 0;
+    StreamId stream = 0;
+    uint64_t alloc_seq = 0;
+  };
+  BlockInfo block_info(uintptr_t address) const;
+
+  const Options& options() const { return options_; }
+  const char* backend_name() const { return backend_->name(); }
+  Backend& backend() { return *backend_; }
+
+ private:
+  // ------------------------------------------------------------ malloc path
+  Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
+  Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
+  Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
+  Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
+  [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
+
+  // ------------------------------------------------------------ free path
+  void free_block(Block* block);
+  size_t merge_into(Block* dst, Block* src, BlockPool& pool);
+  void insert_events(Block* block);
+  void process_events();
+  void synchronize_and_free_events();
+
+  // ------------------------------------------------------------ releasing memory
+  bool release_available_cached_blocks(BlockPool& pool, StreamId stream, size_t rounded);
+  bool release_cached_blocks();
+  void release_pool_segments(BlockPool& pool);
+  void release_segment_of(Block* block);
+  void garbage_collect_cached_blocks();
+
+  // ------------------------------------------------------------ helpers
+  BlockPool& pool_of(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
+  Block* new_block();
+  void recycle_block(Block* block);
+  Block* find_block_at(uintptr_t address) const;
+  std::string describe_bad_free(uintptr_t address) const;
+  size_t largest_free_block() const;
+  void check_valid_locked() const;
+
+  mutable std::mutex mutex_;
+  std::unique_ptr<Backend> backend_;
+  Options options_;
+  BlockPool small_{PoolKind::kSmall};
+  BlockPool large_{PoolKind::kLarge};
+  std::unordered_map<uintptr_t, Block*> allocated_;   // address -> block handed out
+  std::map<uintptr_t, Segment*> segments_;            // by address
+  std::vector<std::pair<EventId, Block*>> pending_;   // events blocking reuse
+  std::vector<Block*> spare_blocks_;                  // recycled Block objects
+  Stats stats_;
+  bool fraction_set_ = false;
+  size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
+  uint64_t alloc_seq_ = 0;
+};
+
+}  // namespace amem

@@ -1,0 +1,168 @@
+// introspect.cpp — what the allocator holds, as JSON: stats, segments with
+// their blocks, fragmentation; and the messages for bad frees and OOM.
+//
+// JSON is the export format so that the Python side (and any other reader)
+// never depends on struct layout. Block states use torch's snapshot names:
+// active_allocated, active_pending_free, inactive.
+#include <algorithm>
+#include <cstdio>
+
+#include "caching_allocator.h"
+
+namespace amem {
+namespace {
+
+std::string hex(uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+const char* state_of(const Block* b) {
+  if (b->allocated) return "active_allocated";
+  if (b->pending_events > 0) return "active_pending_free";
+  return "inactive";
+}
+
+std::string block_json(const Block* b) {
+  return "{\"address\":" + std::to_string(b->address) + ",\"size\":" + std::to_string(b->size) +
+         ",\"requested_size\":" + std::to_string(b->requested) + ",\"state\":\"" + state_of(b) +
+         "\",\"alloc_seq\":" + std::to_string(b->alloc_seq) + "}";
+}
+
+std::string ratio(double num, double den) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6f", den > 0 ? num / den : 0.0);
+  return buf;
+}
+
+}  // namespace
+
+std::string CachingAllocator::stats_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_.to_json(options_.max_split_size);
+}
+
+std::string CachingAllocator::segments_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string out = "[";
+  for (const auto& [address, seg] : segments_) {
+    size_t allocated = 0, active = 0, requested = 0;
+    std::string blocks;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->allocated) allocated += b->size;
+      if (!b->is_free()) active += b->size, requested += b->requested;
+      blocks += (blocks.empty() ? "" : ",") + block_json(b);
+    }
+    out += (out.size() > 1 ? "," : "") + std::string("{\"address\":") + std::to_string(address) +
+           ",\"total_size\":" + std::to_string(seg->size) + ",\"stream\":" +
+           std::to_string(seg->stream) + ",\"segment_type\":\"" +
+           (seg->kind == PoolKind::kSmall ? "small" : "large") + "\",\"allocated_size\":" +
+           std::to_string(allocated) + ",\"active_size\":" + std::to_string(active) +
+           ",\"requested_size\":" + std::to_string(requested) + ",\"blocks\":[" + blocks + "]}";
+  }
+  return out + "]";
+}
+
+size_t CachingAllocator::largest_free_block() const {
+  size_t largest = 0;
+  for (const BlockPool* pool : {&small_, &large_})
+    for (const Block* b : pool->free_blocks) largest = std::max(largest, b->size);
+  return largest;
+}
+
+std::string CachingAllocator::fragmentation_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double reserved = static_cast<double>(stats_.reserved_bytes.all().current);
+  const double allocated = static_cast<double>(stats_.allocated_bytes.all().current);
+  const double requested = static_cast<double>(stats_.requested_bytes.all().current);
+  const double peak = static_cast<double>(stats_.reserved_bytes.all().peak);
+  const double at_peak = static_cast<double>(stats_.allocated_at_reserved_peak);
+  size_t total_free = 0;
+  for (const BlockPool* pool : {&small_, &large_})
+    for (const Block* b : pool->free_blocks) total_free += b->size;
+  const size_t largest = largest_free_block();
+  auto num = [](double v) { return std::to_string(static_cast<int64_t>(v)); };
+  return std::string("{") + "\"reserved_bytes\":" + num(reserved) +
+         ",\"allocated_bytes\":" + num(allocated) + ",\"requested_bytes\":" + num(requested) +
+         ",\"unused_reserved_bytes\":" + num(reserved - allocated) +
+         ",\"fragmentation\":" + ratio(reserved - allocated, reserved) +
+         ",\"peak_reserved_bytes\":" + num(peak) +
+         ",\"allocated_bytes_at_reserved_peak\":" + num(at_peak) +
+         ",\"fragmentation_at_reserved_peak\":" + ratio(peak - at_peak, peak) +
+         ",\"free_bytes\":" + std::to_string(total_free) +
+         ",\"largest_free_block\":" + std::to_string(largest) +
+         ",\"external_fragmentation\":" +
+         ratio(static_cast<double>(total_free - largest), static_cast<double>(total_free)) +
+         ",\"internal_fragmentation_bytes\":" + num(allocated - requested) +
+         ",\"internal_fragmentation\":" + ratio(allocated - requested, allocated) + "}";
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.reset_peaks();
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.reset_accumulated();
+}
+
+CachingAllocator::BlockInfo CachingAllocator::block_info(uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Block* b = find_block_at(address);
+  if (b == nullptr || !b->allocated) return {};
+  return {b->address, b->size, b->requested, b->stream, b->alloc_seq};
+}
+
+// The block whose bytes include `address`, or nullptr.
+Block* CachingAllocator::find_block_at(uintptr_t address) const {
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return nullptr;
+  const Segment* seg = std::prev(it)->second;
+  if (address >= seg->address + seg->size) return nullptr;
+  for (Block* b = seg->first; b != nullptr; b = b->next)
+    if (address >= b->address && address < b->address + b->size) return b;
+  return nullptr;
+}
+
+std::string CachingAllocator::describe_bad_free(uintptr_t address) const {
+  const Block* b = find_block_at(address);
+  std::string what = "amem: cannot free " + hex(address) + ": ";
+  if (b == nullptr)
+    return what + "this allocator (" + backend_->name() +
+           " backend) never returned that pointer; free it with the allocator that made it";
+  if (b->address != address)
+    return what + "it points inside the block at " + hex(b->address) + " (" +
+           std::to_string(b->size) + " bytes); free the pointer malloc returned";
+  if (b->pending_events > 0)
+    return what + "it was already freed and waits for other streams (double free)";
+  return what + "it was already freed (double free)";
+}
+
+[[noreturn]] void CachingAllocator::fail_out_of_memory(size_t size, size_t rounded, StreamId stream) {
+  stats_.num_ooms += 1;
+  DeviceMemoryInfo info = backend_->memory_info();
+  const auto reserved = stats_.reserved_bytes.all().current;
+  const auto allocated = stats_.allocated_bytes.all().current;
+  auto mib = [](double bytes) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / static_cast<double>(kMiB));
+    return std::string(buf);
+  };
+  std::string msg =
+      "amem: out of memory on the " + std::string(backend_->name()) + " backend: tried to allocate " +
+      mib(static_cast<double>(size)) + " (" + std::to_string(rounded) + " bytes rounded) on stream " +
+      hex(stream) + ". Reserved by amem: " + mib(static_cast<double>(reserved)) +
+      "; allocated: " + mib(static_cast<double>(allocated)) + "; device free: " +
+      mib(static_cast<double>(info.free_bytes)) + " of " + mib(static_cast<double>(info.total_bytes)) +
+      "; largest cached free block: " + mib(static_cast<double>(largest_free_block())) +
+      "; fragmentation (1 - allocated/reserved): " +
+      ratio(static_cast<double>(reserved - allocated), static_cast<double>(reserved)) + ".";
+  if (fraction_set_) msg += " A memory fraction caps amem at " + mib(static_cast<double>(allowed_bytes_)) + ".";
+  msg += " Try a smaller batch or sequence, free tensors you no longer need, or, if reserved is much"
+         " larger than allocated, set max_split_size_mb or roundup_power2_divisions in AMEM_CONF.";
+  throw OutOfMemoryError(msg);
+}
+
+}  // namespace amem

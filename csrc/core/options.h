@@ -1,0 +1,77 @@
+// options.h — the one table of allocator options, and the parser for AMEM_CONF.
+//
+// Design note
+// -----------
+// Every tunable lives in AMEM_OPTION_TABLE below: one row per option with its
+// name, its default (as the user would write it) and a comment giving the unit
+// and meaning. The parser, the printed configuration, the JSON export and the
+// Python documentation are all generated from that table, so an option cannot
+// be added in one place and forgotten in another.
+//
+// The syntax is PYTORCH_CUDA_ALLOC_CONF's: `key:value,key:value`, with
+// roundup_power2_divisions also accepting `[256:1,512:2,>:8]` (interval start
+// in MiB : divisions). torch's options keep torch's meaning exactly. A bad key
+// or value throws ConfigError (std::invalid_argument; Python sees ValueError)
+// naming the key and what is accepted — a bad value never passes silently.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "constants.h"
+
+namespace amem {
+
+// X(name, default as written, accepted values and meaning)
+#define AMEM_OPTION_TABLE(X)                                                             \
+  X(max_split_size_mb, "unlimited",                                                      \
+    "integer MiB >= 20: cached blocks this large or larger are never split, and serve "  \
+    "only requests of at least this size (torch)")                                       \
+  X(max_non_split_rounding_mb, "20",                                                     \
+    "integer MiB >= 20: a request of at least max_split_size may take a cached block "   \
+    "at most this much larger than itself (torch)")                                      \
+  X(roundup_power2_divisions, "0",                                                       \
+    "power of 2, or a list [MiB:divisions,...,>:divisions]: round a request up to the "  \
+    "next 1/N step of its power-of-two interval; 0 rounds to 512 B only (torch)")        \
+  X(garbage_collection_threshold, "0",                                                   \
+    "fraction in (0, 1): once a memory fraction is set and reserved memory passes this " \
+    "share of it, free the oldest cached blocks before asking the device (torch)")       \
+  X(debug_checks, "False",                                                               \
+    "True/False: run the is_valid() walker over every segment after every operation "    \
+    "(slow; for tests and bug hunts) (amem)")
+
+struct OptionRow {
+  const char* name;
+  const char* default_text;
+  const char* doc;
+};
+
+// Thrown for any bad configuration; the message names the key and what it accepts.
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct Options {
+  size_t max_split_size = SIZE_MAX;                    // bytes; SIZE_MAX = unlimited
+  size_t max_non_split_rounding_size = kLargeBuffer;   // bytes
+  std::array<size_t, kRoundUpPowerOfTwoIntervals> roundup_power2_divisions{};  // 0 = off
+  double garbage_collection_threshold = 0.0;           // fraction of the memory cap; 0 = off
+  bool debug_checks = false;                           // walk the heap after every op
+
+  // Parses `key:value,...`; an empty string gives the defaults.
+  static Options parse(const std::string& conf);
+  // The divisions that apply to a request of `size` bytes (0 = off).
+  size_t divisions_for(size_t size) const;
+  // Canonical `key:value,...` text of every option, defaults included.
+  std::string to_string() const;
+  // {"max_split_size_mb": ..., ...} for snapshots and the Python side.
+  std::string to_json() const;
+};
+
+const std::vector<OptionRow>& option_table();
+
+}  // namespace amem
