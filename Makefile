@@ -19,8 +19,10 @@ setup: $(VENV)/.ready build
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" pybind11 ninja "cmake>=3.18" setuptools wheel pytest hypothesis
+	$(PY) -m pip install -q "$(TORCH)" numpy pybind11 ninja "cmake>=3.18" setuptools wheel pytest hypothesis
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@# An editable install carries packages only; a wheel install carries this file itself (setup.py).
+	cp amem_alloc/amem_alloc_autoenable.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	touch $@
 
 build: $(VENV)/.ready

@@ -48,6 +48,11 @@ std::string registry_settings() {
   return options_locked().to_string();
 }
 
+Options registry_options() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return options_locked();
+}
+
 CachingAllocator& registry_device(int device) {
   check_index(device);
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;

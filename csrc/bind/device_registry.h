@@ -23,6 +23,7 @@ constexpr int kMaxDevices = 64;  // torch: C10_COMPILE_TIME_MAX_GPUS is at most 
 // string, and std::logic_error once any device has allocated (too late).
 void registry_configure(const std::string& conf);
 std::string registry_settings();
+Options registry_options();
 // The device's allocator, created on first use. Throws for a bad index.
 CachingAllocator& registry_device(int device);
 // The device's allocator if it exists, else nullptr.

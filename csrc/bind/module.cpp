@@ -103,7 +103,10 @@ void bind_cuda_registry(py::module_& m) {
   m.def("cuda_settings", &amem::registry_settings);
   m.def("cuda_devices_in_use", &amem::registry_devices_in_use);
   m.def("cuda_device_count", &amem::cuda_device_count);
-  m.def("cuda_stats_json", [](int d) { return on_device(d, [](auto& a) { return a.stats_json(); }); });
+  m.def("cuda_stats_json", [](int d) {  // a device not used yet has all-zero stats, as in torch
+    CachingAllocator* a = amem::registry_existing(d);
+    return a ? a->stats_json() : amem::Stats().to_json(amem::registry_options().max_split_size);
+  });
   m.def("cuda_segments_json", [](int d) { return on_device(d, [](auto& a) { return a.segments_json(); }); });
   m.def("cuda_fragmentation_json",
         [](int d) { return on_device(d, [](auto& a) { return a.fragmentation_json(); }); });

@@ -1,0 +1,26 @@
+"""Shared helpers for the tests: running Python in a fresh process (the allocator can be swapped
+into torch only once per process, before CUDA starts)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, env: dict[str, str] | None = None, args: list[str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `code` in a new interpreter; returns the completed process (text output)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *(args or [])], env=full_env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    full_env.update(env or {})
+    return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
