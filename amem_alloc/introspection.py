@@ -14,6 +14,7 @@ class BlockInfo:
     address: int
     size: int  # bytes, a multiple of 512
     requested_size: int  # bytes the caller asked for (0 when inactive)
+    stream: int  # the stream its segment serves
     state: str  # torch's names: active_allocated, active_pending_free, inactive
     alloc_seq: int  # allocation sequence number (0 if never allocated)
 

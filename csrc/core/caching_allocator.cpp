@@ -162,7 +162,7 @@ void CachingAllocator::free(uintptr_t address) {
   auto it = allocated_.find(address);
   if (it == allocated_.end()) {
     stats_.num_invalid_frees += 1;
-    throw InvalidFreeError(describe_bad_free(address));
+    throw InvalidFreeError(describe_bad_pointer("free", address));
   }
   Block* block = it->second;
   allocated_.erase(it);
@@ -230,7 +230,7 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocated_.find(address);
   if (it == allocated_.end())
-    throw InvalidFreeError("amem: record_stream on " + describe_bad_free(address));
+    throw InvalidFreeError(describe_bad_pointer("record_stream on", address));
   Block* block = it->second;
   if (stream == block->stream) return;  // its own stream orders itself
   auto& uses = block->stream_uses;

@@ -123,7 +123,8 @@ class CachingAllocator {
   Block* new_block();
   void recycle_block(Block* block);
   Block* find_block_at(uintptr_t address) const;
-  std::string describe_bad_free(uintptr_t address) const;
+  // Why `address` is not a live allocation, for an error about `operation`.
+  std::string describe_bad_pointer(const char* operation, uintptr_t address) const;
   size_t largest_free_block() const;
   void check_valid_locked() const;
 

@@ -26,7 +26,8 @@ const char* state_of(const Block* b) {
 
 std::string block_json(const Block* b) {
   return "{\"address\":" + std::to_string(b->address) + ",\"size\":" + std::to_string(b->size) +
-         ",\"requested_size\":" + std::to_string(b->requested) + ",\"state\":\"" + state_of(b) +
+         ",\"requested_size\":" + std::to_string(b->requested) + ",\"stream\":" +
+         std::to_string(b->stream) + ",\"state\":\"" + state_of(b) +
          "\",\"alloc_seq\":" + std::to_string(b->alloc_seq) + "}";
 }
 
@@ -126,18 +127,19 @@ Block* CachingAllocator::find_block_at(uintptr_t address) const {
   return nullptr;
 }
 
-std::string CachingAllocator::describe_bad_free(uintptr_t address) const {
+std::string CachingAllocator::describe_bad_pointer(const char* operation, uintptr_t address) const {
   const Block* b = find_block_at(address);
-  std::string what = "amem: cannot free " + hex(address) + ": ";
+  std::string what = std::string("amem: cannot ") + operation + " " + hex(address) + ": ";
   if (b == nullptr)
     return what + "this allocator (" + backend_->name() +
            " backend) never returned that pointer; free it with the allocator that made it";
   if (b->address != address)
     return what + "it points inside the block at " + hex(b->address) + " (" +
            std::to_string(b->size) + " bytes); free the pointer malloc returned";
+  const bool is_free_call = std::string(operation) == "free";
   if (b->pending_events > 0)
-    return what + "it was already freed and waits for other streams (double free)";
-  return what + "it was already freed (double free)";
+    return what + "it was already freed and waits for other streams" + (is_free_call ? " (double free)" : "");
+  return what + "it was already freed" + (is_free_call ? " (double free)" : "");
 }
 
 [[noreturn]] void CachingAllocator::fail_out_of_memory(size_t size, size_t rounded, StreamId stream) {

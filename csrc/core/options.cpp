@@ -109,7 +109,7 @@ void parse_division_list(Options& o, Tokens& t, const std::string& key) {
     t.expect(key, ":");
     size_t divisions = parse_divisions(key, t.next(key, "a division count"));
     if (start == ">") {
-      for (size_t i = last_index; i < table.size(); ++i) table[i] = divisions;
+      for (size_t i = last_index + 1; i < table.size(); ++i) table[i] = divisions;  // torch
     } else {
       size_t mib = parse_unsigned(key, start);
       if (!is_power_of_two(mib)) bad_value(key, start, "interval starts that are powers of 2 (MiB)");
@@ -138,7 +138,9 @@ void parse_garbage_collection_threshold(Options& o, Tokens& t, const std::string
   std::string text = t.next(key, "its value");
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || !(v > 0.0 && v < 1.0)) bad_value(key, text, doc_of(key));
+  // 0 is the table's default (off), accepted so that to_string() parses back.
+  if (end != text.c_str() + text.size() || !(v == 0.0 || (v > 0.0 && v < 1.0)))
+    bad_value(key, text, doc_of(key));
   o.garbage_collection_threshold = v;
 }
 

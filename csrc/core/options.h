@@ -37,8 +37,9 @@ namespace amem {
     "power of 2, or a list [MiB:divisions,...,>:divisions]: round a request up to the "  \
     "next 1/N step of its power-of-two interval; 0 rounds to 512 B only (torch)")        \
   X(garbage_collection_threshold, "0",                                                   \
-    "fraction in (0, 1): once a memory fraction is set and reserved memory passes this " \
-    "share of it, free the oldest cached blocks before asking the device (torch)")       \
+    "fraction in (0, 1), or 0 (off): once a memory fraction is set and reserved "        \
+    "memory passes this share of it, free the oldest cached blocks before asking the "   \
+    "device (torch)")                                                                    \
   X(debug_checks, "False",                                                               \
     "True/False: run the is_valid() walker over every segment after every operation "    \
     "(slow; for tests and bug hunts) (amem)")
