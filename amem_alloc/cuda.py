@@ -106,5 +106,13 @@ def empty_cache(device: Any = None) -> None:
         _C.cuda_empty_cache(d)
 
 
+def block_info(address: int, device: Any = None) -> dict[str, int] | None:
+    """The amem block holding a device address (e.g. tensor.data_ptr()), or None if amem has none."""
+    start, size, requested, stream, seq = _C.cuda_block_info(_device_index(device), int(address))
+    if size == 0:
+        return None
+    return {"address": start, "size": size, "requested_size": requested, "stream": stream, "alloc_seq": seq}
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
     _C.cuda_reset_peak_stats(_device_index(device))

@@ -112,6 +112,10 @@ void bind_cuda_registry(py::module_& m) {
         [](int d) { return on_device(d, [](auto& a) { return a.fragmentation_json(); }); });
   m.def("cuda_empty_cache", [](int d) { on_device(d, [](auto& a) { a.empty_cache(); return 0; }); });
   m.def("cuda_reset_peak_stats", [](int d) { on_device(d, [](auto& a) { a.reset_peak_stats(); return 0; }); });
+  m.def("cuda_block_info", [](int d, uintptr_t address) {
+    CachingAllocator* a = amem::registry_existing(d);
+    return a ? block_info(*a, address) : py::make_tuple(0, 0, 0, 0, 0);
+  });
   m.def("cuda_check_valid", [](int d) { on_device(d, [](auto& a) { a.check_valid(); return 0; }); });
 }
 
