@@ -8,7 +8,8 @@
 // void(void*, size_t, int device, cudaStream_t). cudaStream_t is a pointer, so
 // it is taken as void* here and this file needs no CUDA header.
 //
-// Errors: amem_malloc lets the core's exceptions propagate; torch turns a C++
+// Errors: amem_malloc lets the core's exceptions propagate (after telling the
+// Python OOM callback, if one is installed: python_hooks.h); torch turns a C++
 // exception from the plugin into a Python RuntimeError carrying our message.
 // amem_free must never throw (torch calls it from deleters that cannot), so a
 // bad free is counted in the device's stats (num_invalid_frees) and reported
@@ -17,6 +18,7 @@
 #include <cstdio>
 
 #include "device_registry.h"
+#include "python_hooks.h"
 
 using amem::registry_device;
 using amem::registry_existing;
@@ -39,8 +41,14 @@ extern "C" {
 
 AMEM_API void* amem_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // Note [size 0] in caching_allocator.h
-  uintptr_t address = registry_device(device).malloc(size, stream_id(stream));
-  return reinterpret_cast<void*>(address);
+  amem::set_thread_trace_context(amem::capture_python_context());  // before any allocator lock
+  try {
+    uintptr_t address = registry_device(device).malloc(size, stream_id(stream));
+    return reinterpret_cast<void*>(address);
+  } catch (const amem::OutOfMemoryError&) {
+    amem::notify_oom(device);  // always-on mode writes the trace before torch sees the error
+    throw;
+  }
 }
 
 AMEM_API void amem_free(void* ptr, size_t /*size*/, int device, void* /*stream*/) {

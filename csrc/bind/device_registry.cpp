@@ -13,6 +13,7 @@ std::array<std::atomic<CachingAllocator*>, kMaxDevices> g_devices{};
 std::mutex g_mutex;                 // guards creation and the options below
 bool g_configured = false;
 Options g_options;
+size_t g_trace_entries = 0;        // 0 = not recording
 
 void check_index(int device) {
   if (device < 0 || device >= kMaxDevices)
@@ -59,6 +60,7 @@ CachingAllocator& registry_device(int device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
   auto* created = new CachingAllocator(make_cuda_backend(device), options_locked());
+  if (g_trace_entries > 0) created->start_trace(g_trace_entries);
   g_devices[device].store(created, std::memory_order_release);
   return *created;
 }
@@ -66,6 +68,17 @@ CachingAllocator& registry_device(int device) {
 CachingAllocator* registry_existing(int device) {
   check_index(device);
   return g_devices[device].load(std::memory_order_acquire);
+}
+
+void registry_record(size_t max_entries) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_trace_entries = max_entries;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    CachingAllocator* a = g_devices[d].load(std::memory_order_acquire);
+    if (a == nullptr) continue;
+    if (max_entries > 0) a->start_trace(max_entries);
+    else a->stop_trace();
+  }
 }
 
 std::vector<int> registry_devices_in_use() {

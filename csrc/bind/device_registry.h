@@ -29,5 +29,7 @@ CachingAllocator& registry_device(int device);
 // The device's allocator if it exists, else nullptr.
 CachingAllocator* registry_existing(int device);
 std::vector<int> registry_devices_in_use();
+// Recording on every device, present and future (max_entries 0 stops it).
+void registry_record(size_t max_entries);
 
 }  // namespace amem

@@ -12,6 +12,7 @@
 #include "../backends/simulated_streams.h"
 #include "../core/caching_allocator.h"
 #include "device_registry.h"
+#include "python_hooks.h"
 
 namespace py = pybind11;
 using amem::CachingAllocator;
@@ -26,6 +27,14 @@ std::unique_ptr<amem::Backend> make_backend(const std::string& name, size_t limi
         "amem: backend 'cuda' is used through amem_alloc.enable(), not Allocator(); "
         "Allocator takes 'host' or 'sim'");
   throw std::invalid_argument("amem: unknown backend '" + name + "'; choose 'host' or 'sim'");
+}
+
+// Captures the Python context (stack id) with the GIL held, then allocates without it.
+uintptr_t malloc_with_context(CachingAllocator& a, size_t size, amem::StreamId stream) {
+  uint32_t context = amem::capture_python_context();
+  py::gil_scoped_release release;
+  amem::set_thread_trace_context(context);
+  return a.malloc(size, stream);
 }
 
 std::unique_ptr<CachingAllocator> make_allocator(const std::string& backend, const std::string& conf,
@@ -70,7 +79,7 @@ void bind_allocator(py::module_& m) {
   auto nogil = py::call_guard<py::gil_scoped_release>();
   py::class_<CachingAllocator>(m, "CoreAllocator")
       .def(py::init(&make_allocator), arg("backend"), arg("conf"), arg("limit_bytes"))
-      .def("malloc", &CachingAllocator::malloc, arg("size"), arg("stream"), nogil)
+      .def("malloc", &malloc_with_context, arg("size"), arg("stream"))
       .def("free", &CachingAllocator::free, arg("address"), nogil)
       .def("record_stream", &CachingAllocator::record_stream, arg("address"), arg("stream"))
       .def("empty_cache", &CachingAllocator::empty_cache, nogil)
@@ -83,6 +92,11 @@ void bind_allocator(py::module_& m) {
       .def("check_valid", &CachingAllocator::check_valid)
       .def("block_info", &block_info, arg("address"))
       .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
+      .def("start_trace", &CachingAllocator::start_trace, arg("max_entries"))
+      .def("stop_trace", &CachingAllocator::stop_trace)
+      .def("clear_trace", &CachingAllocator::clear_trace)
+      .def("trace_json", &CachingAllocator::trace_json)
+      .def_property_readonly("tracing", &CachingAllocator::tracing)
       .def_property_readonly("backend", &CachingAllocator::backend_name)
       .def_property_readonly("settings", [](const CachingAllocator& a) { return a.options().to_string(); });
 }
@@ -96,6 +110,16 @@ void bind_policy(py::module_& m) {
   });
   m.def("segment_size", &amem::segment_size_for);
   m.def("is_small", [](size_t rounded) { return amem::pool_for(rounded) == amem::PoolKind::kSmall; });
+}
+
+void bind_recording(py::module_& m) {
+  m.def("set_trace_tag", &amem::set_trace_tag, py::arg("tag"));
+  m.def("trace_tag", &amem::trace_tag);
+  m.def("set_stack_capturer", &amem::set_stack_capturer, py::arg("fn"));
+  m.def("set_oom_callback", &amem::set_oom_callback, py::arg("fn"));
+  m.def("cuda_record", &amem::registry_record, py::arg("max_entries"));
+  m.def("cuda_trace_json", [](int d) { return on_device(d, [](auto& a) { return a.trace_json(); }); });
+  m.def("cuda_clear_trace", [](int d) { on_device(d, [](auto& a) { a.clear_trace(); return 0; }); });
 }
 
 void bind_cuda_registry(py::module_& m) {
@@ -127,4 +151,5 @@ PYBIND11_MODULE(_C, m) {
   bind_allocator(m);
   bind_policy(m);
   bind_cuda_registry(m);
+  bind_recording(m);
 }

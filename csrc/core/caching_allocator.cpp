@@ -97,6 +97,7 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   block->pool = &pool;
   segment->first = block;
   segments_.emplace(address, segment);
+  if (trace_.on()) trace_.record(TraceAction::k_segment_alloc, address, size, size, stream, 0);
 
   stats_.num_device_alloc += 1;
   stats_.segment.increase(pool.kind, 1);
@@ -147,6 +148,8 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   stats_.active_bytes.increase(pool.kind, bytes);
   stats_.requested_bytes.increase(pool.kind, static_cast<int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+  if (trace_.on())
+    trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
   const Stat& reserved = stats_.reserved_bytes.all();
   if (reserved.current == reserved.peak)  // Note [fragmentation at the peak]
     stats_.allocated_at_reserved_peak =
@@ -172,6 +175,9 @@ void CachingAllocator::free(uintptr_t address) {
   stats_.allocation.decrease(kind, 1);
   stats_.allocated_bytes.decrease(kind, static_cast<int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (trace_.on())
+    trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
+                  block->stream, block->alloc_seq);
 
   if (!block->stream_uses.empty()) insert_events(block);  // Note [record_stream]
   else free_block(block);
@@ -181,6 +187,9 @@ void CachingAllocator::free(uintptr_t address) {
 // Returns a block to its pool, merged with free neighbours (torch: free_block).
 void CachingAllocator::free_block(Block* block) {
   BlockPool& pool = *block->pool;
+  if (trace_.on())  // before merging, as torch records it
+    trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
+                  block->stream, block->alloc_seq);
   const auto original_size = static_cast<int64_t>(block->size);
   int64_t split_blocks_change = 0;
   int64_t split_bytes_change = 0;
@@ -275,6 +284,7 @@ void CachingAllocator::synchronize_and_free_events() {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.num_empty_cache += 1;
+  if (trace_.on()) trace_.record(TraceAction::k_empty_cache, 0, 0, 0, 0, 0);
   release_cached_blocks();
   if (options_.debug_checks) check_valid_locked();
 }
@@ -298,6 +308,9 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
+  if (trace_.on())
+    trace_.record(TraceAction::k_segment_free, segment->address, segment->size, segment->size,
+                  segment->stream, 0);
   backend_->release_segment(segment->address, segment->size);
   stats_.num_device_free += 1;
   stats_.segment.decrease(pool.kind, 1);
@@ -377,6 +390,33 @@ void CachingAllocator::set_memory_fraction(double fraction) {
   size_t total = backend_->memory_info().total_bytes;
   allowed_bytes_ = static_cast<size_t>(fraction * static_cast<double>(total));
   fraction_set_ = true;
+}
+
+// ================================================================ recording
+
+void CachingAllocator::start_trace(size_t max_entries) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_.start(max_entries);
+}
+
+void CachingAllocator::stop_trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_.stop();
+}
+
+void CachingAllocator::clear_trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_.clear();
+}
+
+bool CachingAllocator::tracing() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trace_.on();
+}
+
+std::string CachingAllocator::trace_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trace_.to_json();
 }
 
 // ================================================================ block objects

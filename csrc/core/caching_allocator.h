@@ -55,6 +55,7 @@
 #include "errors.h"
 #include "options.h"
 #include "stats.h"
+#include "trace.h"
 
 namespace amem {
 
@@ -91,6 +92,13 @@ class CachingAllocator {
     uint64_t alloc_seq = 0;
   };
   BlockInfo block_info(uintptr_t address) const;
+
+  // ------------------------------------------------------------ recording (trace.h)
+  void start_trace(size_t max_entries);
+  void stop_trace();
+  void clear_trace();
+  bool tracing() const;
+  std::string trace_json() const;
 
   const Options& options() const { return options_; }
   const char* backend_name() const { return backend_->name(); }
@@ -138,6 +146,7 @@ class CachingAllocator {
   std::vector<std::pair<EventId, Block*>> pending_;   // events blocking reuse
   std::vector<Block*> spare_blocks_;                  // recycled Block objects
   Stats stats_;
+  Trace trace_;
   bool fraction_set_ = false;
   size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
   uint64_t alloc_seq_ = 0;

@@ -145,6 +145,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
 [[noreturn]] void CachingAllocator::fail_out_of_memory(size_t size, size_t rounded, StreamId stream) {
   stats_.num_ooms += 1;
   DeviceMemoryInfo info = backend_->memory_info();
+  if (trace_.on()) trace_.record(TraceAction::k_oom, info.free_bytes, rounded, rounded, stream, 0);
   const auto reserved = stats_.reserved_bytes.all().current;
   const auto allocated = stats_.allocated_bytes.all().current;
   auto mib = [](double bytes) {

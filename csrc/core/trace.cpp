@@ -1,0 +1,115 @@
+// trace.cpp — the event ring (see trace.h).
+#include "trace.h"
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+
+namespace amem {
+namespace {
+
+std::atomic<uint32_t> g_tag{0};
+std::atomic<uint32_t> g_next_thread{0};
+thread_local uint32_t t_context = 0;
+thread_local uint32_t t_thread = 0;
+
+uint32_t thread_number() {
+  if (t_thread == 0) t_thread = ++g_next_thread;  // numbered on first use, never reused
+  return t_thread;
+}
+
+int64_t now_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+void append_event(std::string& out, const TraceEvent& e) {
+  out += "{\"seq\":" + std::to_string(e.seq) + ",\"action\":\"" + trace_action_name(e.action) +
+         "\",\"addr\":" + std::to_string(e.address) + ",\"size\":" + std::to_string(e.size) +
+         ",\"rounded_size\":" + std::to_string(e.rounded) + ",\"stream\":" + std::to_string(e.stream) +
+         ",\"time_us\":" + std::to_string(e.time_us) + ",\"thread\":" + std::to_string(e.thread) +
+         ",\"tag\":" + std::to_string(e.tag) + ",\"context\":" + std::to_string(e.context) +
+         ",\"alloc_seq\":" + std::to_string(e.alloc_seq) + "}";
+}
+
+}  // namespace
+
+const char* trace_action_name(TraceAction action) {
+  switch (action) {
+#define AMEM_ACTION_NAME(name) \
+  case TraceAction::k_##name:  \
+    return #name;
+    AMEM_TRACE_ACTIONS(AMEM_ACTION_NAME)
+#undef AMEM_ACTION_NAME
+  }
+  return "unknown";
+}
+
+void set_trace_tag(uint32_t tag) { g_tag.store(tag, std::memory_order_relaxed); }
+uint32_t trace_tag() { return g_tag.load(std::memory_order_relaxed); }
+void set_thread_trace_context(uint32_t context) { t_context = context; }
+uint32_t thread_trace_context() { return t_context; }
+
+void Trace::start(size_t max_entries) {
+  if (max_entries == 0) throw std::invalid_argument("amem: max_entries must be at least 1");
+  if (max_entries != ring_.size()) {
+    std::vector<TraceEvent> kept = events();
+    size_t skip = kept.size() > max_entries ? kept.size() - max_entries : 0;
+    dropped_ += skip;
+    ring_.assign(max_entries, TraceEvent{});
+    count_ = 0;
+    head_ = 0;
+    for (size_t i = skip; i < kept.size(); ++i) ring_[count_++] = kept[i];
+    head_ = count_ % max_entries;
+  }
+  on_ = true;
+}
+
+void Trace::clear() {
+  head_ = count_ = 0;
+  dropped_ = 0;
+  next_seq_ = 0;
+}
+
+void Trace::record(TraceAction action, uintptr_t address, uint64_t size, uint64_t rounded,
+                   StreamId stream, uint64_t alloc_seq) {
+  TraceEvent& e = ring_[head_];
+  if (count_ == ring_.size()) dropped_ += 1;  // overwriting the oldest event
+  else count_ += 1;
+  e.seq = next_seq_++;
+  e.time_us = now_us();
+  e.address = address;
+  e.size = size;
+  e.rounded = rounded;
+  e.stream = stream;
+  e.alloc_seq = alloc_seq;
+  e.thread = thread_number();
+  e.tag = trace_tag();
+  e.context = t_context;
+  e.action = action;
+  head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+}
+
+std::vector<TraceEvent> Trace::events() const {
+  std::vector<TraceEvent> out;
+  out.reserve(count_);
+  size_t start = count_ == ring_.size() ? head_ : 0;
+  for (size_t i = 0; i < count_; ++i) out.push_back(ring_[(start + i) % ring_.size()]);
+  return out;
+}
+
+std::string Trace::to_json() const {
+  std::string out = "{\"recording\":" + std::string(on_ ? "true" : "false") +
+                    ",\"max_entries\":" + std::to_string(ring_.size()) +
+                    ",\"recorded\":" + std::to_string(next_seq_) +
+                    ",\"dropped\":" + std::to_string(dropped_) + ",\"events\":[";
+  bool first = true;
+  for (const TraceEvent& e : events()) {
+    if (!first) out += ",";
+    append_event(out, e);
+    first = false;
+  }
+  return out + "]}";
+}
+
+}  // namespace amem

@@ -1,0 +1,99 @@
+// trace.h — a bounded ring of allocator events.
+//
+// Design note
+// -----------
+// Each CachingAllocator owns one Trace, written under the allocator's lock, so
+// recording needs no lock of its own. When recording is off the hot path pays
+// one predictable branch (`if (trace_.on())`). When on, an event is a fixed
+// 64-byte record copied into a preallocated ring: no allocation, no string.
+// When the ring is full the oldest event is overwritten and counted in
+// dropped(), which every export reports — events are never lost silently.
+//
+// Events are recorded where torch's allocator records them (see
+// docs/torch_policy.md §8): `alloc` after a split, `free_requested` when the
+// caller frees, `free_completed` when the block becomes reusable (before it
+// merges), `segment_alloc`/`segment_free` around backend calls, `oom` with the
+// device's free bytes in place of an address, plus amem's `empty_cache`.
+//
+// Two small integers tie an event to its context: `tag`, set process-wide by
+// the Python side (set_trace_tag, e.g. "forward"), and `context`, set per thread
+// by the bindings just before a call (e.g. the id of a captured Python stack).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+
+namespace amem {
+
+#define AMEM_TRACE_ACTIONS(X) \
+  X(alloc)                    \
+  X(free_requested)           \
+  X(free_completed)           \
+  X(segment_alloc)            \
+  X(segment_free)             \
+  X(segment_map)              \
+  X(segment_unmap)            \
+  X(oom)                      \
+  X(empty_cache)
+
+enum class TraceAction : uint8_t {
+#define AMEM_ACTION_ENUM(name) k_##name,
+  AMEM_TRACE_ACTIONS(AMEM_ACTION_ENUM)
+#undef AMEM_ACTION_ENUM
+};
+
+const char* trace_action_name(TraceAction action);
+
+struct TraceEvent {
+  uint64_t seq = 0;        // position in the whole recording (0, 1, 2, ...)
+  int64_t time_us = 0;     // microseconds since the Unix epoch (torch's time_us)
+  uintptr_t address = 0;   // block or segment address; device free bytes for oom
+  uint64_t size = 0;       // requested bytes (alloc/free), segment bytes, or the rounded oom request
+  uint64_t rounded = 0;    // the block's rounded size for alloc/free events
+  StreamId stream = 0;
+  uint64_t alloc_seq = 0;  // the block's allocation number (alloc and free events)
+  uint32_t thread = 0;     // small per-process thread number (1, 2, ...)
+  uint32_t tag = 0;        // process-wide tag at the time (0 = none)
+  uint32_t context = 0;    // per-call context id, e.g. a captured stack (0 = none)
+  TraceAction action = TraceAction::k_alloc;
+};
+
+// The process-wide tag and the calling thread's context id.
+void set_trace_tag(uint32_t tag);
+uint32_t trace_tag();
+void set_thread_trace_context(uint32_t context);
+uint32_t thread_trace_context();
+
+class Trace {
+ public:
+  bool on() const { return on_; }
+  // Starts recording into a ring of `max_entries` (> 0); keeps earlier events
+  // that still fit.
+  void start(size_t max_entries);
+  void stop() { on_ = false; }
+  void clear();
+
+  void record(TraceAction action, uintptr_t address, uint64_t size, uint64_t rounded,
+              StreamId stream, uint64_t alloc_seq);
+
+  std::vector<TraceEvent> events() const;  // oldest first
+  uint64_t dropped() const { return dropped_; }
+  uint64_t recorded() const { return next_seq_; }
+  size_t capacity() const { return ring_.size(); }
+  // {"recording":..., "max_entries":..., "recorded":..., "dropped":..., "events":[...]}
+  std::string to_json() const;
+
+ private:
+  bool on_ = false;
+  std::vector<TraceEvent> ring_;
+  size_t head_ = 0;        // where the next event goes
+  size_t count_ = 0;       // events held (<= ring_.size())
+  uint64_t next_seq_ = 0;  // events ever recorded
+  uint64_t dropped_ = 0;   // events overwritten because the ring was full
+};
+
+}  // namespace amem
