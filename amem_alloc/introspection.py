@@ -25,6 +25,7 @@ class SegmentInfo:
     total_size: int
     stream: int
     segment_type: str  # "small" or "large"
+    is_expandable: bool  # part of an expandable segment (one entry per mapped range)
     allocated_size: int
     active_size: int
     requested_size: int

@@ -16,6 +16,8 @@ namespace {
 constexpr uintptr_t kSimBase = uintptr_t{0x7f0000000000};  // looks like a device address
 constexpr size_t kSimSpace = size_t{1} << 46;              // bytes of simulated address space
 constexpr size_t kSimAlign = 2 * kMiB;                     // segment alignment
+constexpr uintptr_t kReserveBase = uintptr_t{1} << 47;     // reserved (expandable) ranges start here
+constexpr uintptr_t kReserveEnd = uintptr_t{1} << 62;      // ...and end here
 
 class SimBackend final : public SimulatedBackend {
  public:
@@ -40,6 +42,26 @@ class SimBackend final : public SimulatedBackend {
     return 0;  // simulated address space exhausted
   }
 
+  // Expandable segments: reserved ranges come from a separate, much larger
+  // region above the segment space; mapping only counts bytes against the limit.
+  bool supports_expandable() const override { return true; }
+
+  uintptr_t reserve_address_range(size_t bytes) override {
+    size_t span = (bytes + kSimAlign - 1) / kSimAlign * kSimAlign;
+    if (span > kReserveEnd - next_reserve_) return 0;
+    uintptr_t address = next_reserve_;
+    next_reserve_ += span;
+    return address;
+  }
+
+  bool map_pages(uintptr_t, size_t bytes) override {
+    if (!fits(bytes)) return false;
+    used_bytes_ += bytes;
+    return true;
+  }
+
+  void unmap_pages(uintptr_t, size_t bytes) override { used_bytes_ -= bytes; }
+
   void release_segment(uintptr_t address, size_t bytes) override {
     size_t span = (bytes + kSimAlign - 1) / kSimAlign * kSimAlign;
     auto next = free_ranges_.lower_bound(address);
@@ -62,6 +84,7 @@ class SimBackend final : public SimulatedBackend {
 
  private:
   std::map<uintptr_t, size_t> free_ranges_;  // address -> bytes
+  uintptr_t next_reserve_ = kReserveBase;    // bump pointer for reserved ranges (never reused)
 };
 
 }  // namespace

@@ -47,6 +47,19 @@ class Backend {
   virtual void destroy_event(EventId event) = 0;
   // Waits for all work on the device (before memory goes back to it).
   virtual void synchronize() = 0;
+
+  // Expandable segments (torch's expandable_segments:True): reserve a range of
+  // addresses once, then back pages of it with memory on demand. A backend that
+  // cannot do this says so in supports_expandable(); the allocator then refuses
+  // the option with a clear error rather than pretending.
+  virtual bool supports_expandable() const { return false; }
+  // `bytes` of address space with no memory behind it, or 0 if none is left.
+  virtual uintptr_t reserve_address_range(size_t bytes) { return 0; }
+  virtual void release_address_range(uintptr_t address, size_t bytes) {}
+  // Backs [address, address + bytes) with memory; false when out of memory.
+  virtual bool map_pages(uintptr_t address, size_t bytes) { return false; }
+  // Returns the memory behind [address, address + bytes); the addresses stay reserved.
+  virtual void unmap_pages(uintptr_t address, size_t bytes) {}
 };
 
 // limit_bytes: the capacity of a host or sim device (0 = unlimited for sim,

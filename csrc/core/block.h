@@ -37,13 +37,17 @@ struct Block {
   Block* prev = nullptr;       // neighbour at lower addresses, same segment
   Block* next = nullptr;       // neighbour at higher addresses, same segment
   bool allocated = false;      // handed to a caller and not yet freed
+  bool mapped = true;          // backed by memory (false: reserved pages of an expandable segment)
   int pending_events = 0;      // stream events to complete before reuse
   std::vector<StreamId> stream_uses;  // other streams that used it (record_stream)
   uint64_t free_since = 0;     // pool's get_free_block call count when freed (GC age)
   uint64_t alloc_seq = 0;      // allocation sequence number (provenance, traces)
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool is_free() const { return !allocated && pending_events == 0; }
+  // Free and mapped: in the pool's free index, reusable as it is.
+  bool is_free() const { return !allocated && pending_events == 0 && mapped; }
+  // Could serve a request, after mapping if it is not mapped (torch: "allocatable").
+  bool is_available() const { return !allocated && pending_events == 0; }
 };
 
 struct Segment {
@@ -52,6 +56,7 @@ struct Segment {
   StreamId stream = 0;         // the stream it was allocated for
   PoolKind kind = PoolKind::kSmall;
   Block* first = nullptr;      // block at `address`
+  bool expandable = false;     // a reserved range mapped page by page (Note [expandable segments])
 };
 
 // Orders free blocks by (stream, size, address): lower_bound of (stream,
@@ -64,6 +69,15 @@ struct BlockLess {
   }
 };
 
+// Orders unmapped blocks by (stream, address): the first with room on a stream
+// is the lowest address (torch: BlockComparatorAddress).
+struct BlockAddressLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    return a->address < b->address;
+  }
+};
+
 struct BlockPool {
   using Index = std::set<Block*, BlockLess>;
 
@@ -71,6 +85,7 @@ struct BlockPool {
 
   PoolKind kind;
   Index free_blocks;
+  std::set<Block*, BlockAddressLess> unmapped;  // expandable segments' unmapped blocks
   uint64_t get_free_block_calls = 0;  // clock for the GC's block ages
 
   void insert(Block* block);

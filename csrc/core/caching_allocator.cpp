@@ -12,6 +12,10 @@ namespace amem {
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options options)
     : backend_(std::move(backend)), options_(options) {
+  if (options_.expandable_segments && !backend_->supports_expandable())
+    throw ConfigError(std::string("AMEM_CONF: expandable_segments:True is not supported by the ") +
+                      backend_->name() + " backend yet; it works on the host and sim backends "
+                      "(replay); leave it off for real devices");
   allocated_.reserve(1024);
 }
 
@@ -24,7 +28,8 @@ CachingAllocator::~CachingAllocator() {
       delete b;
       b = next;
     }
-    backend_->release_segment(segment->address, segment->size);
+    if (segment->expandable) backend_->release_address_range(segment->address, segment->size);
+    else backend_->release_segment(segment->address, segment->size);
     delete segment;
   }
   for (Block* b : spare_blocks_) delete b;
@@ -56,6 +61,13 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   if (it == pool.free_blocks.end()) return nullptr;
+  if ((*it)->segment->expandable) {  // prefer the block with the least unmapped room behind it
+    auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
+    for (auto next = std::next(it); next != pool.free_blocks.end() && (*next)->stream == stream &&
+                                    (*it)->segment->expandable && room(*next) < room(*it);
+         ++next)
+      it = next;
+  }
   Block* block = *it;
   // Do not hand out an oversize block for a request that is not oversize.
   if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return nullptr;
@@ -81,8 +93,9 @@ Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, 
 
 Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size_t rounded,
                                           bool is_retry) {
-  size_t size = segment_size_for(rounded);
   if (is_retry) stats_.num_alloc_retries += 1;
+  if (options_.expandable_segments) return allocate_expandable(pool, stream, rounded);
+  size_t size = segment_size_for(rounded);
   int64_t reserved = stats_.reserved_bytes.all().current;
   if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
   uintptr_t address = backend_->allocate_segment(size);
@@ -101,19 +114,30 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
 
   stats_.num_device_alloc += 1;
   stats_.segment.increase(pool.kind, 1);
-  const int64_t old_peak = stats_.reserved_bytes.all().peak;
-  stats_.reserved_bytes.increase(pool.kind, static_cast<int64_t>(size));
+  note_reserved_increase(pool.kind, size);
   if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
+  return block;
+}
+
+void CachingAllocator::note_reserved_increase(PoolKind kind, size_t bytes) {
+  const int64_t old_peak = stats_.reserved_bytes.all().peak;
+  stats_.reserved_bytes.increase(kind, static_cast<int64_t>(bytes));
   if (stats_.reserved_bytes.all().current > old_peak)  // a new peak: start measuring at it
     stats_.allocated_at_reserved_peak = stats_.allocated_bytes.all().current;
-  return block;
+}
+
+void CachingAllocator::note_reserved_decrease(PoolKind kind, size_t bytes) {
+  stats_.reserved_bytes.decrease(kind, static_cast<int64_t>(bytes));
 }
 
 // Carves `rounded` bytes off the front of a free block (torch: alloc_found_block).
 Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
   BlockPool& pool = *block->pool;
-  const bool was_split = block->is_split();
-  if (should_split(pool.kind, block->size, rounded, options_)) {
+  const bool expandable = block->segment->expandable;
+  const bool was_split = block->is_split() && !expandable;  // torch: expandable blocks never count
+  const bool split = expandable ? block->size - rounded >= kMinBlockSize
+                                : should_split(pool.kind, block->size, rounded, options_);
+  if (split) {
     Block* rest = new_block();
     rest->address = block->address + rounded;
     rest->size = block->size - rounded;
@@ -126,7 +150,9 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
     block->next = rest;
     block->size = rounded;
     pool.insert(rest);
-    if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
+    if (expandable) {
+      // not counted as inactive split
+    } else if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
       stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(rounded));
     } else {
       stats_.inactive_split.increase(pool.kind, 1);
@@ -205,6 +231,7 @@ void CachingAllocator::free_block(Block* block) {
     split_blocks_change += 1;
     split_bytes_change += static_cast<int64_t>(block->size);
   }
+  if (block->segment->expandable) split_blocks_change = split_bytes_change = 0;  // never counted
   if (split_blocks_change >= 0) stats_.inactive_split.increase(pool.kind, split_blocks_change);
   else stats_.inactive_split.decrease(pool.kind, -split_blocks_change);
   if (split_bytes_change >= 0) stats_.inactive_split_bytes.increase(pool.kind, split_bytes_change);
@@ -218,7 +245,7 @@ void CachingAllocator::free_block(Block* block) {
 // Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
 // (0 when `src` is absent or not free) (torch: try_merge_blocks).
 size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
-  if (src == nullptr || !src->is_free()) return 0;
+  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
   if (dst->prev == src) {
     dst->address = src->address;
     dst->prev = src->prev;
@@ -230,7 +257,8 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
   }
   size_t subsumed = src->size;
   dst->size += subsumed;
-  pool.erase(src);
+  if (src->mapped) pool.erase(src);
+  else pool.unmapped.erase(src);
   recycle_block(src);
   return subsumed;
 }
@@ -298,23 +326,26 @@ bool CachingAllocator::release_cached_blocks() {
 }
 
 void CachingAllocator::release_pool_segments(BlockPool& pool) {
-  std::vector<Block*> whole;
-  for (Block* b : pool.free_blocks)
-    if (!b->is_split()) whole.push_back(b);
+  std::vector<Block*> whole, expandable;
+  for (Block* b : pool.free_blocks) {
+    if (b->segment->expandable) expandable.push_back(b);
+    else if (!b->is_split()) whole.push_back(b);
+  }
   for (Block* b : whole) release_segment_of(b);
+  for (Block* b : expandable) unmap_block(b);
 }
 
 // `block` is free and spans its whole segment (torch: release_block).
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
-  if (trace_.on())
+  if (trace_.on())  // before the backend call, as torch records it
     trace_.record(TraceAction::k_segment_free, segment->address, segment->size, segment->size,
                   segment->stream, 0);
   backend_->release_segment(segment->address, segment->size);
   stats_.num_device_free += 1;
   stats_.segment.decrease(pool.kind, 1);
-  stats_.reserved_bytes.decrease(pool.kind, static_cast<int64_t>(segment->size));
+  note_reserved_decrease(pool.kind, segment->size);
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
   pool.erase(block);
   segments_.erase(segment->address);
@@ -329,7 +360,7 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
   if (options_.max_split_size == SIZE_MAX) return false;
   size_t key_size = std::max(rounded, options_.max_split_size);
   auto it = pool.lower_bound(stream, key_size);
-  if (it != pool.free_blocks.end() && (*it)->stream == stream) {
+  if (it != pool.free_blocks.end() && (*it)->stream == stream && !(*it)->segment->expandable) {
     if ((*it)->is_split()) return false;
     release_segment_of(*it);  // one oversize block is enough
     return true;
@@ -341,7 +372,7 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
   while (released < key_size && it != pool.free_blocks.begin()) {
     Block* b = *--it;
     if (b->stream != stream || b->size < options_.max_split_size) break;
-    if (b->is_split()) continue;
+    if (b->is_split() || b->segment->expandable) continue;
     victims.push_back(b);
     released += b->size;
   }
@@ -360,8 +391,9 @@ void CachingAllocator::garbage_collect_cached_blocks() {
   auto age = [&](const Block* b) { return large_.get_free_block_calls - b->free_since; };
   uint64_t total_age = 0;
   size_t freeable = 0;
+  auto collectable = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
   for (Block* b : large_.free_blocks)
-    if (!b->is_split()) total_age += age(b), ++freeable;
+    if (collectable(b)) total_age += age(b), ++freeable;
   if (freeable == 0) return;
   synchronize_and_free_events();
   size_t reclaimed = 0;
@@ -371,7 +403,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
     freed_one = false;
     std::vector<Block*> old;
     for (Block* b : large_.free_blocks)
-      if (!b->is_split() && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
+      if (collectable(b) && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
     for (Block* b : old) {
       freed_one = true;
       reclaimed += b->size;

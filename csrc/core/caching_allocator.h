@@ -59,6 +59,9 @@
 
 namespace amem {
 
+struct ValidationTally;   // validate.cpp
+struct ValidationCounts;  // validate.cpp
+
 class CachingAllocator {
  public:
   CachingAllocator(std::unique_ptr<Backend> backend, Options options);
@@ -112,6 +115,16 @@ class CachingAllocator {
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
 
+  // ------------------------------------------------------------ expandable segments (expandable.cpp)
+  Block* allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded);
+  Block* find_expandable_block(BlockPool& pool, StreamId stream, size_t size);
+  Block* reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size);
+  bool map_block(Block* block, size_t size);
+  void unmap_block(Block* block);
+  void release_expandable_segment(Block* block);
+  Block* insert_block_after(Block* block, uintptr_t address, size_t size);
+  Block* insert_block_before(Block* block, uintptr_t address, size_t size);
+
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
   size_t merge_into(Block* dst, Block* src, BlockPool& pool);
@@ -128,6 +141,8 @@ class CachingAllocator {
 
   // ------------------------------------------------------------ helpers
   BlockPool& pool_of(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
+  void note_reserved_increase(PoolKind kind, size_t bytes);
+  void note_reserved_decrease(PoolKind kind, size_t bytes);
   Block* new_block();
   void recycle_block(Block* block);
   Block* find_block_at(uintptr_t address) const;
@@ -135,6 +150,9 @@ class CachingAllocator {
   std::string describe_bad_pointer(const char* operation, uintptr_t address) const;
   size_t largest_free_block() const;
   void check_valid_locked() const;
+  void check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const;
+  void check_block(const Block* b, const Block* prev, bool split, ValidationTally& t, ValidationCounts& counts) const;
+  const BlockPool& pool_of_const(PoolKind kind) const { return kind == PoolKind::kSmall ? small_ : large_; }
 
   mutable std::mutex mutex_;
   std::unique_ptr<Backend> backend_;

@@ -37,6 +37,24 @@ std::string ratio(double num, double den) {
   return buf;
 }
 
+// One snapshot segment: the blocks from `first` up to (not including) `stop`.
+std::string segment_entry(const Segment& seg, const Block* first, const Block* stop) {
+  size_t total = 0, allocated = 0, active = 0, requested = 0;
+  std::string blocks;
+  for (const Block* b = first; b != stop; b = b->next) {
+    total += b->size;
+    if (b->allocated) allocated += b->size;
+    if (b->allocated || b->pending_events > 0) active += b->size, requested += b->requested;
+    blocks += (blocks.empty() ? "" : ",") + block_json(b);
+  }
+  return std::string("{\"address\":") + std::to_string(first->address) +
+         ",\"total_size\":" + std::to_string(total) + ",\"stream\":" + std::to_string(seg.stream) +
+         ",\"segment_type\":\"" + (seg.kind == PoolKind::kSmall ? "small" : "large") +
+         "\",\"is_expandable\":" + (seg.expandable ? "true" : "false") +
+         ",\"allocated_size\":" + std::to_string(allocated) + ",\"active_size\":" + std::to_string(active) +
+         ",\"requested_size\":" + std::to_string(requested) + ",\"blocks\":[" + blocks + "]}";
+}
+
 }  // namespace
 
 std::string CachingAllocator::stats_json() const {
@@ -44,23 +62,27 @@ std::string CachingAllocator::stats_json() const {
   return stats_.to_json(options_.max_split_size);
 }
 
+// Every segment with its blocks; an expandable segment appears as one entry per
+// contiguous mapped range, as in torch's snapshots.
 std::string CachingAllocator::segments_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string out = "[";
+  auto emit = [&](const std::string& entry) { out += (out.size() > 1 ? "," : "") + entry; };
   for (const auto& [address, seg] : segments_) {
-    size_t allocated = 0, active = 0, requested = 0;
-    std::string blocks;
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      if (b->allocated) allocated += b->size;
-      if (!b->is_free()) active += b->size, requested += b->requested;
-      blocks += (blocks.empty() ? "" : ",") + block_json(b);
+    if (!seg->expandable) {
+      emit(segment_entry(*seg, seg->first, nullptr));
+      continue;
     }
-    out += (out.size() > 1 ? "," : "") + std::string("{\"address\":") + std::to_string(address) +
-           ",\"total_size\":" + std::to_string(seg->size) + ",\"stream\":" +
-           std::to_string(seg->stream) + ",\"segment_type\":\"" +
-           (seg->kind == PoolKind::kSmall ? "small" : "large") + "\",\"allocated_size\":" +
-           std::to_string(allocated) + ",\"active_size\":" + std::to_string(active) +
-           ",\"requested_size\":" + std::to_string(requested) + ",\"blocks\":[" + blocks + "]}";
+    for (const Block* b = seg->first; b != nullptr;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      const Block* stop = b;
+      while (stop != nullptr && stop->mapped) stop = stop->next;
+      emit(segment_entry(*seg, b, stop));
+      b = stop;
+    }
   }
   return out + "]";
 }

@@ -144,11 +144,19 @@ void parse_garbage_collection_threshold(Options& o, Tokens& t, const std::string
   o.garbage_collection_threshold = v;
 }
 
-void parse_debug_checks(Options& o, Tokens& t, const std::string& key) {
+bool parse_bool(Tokens& t, const std::string& key) {
   std::string text = t.next(key, "its value");
-  if (text == "True" || text == "true" || text == "1") o.debug_checks = true;
-  else if (text == "False" || text == "false" || text == "0") o.debug_checks = false;
-  else bad_value(key, text, "True or False");
+  if (text == "True" || text == "true" || text == "1") return true;
+  if (text == "False" || text == "false" || text == "0") return false;
+  bad_value(key, text, "True or False");
+}
+
+void parse_expandable_segments(Options& o, Tokens& t, const std::string& key) {
+  o.expandable_segments = parse_bool(t, key);
+}
+
+void parse_debug_checks(Options& o, Tokens& t, const std::string& key) {
+  o.debug_checks = parse_bool(t, key);
 }
 
 using ParseFn = void (*)(Options&, Tokens&, const std::string&);
@@ -227,6 +235,7 @@ std::string Options::to_string() const {
          ",max_non_split_rounding_mb:" + format_mib(max_non_split_rounding_size) +
          ",roundup_power2_divisions:" + format_divisions(*this) +
          ",garbage_collection_threshold:" + format_double(garbage_collection_threshold) +
+         ",expandable_segments:" + (expandable_segments ? "True" : "False") +
          ",debug_checks:" + (debug_checks ? "True" : "False");
 }
 
@@ -240,6 +249,7 @@ std::string Options::to_json() const {
          ",\"max_non_split_rounding_size\":" + std::to_string(max_non_split_rounding_size) +
          ",\"roundup_power2_divisions\":" + divisions +
          ",\"garbage_collection_threshold\":" + format_double(garbage_collection_threshold) +
+         ",\"expandable_segments\":" + (expandable_segments ? "true" : "false") +
          ",\"debug_checks\":" + (debug_checks ? "true" : "false") + "}";
 }
 

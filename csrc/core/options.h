@@ -40,6 +40,9 @@ namespace amem {
     "fraction in (0, 1), or 0 (off): once a memory fraction is set and reserved "        \
     "memory passes this share of it, free the oldest cached blocks before asking the "   \
     "device (torch)")                                                                    \
+  X(expandable_segments, "False",                                                        \
+    "True/False: one segment per stream and pool that grows by mapping 2 MiB (small) or " \
+    "20 MiB (large) pages, instead of many fixed segments; host and sim backends (torch)") \
   X(debug_checks, "False",                                                               \
     "True/False: run the is_valid() walker over every segment after every operation "    \
     "(slow; for tests and bug hunts) (amem)")
@@ -61,6 +64,7 @@ struct Options {
   size_t max_non_split_rounding_size = kLargeBuffer;   // bytes
   std::array<size_t, kRoundUpPowerOfTwoIntervals> roundup_power2_divisions{};  // 0 = off
   double garbage_collection_threshold = 0.0;           // fraction of the memory cap; 0 = off
+  bool expandable_segments = false;                    // grow one segment per stream and pool
   bool debug_checks = false;                           // walk the heap after every op
 
   // Parses `key:value,...`; an empty string gives the defaults.

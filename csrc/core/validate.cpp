@@ -12,18 +12,25 @@
 #include "caching_allocator.h"
 
 namespace amem {
-namespace {
 
-struct Tally {  // figures recomputed from the blocks, per pool kind
+struct ValidationCounts {  // blocks found, to compare with the indexes' sizes
+  size_t free = 0, unmapped = 0, allocated = 0;
+};
+
+struct ValidationTally {  // figures recomputed from the blocks, per pool kind
   int64_t segments = 0, reserved = 0, allocations = 0, allocated = 0;
   int64_t active = 0, active_bytes = 0, requested = 0, split_free = 0, split_free_bytes = 0;
 };
+
+namespace {
+
+
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::logic_error("amem invariant broken: " + what);
 }
 
-void compare(const PoolStat& stat, const std::array<Tally, 2>& t, int64_t Tally::*field,
+void compare(const PoolStat& stat, const std::array<ValidationTally, 2>& t, int64_t ValidationTally::*field,
              const char* name) {
   int64_t all = t[0].*field + t[1].*field;
   require(stat.by_pool[0].current == all, std::string(name) + ".all.current is " +
@@ -42,64 +49,83 @@ void CachingAllocator::check_valid() const {
 }
 
 void CachingAllocator::check_valid_locked() const {
-  std::array<Tally, 2> tally{};
-  size_t free_count = 0, allocated_count = 0;
+  std::array<ValidationTally, 2> tally{};
+  ValidationCounts counts;
   uintptr_t previous_end = 0;
   for (const auto& [address, seg] : segments_) {
     require(address == seg->address, "segment map key differs from the segment address");
     require(address >= previous_end, "segments overlap");
     previous_end = address + seg->size;
-    Tally& t = tally[static_cast<int>(seg->kind)];
-    t.segments += 1;
-    t.reserved += static_cast<int64_t>(seg->size);
-    uintptr_t cursor = seg->address;
-    const Block* prev = nullptr;
-    bool segment_split = seg->first != nullptr && seg->first->next != nullptr;
-    for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
-      require(b->address == cursor, "blocks do not tile their segment (gap or overlap)");
-      require(b->prev == prev, "a block's prev link is wrong");
-      require(b->segment == seg && b->stream == seg->stream, "a block points at the wrong segment");
-      require(b->pool == &small_ || b->pool == &large_, "a block has no pool");
-      require(b->pool->kind == seg->kind, "a block is in the wrong pool");
-      require(b->size > 0 && b->size % kMinBlockSize == 0, "a block size is not a multiple of 512");
-      cursor += b->size;
-      const bool in_index = b->pool->free_blocks.count(const_cast<Block*>(b)) == 1;
-      if (b->allocated) {
-        auto it = allocated_.find(b->address);
-        require(it != allocated_.end() && it->second == b, "an allocated block is not in the address map");
-        require(!in_index, "an allocated block is in the free index");
-        allocated_count += 1;
-        t.allocations += 1;
-        t.allocated += static_cast<int64_t>(b->size);
-      } else if (b->pending_events > 0) {
-        require(!in_index, "a block waiting on events is in the free index");
-      } else {
-        require(in_index, "a free block is missing from the free index");
-        require(prev == nullptr || !prev->is_free(), "two free neighbours were not merged");
-        require(b->requested == 0, "a free block still counts requested bytes");
-        free_count += 1;
-        if (segment_split) t.split_free += 1, t.split_free_bytes += static_cast<int64_t>(b->size);
-      }
-      if (!b->is_free()) {
-        t.active += 1;
-        t.active_bytes += static_cast<int64_t>(b->size);
-        t.requested += static_cast<int64_t>(b->requested);
-      }
-    }
-    require(cursor == seg->address + seg->size, "blocks do not cover their whole segment");
+    check_segment(*seg, tally[static_cast<int>(seg->kind)], counts);
   }
-  require(free_count == small_.free_blocks.size() + large_.free_blocks.size(),
+  require(counts.free == small_.free_blocks.size() + large_.free_blocks.size(),
           "the free index holds blocks that are in no segment");
-  require(allocated_count == allocated_.size(), "the address map holds blocks that are not allocated");
-  compare(stats_.segment, tally, &Tally::segments, "segment");
-  compare(stats_.reserved_bytes, tally, &Tally::reserved, "reserved_bytes");
-  compare(stats_.allocation, tally, &Tally::allocations, "allocation");
-  compare(stats_.allocated_bytes, tally, &Tally::allocated, "allocated_bytes");
-  compare(stats_.active, tally, &Tally::active, "active");
-  compare(stats_.active_bytes, tally, &Tally::active_bytes, "active_bytes");
-  compare(stats_.requested_bytes, tally, &Tally::requested, "requested_bytes");
-  compare(stats_.inactive_split, tally, &Tally::split_free, "inactive_split");
-  compare(stats_.inactive_split_bytes, tally, &Tally::split_free_bytes, "inactive_split_bytes");
+  require(counts.unmapped == small_.unmapped.size() + large_.unmapped.size(),
+          "the unmapped index holds blocks that are in no segment");
+  require(counts.allocated == allocated_.size(), "the address map holds blocks that are not allocated");
+  compare(stats_.segment, tally, &ValidationTally::segments, "segment");
+  compare(stats_.reserved_bytes, tally, &ValidationTally::reserved, "reserved_bytes");
+  compare(stats_.allocation, tally, &ValidationTally::allocations, "allocation");
+  compare(stats_.allocated_bytes, tally, &ValidationTally::allocated, "allocated_bytes");
+  compare(stats_.active, tally, &ValidationTally::active, "active");
+  compare(stats_.active_bytes, tally, &ValidationTally::active_bytes, "active_bytes");
+  compare(stats_.requested_bytes, tally, &ValidationTally::requested, "requested_bytes");
+  compare(stats_.inactive_split, tally, &ValidationTally::split_free, "inactive_split");
+  compare(stats_.inactive_split_bytes, tally, &ValidationTally::split_free_bytes, "inactive_split_bytes");
+}
+
+// Blocks tile the segment; each block is where its state says it is.
+// Expandable segments: reserved counts mapped bytes only, and neither the
+// segment nor its free blocks count as segment / inactive split (torch).
+void CachingAllocator::check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const {
+  if (!seg.expandable) t.segments += 1, t.reserved += static_cast<int64_t>(seg.size);
+  const bool split = !seg.expandable && seg.first != nullptr && seg.first->next != nullptr;
+  uintptr_t cursor = seg.address;
+  const Block* prev = nullptr;
+  for (const Block* b = seg.first; b != nullptr; prev = b, b = b->next) {
+    require(b->address == cursor, "blocks do not tile their segment (gap or overlap)");
+    require(b->prev == prev, "a block's prev link is wrong");
+    require(b->segment == &seg && b->stream == seg.stream, "a block points at the wrong segment");
+    require(b->pool == &pool_of_const(seg.kind), "a block is in the wrong pool");
+    require(b->size > 0 && b->size % kMinBlockSize == 0, "a block size is not a multiple of 512");
+    require(b->mapped || seg.expandable, "an ordinary segment has an unmapped block");
+    cursor += b->size;
+    if (seg.expandable && b->mapped) t.reserved += static_cast<int64_t>(b->size);
+    check_block(b, prev, split, t, counts);
+  }
+  require(cursor == seg.address + seg.size, "blocks do not cover their whole segment");
+}
+
+void CachingAllocator::check_block(const Block* b, const Block* prev, bool split, ValidationTally& t,
+                                   ValidationCounts& counts) const {
+  auto* block = const_cast<Block*>(b);
+  const bool in_index = b->pool->free_blocks.count(block) == 1;
+  const bool in_unmapped = b->pool->unmapped.count(block) == 1;
+  if (b->allocated) {
+    auto it = allocated_.find(b->address);
+    require(it != allocated_.end() && it->second == b, "an allocated block is not in the address map");
+    require(!in_index && !in_unmapped && b->mapped, "an allocated block is in a free index");
+    counts.allocated += 1;
+    t.allocations += 1;
+    t.allocated += static_cast<int64_t>(b->size);
+  } else if (b->pending_events > 0) {
+    require(!in_index && !in_unmapped, "a block waiting on events is in a free index");
+  } else if (!b->mapped) {
+    require(in_unmapped && !in_index, "an unmapped block is missing from the unmapped index");
+    require(prev == nullptr || prev->mapped || !prev->is_available(), "two unmapped neighbours were not merged");
+    counts.unmapped += 1;
+  } else {
+    require(in_index && !in_unmapped, "a free block is missing from the free index");
+    require(prev == nullptr || !prev->is_free(), "two free neighbours were not merged");
+    require(b->requested == 0, "a free block still counts requested bytes");
+    counts.free += 1;
+    if (split) t.split_free += 1, t.split_free_bytes += static_cast<int64_t>(b->size);
+  }
+  if (b->allocated || b->pending_events > 0) {
+    t.active += 1;
+    t.active_bytes += static_cast<int64_t>(b->size);
+    t.requested += static_cast<int64_t>(b->requested);
+  }
 }
 
 }  // namespace amem

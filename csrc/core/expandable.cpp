@@ -1,0 +1,181 @@
+// expandable.cpp — expandable segments (torch's expandable_segments:True).
+//
+// Note [expandable segments]
+// --------------------------
+// Instead of one backend allocation per segment, a pool reserves one large
+// range of addresses per stream (9/8 of the device's memory, as torch does)
+// and backs it with memory page by page: 2 MiB pages for the small pool and
+// 20 MiB pages for the large pool. The blocks of such a segment tile the whole
+// range; unmapped blocks sit in the pool's `unmapped` index ordered by
+// address, mapped free blocks in the ordinary free index. A request that no
+// cached block serves maps the lowest run of available pages that fits
+// (find_expandable_block), and empty_cache unmaps the whole free pages
+// (unmap_block) and returns a range once nothing in it is mapped.
+//
+// Accounting follows torch (docs/torch_policy.md §6): reserved bytes grow and
+// shrink by the pages mapped; each map is one device allocation and each unmap
+// one device free; segment and inactive_split counts ignore these segments;
+// they are never split by max_split_size rules (any remainder ≥ 512 B splits).
+#include "caching_allocator.h"
+
+namespace amem {
+namespace {
+
+constexpr size_t kMaxExpandableSpan = size_t{1} << 44;  // bytes (16 TiB) of addresses per segment
+
+size_t page_size(PoolKind kind) { return kind == PoolKind::kSmall ? kSmallBuffer : kLargeBuffer; }
+size_t round_up(size_t v, size_t step) { return (v + step - 1) / step * step; }
+size_t round_down(size_t v, size_t step) { return v / step * step; }
+
+}  // namespace
+
+// ================================================================ finding room
+
+// The block to start mapping from: the lowest run of available blocks (mapped
+// or not) on `stream` that adds up to `size`; else a new segment's single
+// unmapped block; nullptr when no address space is left (torch: find_expandable_block).
+Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream, size_t size) {
+  Block key;
+  key.stream = stream;
+  for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    Block* start = *it;
+    if (start->prev != nullptr && start->prev->is_available()) start = start->prev;
+    size_t room = 0;
+    for (Block* b = start; b != nullptr && b->is_available() && room < size; b = b->next) room += b->size;
+    if (room >= size) return start;
+  }
+  return reserve_expandable_segment(pool, stream, size);
+}
+
+Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size) {
+  const size_t page = page_size(pool.kind);
+  size_t total = std::min(backend_->memory_info().total_bytes, kMaxExpandableSpan);
+  size_t span = round_up(total + total / 8, page);
+  if (span < size) return nullptr;
+  uintptr_t address = backend_->reserve_address_range(span);
+  if (address == 0) return nullptr;
+  auto* segment = new Segment{address, span, stream, pool.kind, nullptr, true};
+  Block* block = new_block();
+  block->address = address;
+  block->size = span;
+  block->stream = stream;
+  block->segment = segment;
+  block->pool = &pool;
+  block->mapped = false;
+  segment->first = block;
+  segments_.emplace(address, segment);
+  pool.unmapped.insert(block);
+  return block;
+}
+
+// A free mapped block of at least `rounded` bytes, taken out of the pool
+// (torch: try_allocate_expandable_block).
+Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
+  const int64_t reserved = stats_.reserved_bytes.all().current;
+  if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
+    return nullptr;
+  Block* c = find_expandable_block(pool, stream, rounded);
+  if (c == nullptr) return nullptr;
+  if (!c->mapped && !map_block(c, std::min(c->size, rounded))) return nullptr;
+  while (c->size < rounded) {
+    Block* next = c->next;  // unmapped: find_expandable_block saw enough room
+    if (!map_block(next, std::min(rounded - c->size, next->size))) return nullptr;
+    c = next;  // map_block merged c into next
+  }
+  pool.erase(c);
+  return c;
+}
+
+// ================================================================ mapping
+
+// Maps whole pages at the front of the unmapped `block`, at least `size`
+// bytes; the rest stays unmapped (torch: map_block).
+bool CachingAllocator::map_block(Block* block, size_t size) {
+  BlockPool& pool = *block->pool;
+  const size_t bytes = std::min(round_up(size, page_size(pool.kind)), block->size);
+  if (!backend_->map_pages(block->address, bytes)) return false;
+  pool.unmapped.erase(block);
+  block->mapped = true;
+  if (bytes < block->size) {
+    Block* tail = insert_block_after(block, block->address + bytes, block->size - bytes);
+    tail->mapped = false;
+    pool.unmapped.insert(tail);
+    block->size = bytes;
+  }
+  merge_into(block, block->prev, pool);
+  merge_into(block, block->next, pool);
+  pool.insert(block);
+  stats_.num_device_alloc += 1;
+  note_reserved_increase(pool.kind, bytes);
+  if (trace_.on()) trace_.record(TraceAction::k_segment_map, block->address, bytes, bytes, block->stream, 0);
+  return true;
+}
+
+// Unmaps the whole pages inside the free `block`; partial pages at either end
+// stay mapped as free blocks (torch: unmap_block).
+void CachingAllocator::unmap_block(Block* block) {
+  BlockPool& pool = *block->pool;
+  const Segment* seg = block->segment;
+  const size_t page = page_size(pool.kind);
+  const uintptr_t start = seg->address + round_up(block->address - seg->address, page);
+  const uintptr_t end = seg->address + round_down(block->address + block->size - seg->address, page);
+  if (end <= start) return;
+  pool.erase(block);
+  if (start > block->address) pool.insert(insert_block_before(block, block->address, start - block->address));
+  if (end < block->address + block->size) pool.insert(insert_block_after(block, end, block->address + block->size - end));
+  block->address = start;
+  block->size = end - start;
+  block->mapped = false;
+  backend_->unmap_pages(start, end - start);
+  merge_into(block, block->prev, pool);
+  merge_into(block, block->next, pool);
+  pool.unmapped.insert(block);
+  stats_.num_device_free += 1;
+  note_reserved_decrease(pool.kind, end - start);
+  if (trace_.on()) trace_.record(TraceAction::k_segment_unmap, start, end - start, end - start, block->stream, 0);
+  if (block->prev == nullptr && block->next == nullptr) release_expandable_segment(block);
+}
+
+void CachingAllocator::release_expandable_segment(Block* block) {
+  Segment* segment = block->segment;
+  backend_->release_address_range(segment->address, segment->size);
+  block->pool->unmapped.erase(block);
+  segments_.erase(segment->address);
+  recycle_block(block);
+  delete segment;
+}
+
+// ================================================================ block surgery
+
+// A new block [address, address + size) linked right after `block`.
+Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
+  Block* b = new_block();
+  b->address = address;
+  b->size = size;
+  b->stream = block->stream;
+  b->segment = block->segment;
+  b->pool = block->pool;
+  b->prev = block;
+  b->next = block->next;
+  if (b->next) b->next->prev = b;
+  block->next = b;
+  return b;
+}
+
+// A new block [address, address + size) linked right before `block`.
+Block* CachingAllocator::insert_block_before(Block* block, uintptr_t address, size_t size) {
+  Block* b = new_block();
+  b->address = address;
+  b->size = size;
+  b->stream = block->stream;
+  b->segment = block->segment;
+  b->pool = block->pool;
+  b->next = block;
+  b->prev = block->prev;
+  if (b->prev) b->prev->next = b;
+  else block->segment->first = b;
+  block->prev = b;
+  return b;
+}
+
+}  // namespace amem
