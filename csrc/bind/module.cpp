@@ -11,6 +11,7 @@
 
 #include "../backends/simulated_streams.h"
 #include "../core/caching_allocator.h"
+#include "../core/replay.h"
 #include "device_registry.h"
 #include "python_hooks.h"
 
@@ -66,6 +67,29 @@ auto on_device(int device, Fn fn) {  // introspection of a device that may not e
   return a ? fn(*a) : decltype(fn(*a))();
 }
 
+// ops: a buffer of packed 32-byte ReplayOp records (see replay.h).
+py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
+  py::buffer_info info = ops.request();
+  if (info.size * info.itemsize % sizeof(amem::ReplayOp) != 0)
+    throw std::invalid_argument("amem: replay ops must be packed 32-byte records (key, size, stream, kind)");
+  const auto* records = static_cast<const amem::ReplayOp*>(info.ptr);
+  size_t count = static_cast<size_t>(info.size * info.itemsize) / sizeof(amem::ReplayOp);
+  amem::ReplayResult r;
+  {
+    py::gil_scoped_release release;
+    r = amem::replay(a, records, count, max_samples);
+  }
+  py::list samples;
+  for (const auto& s : r.samples) samples.append(py::make_tuple(s.op, s.allocated, s.reserved));
+  py::dict out;
+  out["ops"] = r.ops, out["allocs"] = r.allocs, out["frees"] = r.frees;
+  out["failed_allocs"] = r.failed_allocs, out["unknown_frees"] = r.unknown_frees;
+  out["duplicate_allocs"] = r.duplicate_allocs;
+  out["peak_allocated"] = r.peak_allocated, out["peak_reserved"] = r.peak_reserved;
+  out["samples"] = samples;
+  return out;
+}
+
 void bind_errors(py::module_& m) {
   py::register_exception<amem::OutOfMemoryError>(m, "OutOfMemoryError", PyExc_MemoryError);
   py::register_exception<amem::InvalidFreeError>(m, "InvalidFreeError", PyExc_ValueError);
@@ -92,6 +116,7 @@ void bind_allocator(py::module_& m) {
       .def("check_valid", &CachingAllocator::check_valid)
       .def("block_info", &block_info, arg("address"))
       .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
+      .def("replay", &run_replay, arg("ops"), arg("max_samples"))
       .def("start_trace", &CachingAllocator::start_trace, arg("max_entries"))
       .def("stop_trace", &CachingAllocator::stop_trace)
       .def("clear_trace", &CachingAllocator::clear_trace)

@@ -95,6 +95,12 @@ class CachingAllocator {
     uint64_t alloc_seq = 0;
   };
   BlockInfo block_info(uintptr_t address) const;
+  // Allocated and reserved bytes now, cheaply (for replay timelines).
+  struct Figures {
+    int64_t allocated = 0;
+    int64_t reserved = 0;
+  };
+  Figures figures() const;
 
   // ------------------------------------------------------------ recording (trace.h)
   void start_trace(size_t max_entries);

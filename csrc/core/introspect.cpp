@@ -131,6 +131,11 @@ void CachingAllocator::reset_accumulated_stats() {
   stats_.reset_accumulated();
 }
 
+CachingAllocator::Figures CachingAllocator::figures() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {stats_.allocated_bytes.all().current, stats_.reserved_bytes.all().current};
+}
+
 CachingAllocator::BlockInfo CachingAllocator::block_info(uintptr_t address) const {
   std::lock_guard<std::mutex> lock(mutex_);
   Block* b = find_block_at(address);

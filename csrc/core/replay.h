@@ -1,0 +1,52 @@
+// replay.h — drive an allocator through a recorded sequence of requests.
+//
+// Design note
+// -----------
+// A replay program is a flat array of operations: allocate `size` bytes on
+// `stream` for the block known as `key` (in a trace, the address the original
+// allocator returned), or free the block known as `key`. The loop maps keys to
+// the addresses *this* allocator returns, so any policy can replay any trace.
+// It runs in C++ because traces have millions of events; Python only parses
+// the trace and reads the result.
+//
+// Out of memory does not stop a replay: the request is counted as failed, its
+// later free is skipped, and the run goes on — that is the answer to "would
+// this workload have fit?". Frees of unknown keys are counted, not fatal
+// (a trace can start mid-run; callers pre-allocate such blocks, see
+// amem_alloc/replay.py).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "caching_allocator.h"
+
+namespace amem {
+
+struct ReplayOp {
+  uint64_t key = 0;     // the block's identity in the trace
+  uint64_t size = 0;    // bytes requested (alloc only)
+  StreamId stream = 0;  // stream of the request (alloc only)
+  uint64_t kind = 0;    // 0 = alloc, 1 = free (64-bit: the record is 32 bytes, no padding)
+};
+static_assert(sizeof(ReplayOp) == 32, "ReplayOp is a packed 32-byte record shared with Python");
+
+struct ReplaySample {
+  uint64_t op = 0;         // index of the operation after which the figures were taken
+  int64_t allocated = 0;   // bytes
+  int64_t reserved = 0;    // bytes
+};
+
+struct ReplayResult {
+  uint64_t ops = 0, allocs = 0, frees = 0;
+  uint64_t failed_allocs = 0;    // out of memory
+  uint64_t unknown_frees = 0;    // a free of a key that is not live
+  uint64_t duplicate_allocs = 0; // an alloc of a key that is already live (the old block is freed first)
+  int64_t peak_allocated = 0, peak_reserved = 0;
+  std::vector<ReplaySample> samples;  // the timeline, at most max_samples points plus the peaks
+};
+
+// Replays `ops` through `allocator`; `max_samples` bounds the timeline.
+ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples);
+
+}  // namespace amem
