@@ -30,11 +30,28 @@ def _function_address(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-def enable(**options: Any) -> None:
+# torch's setter on _CUDAPluggableAllocator -> our C entry point (csrc/bind/c_api.cpp).
+HOOKS = {
+    "set_init_fn": "amem_init",                            # torch initialising CUDA
+    "set_reset_fn": "amem_empty_cache",                    # torch.cuda.empty_cache()
+    "set_record_stream_fn": "amem_record_stream",          # tensor.record_stream(stream)
+    "set_memory_fraction_fn": "amem_set_memory_fraction",  # torch.cuda.set_per_process_memory_fraction
+}
+
+
+def _register_hooks(pluggable: Any, lib: ctypes.CDLL) -> None:
+    for setter, symbol in HOOKS.items():
+        getattr(pluggable, setter)(_function_address(lib, symbol))
+
+
+def enable(patch_torch: bool = True, **options: Any) -> None:
     """Makes amem torch's CUDA allocator for this process.
 
     Keyword options are those of AMEM_CONF (they override it), e.g.
-    enable(max_split_size_mb=512, garbage_collection_threshold=0.8).
+    enable(max_split_size_mb=512, garbage_collection_threshold=0.8). With patch_torch (the
+    default) torch.cuda.memory_stats, memory_allocated, memory_summary, _snapshot, ... report
+    amem's figures (see amem_alloc/torch_patch.py for the exact list); patch_torch=False leaves
+    torch's functions alone.
     """
     import torch
 
@@ -51,14 +68,16 @@ def enable(**options: Any) -> None:
             raise RuntimeError(_TOO_LATE)
         _C.cuda_configure(conf)
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "amem_malloc", "amem_free")
-        lib = ctypes.CDLL(_C.__file__)
-        pluggable._allocator.set_init_fn(_function_address(lib, "amem_init"))
-        pluggable._allocator.set_reset_fn(_function_address(lib, "amem_empty_cache"))
+        _register_hooks(pluggable._allocator, ctypes.CDLL(_C.__file__))
         try:
             torch.cuda.memory.change_current_allocator(pluggable)
         except RuntimeError as err:
             raise RuntimeError(f"{_TOO_LATE} (torch said: {err})") from err
         _state.update(enabled=True, conf=conf, allocator=pluggable)
+        if patch_torch:
+            from .torch_patch import patch
+
+            patch()
 
 
 def is_enabled() -> bool:

@@ -8,8 +8,9 @@
 // void(void*, size_t, int device, cudaStream_t). cudaStream_t is a pointer, so
 // it is taken as void* here and this file needs no CUDA header.
 //
-// Errors: amem_malloc lets the core's exceptions propagate (after telling the
-// Python OOM callback, if one is installed: python_hooks.h); torch turns a C++
+// Errors: out of memory becomes torch's own c10::OutOfMemoryError (Note
+// [raising torch.OutOfMemoryError] in torch_oom.h), after the Python OOM
+// callback, if any, has run (python_hooks.h). Other core exceptions propagate; torch turns a C++
 // exception from the plugin into a Python RuntimeError carrying our message.
 // amem_free must never throw (torch calls it from deleters that cannot), so a
 // bad free is counted in the device's stats (num_invalid_frees) and reported
@@ -19,6 +20,7 @@
 
 #include "device_registry.h"
 #include "python_hooks.h"
+#include "torch_oom.h"
 
 using amem::registry_device;
 using amem::registry_existing;
@@ -45,9 +47,10 @@ AMEM_API void* amem_malloc(size_t size, int device, void* stream) {
   try {
     uintptr_t address = registry_device(device).malloc(size, stream_id(stream));
     return reinterpret_cast<void*>(address);
-  } catch (const amem::OutOfMemoryError&) {
-    amem::notify_oom(device);  // always-on mode writes the trace before torch sees the error
-    throw;
+  } catch (const amem::OutOfMemoryError& oom) {
+    amem::notify_oom(device);          // always-on mode writes the trace before torch sees the error
+    amem::throw_torch_oom(oom.what());  // torch.OutOfMemoryError in Python (torch_oom.h)
+    throw;                              // libc10 not found: amem's own error (a RuntimeError)
   }
 }
 
@@ -63,6 +66,30 @@ AMEM_API void amem_free(void* ptr, size_t /*size*/, int device, void* /*stream*/
   } catch (const std::exception& e) {
     report_free_error(e.what());
   }
+}
+
+// torch's record_stream hook (tensor.record_stream(s)): the block is not reused
+// until the work queued on `stream` so far has finished (Note [record_stream]).
+AMEM_API void amem_record_stream(void* ptr, void* stream) {
+  int device = amem::registry_owner(reinterpret_cast<uintptr_t>(ptr));
+  if (device < 0) {
+    report_free_error("amem: record_stream on a pointer amem does not hold; ignored");
+    return;
+  }
+  registry_device(device).record_stream(reinterpret_cast<uintptr_t>(ptr), stream_id(stream));
+}
+
+// torch's memory-fraction hook (torch.cuda.set_per_process_memory_fraction).
+AMEM_API void amem_set_memory_fraction(double fraction, int device) {
+  registry_device(device).set_memory_fraction(fraction);
+}
+
+// Tests only: throws torch's OutOfMemoryError through whatever torch entry
+// point calls it (installed as the reset hook, torch._C._cuda_emptyCache()
+// shows the exception type torch's own bindings produce, on a CPU).
+AMEM_API void amem_selftest_throw_oom() {
+  amem::throw_torch_oom("amem self-test: out of memory raised through torch's bindings");
+  throw std::runtime_error("amem self-test: libc10 not found; torch.OutOfMemoryError unavailable");
 }
 
 // torch's init hook: called with the device count when torch initializes CUDA.

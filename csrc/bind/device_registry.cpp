@@ -14,6 +14,8 @@ std::mutex g_mutex;                 // guards creation and the options below
 bool g_configured = false;
 Options g_options;
 size_t g_trace_entries = 0;        // 0 = not recording
+std::string g_backend = "cuda";    // tests may choose host or sim
+size_t g_backend_limit = 0;
 
 void check_index(int device) {
   if (device < 0 || device >= kMaxDevices)
@@ -31,7 +33,29 @@ const Options& options_locked() {
   return g_options;
 }
 
+std::unique_ptr<Backend> make_backend_locked(int device) {
+  if (g_backend == "host") return make_host_backend(g_backend_limit);
+  if (g_backend == "sim") return make_sim_backend(g_backend_limit);
+  return make_cuda_backend(device);
+}
+
 }  // namespace
+
+void registry_use_backend(const std::string& name, size_t limit_bytes) {
+  if (name != "cuda" && name != "host" && name != "sim")
+    throw std::invalid_argument("amem: registry backend must be cuda, host or sim, not '" + name + "'");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!registry_devices_in_use().empty())
+    throw std::logic_error("amem: the registry backend can only change before the first allocation");
+  g_backend = name;
+  g_backend_limit = limit_bytes;
+}
+
+int registry_owner(uintptr_t address) {
+  for (int d : registry_devices_in_use())
+    if (g_devices[d].load(std::memory_order_acquire)->block_info(address).size != 0) return d;
+  return -1;
+}
 
 void registry_configure(const std::string& conf) {
   Options parsed = Options::parse(conf);
@@ -59,7 +83,7 @@ CachingAllocator& registry_device(int device) {
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
-  auto* created = new CachingAllocator(make_cuda_backend(device), options_locked());
+  auto* created = new CachingAllocator(make_backend_locked(device), options_locked());
   if (g_trace_entries > 0) created->start_trace(g_trace_entries);
   g_devices[device].store(created, std::memory_order_release);
   return *created;

@@ -29,6 +29,12 @@ CachingAllocator& registry_device(int device);
 // The device's allocator if it exists, else nullptr.
 CachingAllocator* registry_existing(int device);
 std::vector<int> registry_devices_in_use();
+// The device holding a live allocation at `address`, or -1.
+int registry_owner(uintptr_t address);
+// Tests only: serve "devices" from the host or sim backend instead of CUDA, so
+// the C entry points can be driven on a machine without a GPU. Must come
+// before the first allocation. ("cuda" restores the default.)
+void registry_use_backend(const std::string& name, size_t limit_bytes);
 // Recording on every device, present and future (max_entries 0 stops it).
 void registry_record(size_t max_entries);
 

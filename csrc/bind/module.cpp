@@ -14,6 +14,7 @@
 #include "../core/replay.h"
 #include "device_registry.h"
 #include "python_hooks.h"
+#include "torch_oom.h"
 
 namespace py = pybind11;
 using amem::CachingAllocator;
@@ -148,9 +149,12 @@ void bind_recording(py::module_& m) {
 }
 
 void bind_cuda_registry(py::module_& m) {
+  m.def("torch_oom_available", &amem::torch_oom_available);
+  m.def("torch_oom_check", &amem::torch_oom_check, py::arg("message"));
   m.def("cuda_configure", &amem::registry_configure);
   m.def("cuda_settings", &amem::registry_settings);
   m.def("cuda_devices_in_use", &amem::registry_devices_in_use);
+  m.def("registry_use_backend", &amem::registry_use_backend, py::arg("name"), py::arg("limit_bytes") = 0);
   m.def("cuda_device_count", &amem::cuda_device_count);
   m.def("cuda_stats_json", [](int d) {  // a device not used yet has all-zero stats, as in torch
     CachingAllocator* a = amem::registry_existing(d);
@@ -161,6 +165,13 @@ void bind_cuda_registry(py::module_& m) {
         [](int d) { return on_device(d, [](auto& a) { return a.fragmentation_json(); }); });
   m.def("cuda_empty_cache", [](int d) { on_device(d, [](auto& a) { a.empty_cache(); return 0; }); });
   m.def("cuda_reset_peak_stats", [](int d) { on_device(d, [](auto& a) { a.reset_peak_stats(); return 0; }); });
+  m.def("cuda_reset_accumulated_stats",
+        [](int d) { on_device(d, [](auto& a) { a.reset_accumulated_stats(); return 0; }); });
+  // The device allocator torch calls, without the C entry point around it (tests, tools).
+  m.def("cuda_malloc", [](int d, size_t size, amem::StreamId stream) {
+    return amem::registry_device(d).malloc(size, stream);
+  });
+  m.def("cuda_free", [](int d, uintptr_t address) { amem::registry_device(d).free(address); });
   m.def("cuda_block_info", [](int d, uintptr_t address) {
     CachingAllocator* a = amem::registry_existing(d);
     return a ? block_info(*a, address) : py::make_tuple(0, 0, 0, 0, 0);
