@@ -36,6 +36,9 @@ HOOKS = {
     "set_reset_fn": "amem_empty_cache",                    # torch.cuda.empty_cache()
     "set_record_stream_fn": "amem_record_stream",          # tensor.record_stream(stream)
     "set_memory_fraction_fn": "amem_set_memory_fraction",  # torch.cuda.set_per_process_memory_fraction
+    "set_begin_allocate_to_pool": "amem_begin_allocate_to_pool",  # CUDA graph capture / MemPool
+    "set_end_allocate_to_pool_fn": "amem_end_allocate_to_pool",
+    "set_release_pool": "amem_release_pool",                      # graph / pool destroyed
 }
 
 

@@ -26,6 +26,7 @@ class SegmentInfo:
     stream: int
     segment_type: str  # "small" or "large"
     is_expandable: bool  # part of an expandable segment (one entry per mapped range)
+    segment_pool_id: tuple  # (0, 0) for the shared pools, else the private pool's id
     allocated_size: int
     active_size: int
     requested_size: int
@@ -63,6 +64,7 @@ def parse_segments(text: str) -> list[SegmentInfo]:
     segments = []
     for seg in json.loads(text) if text else []:
         blocks = [BlockInfo(**b) for b in seg.pop("blocks")]
+        seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
         segments.append(SegmentInfo(**seg, blocks=blocks))
     return segments
 

@@ -152,3 +152,16 @@ torch_patch.unpatch()
 print(before, m.memory_stats_as_nested_dict.__module__, torch.cuda.reset_peak_memory_stats.__module__)
 """)
     assert "amem_alloc.torch_patch torch.cuda.memory torch.cuda.memory" in out
+
+
+def test_profiler_with_profile_memory_sees_amem_allocations():
+    out = run("""
+from torch.profiler import profile, ProfilerActivity
+assert _C.profiler_hooks_available()
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    p = lib.amem_malloc(3 * MiB, 0, None)
+    lib.amem_free(p, 0, 0, None)
+usage = [e.device_memory_usage for e in prof.events() if e.name == "[memory]"]
+print("usage", usage)
+""")
+    assert f"usage [{3 << 20}, {-(3 << 20)}]" in out

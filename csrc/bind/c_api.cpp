@@ -17,10 +17,14 @@
 // on stderr instead, and the allocator's state stays untouched.
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <utility>
 
+#include "../backends/cuda_runtime_abi.h"
 #include "device_registry.h"
 #include "python_hooks.h"
 #include "torch_oom.h"
+#include "torch_profiler.h"
 
 using amem::registry_device;
 using amem::registry_existing;
@@ -28,7 +32,21 @@ using amem::StreamId;
 
 namespace {
 
+// torch's c10::cuda::MempoolId_t and the stream filter of beginAllocateToPool;
+// the same types, so the function-pointer signatures torch casts to match ours.
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+using StreamFilter = std::function<bool(amem::cudart::Stream)>;
+
+amem::PoolId pool_id(MempoolId id) { return {id.first, id.second}; }
+
 StreamId stream_id(void* stream) { return static_cast<StreamId>(reinterpret_cast<uintptr_t>(stream)); }
+
+// torch.profiler(profile_memory=True): what the native allocator reports (torch_profiler.h).
+void report_if_profiling(amem::CachingAllocator& a, uintptr_t address, int64_t bytes, int device) {
+  if (!amem::profiler_wants_memory()) return;
+  auto figures = a.figures();
+  amem::report_to_profiler(reinterpret_cast<void*>(address), bytes, figures.allocated, figures.reserved, device);
+}
 
 void report_free_error(const char* what) {
   static int reported = 0;
@@ -45,7 +63,9 @@ AMEM_API void* amem_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // Note [size 0] in caching_allocator.h
   amem::set_thread_trace_context(amem::capture_python_context());  // before any allocator lock
   try {
-    uintptr_t address = registry_device(device).malloc(size, stream_id(stream));
+    amem::CachingAllocator& a = registry_device(device);
+    uintptr_t address = a.malloc(size, stream_id(stream));
+    report_if_profiling(a, address, static_cast<int64_t>(a.block_info(address).size), device);
     return reinterpret_cast<void*>(address);
   } catch (const amem::OutOfMemoryError& oom) {
     amem::notify_oom(device);          // always-on mode writes the trace before torch sees the error
@@ -62,7 +82,10 @@ AMEM_API void amem_free(void* ptr, size_t /*size*/, int device, void* /*stream*/
       report_free_error("amem: free on a CUDA device that never allocated through amem; ignored");
       return;
     }
-    a->free(reinterpret_cast<uintptr_t>(ptr));
+    auto address = reinterpret_cast<uintptr_t>(ptr);
+    int64_t bytes = amem::profiler_wants_memory() ? static_cast<int64_t>(a->block_info(address).size) : 0;
+    a->free(address);
+    if (bytes > 0) report_if_profiling(*a, address, -bytes, device);
   } catch (const std::exception& e) {
     report_free_error(e.what());
   }
@@ -90,6 +113,21 @@ AMEM_API void amem_set_memory_fraction(double fraction, int device) {
 AMEM_API void amem_selftest_throw_oom() {
   amem::throw_torch_oom("amem self-test: out of memory raised through torch's bindings");
   throw std::runtime_error("amem self-test: libc10 not found; torch.OutOfMemoryError unavailable");
+}
+
+// torch's private-pool hooks (CUDA graph capture, MemPool): Note [private pools].
+AMEM_API void amem_begin_allocate_to_pool(int device, MempoolId id, StreamFilter filter) {
+  registry_device(device).begin_allocate_to_pool(pool_id(id), [filter = std::move(filter)](StreamId s) {
+    return filter(reinterpret_cast<amem::cudart::Stream>(s));
+  });
+}
+
+AMEM_API void amem_end_allocate_to_pool(int device, MempoolId id) {
+  registry_device(device).end_allocate_to_pool(pool_id(id));
+}
+
+AMEM_API void amem_release_pool(int device, MempoolId id) {
+  if (amem::CachingAllocator* a = registry_existing(device)) a->release_pool(pool_id(id));
 }
 
 // torch's init hook: called with the device count when torch initializes CUDA.

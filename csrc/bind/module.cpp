@@ -7,6 +7,7 @@
 // ValueError), BackendError (a RuntimeError). Calls that may block or spin
 // release the GIL so Python threads really run concurrently.
 #include <pybind11/pybind11.h>
+#include <algorithm>
 #include <pybind11/stl.h>
 
 #include "../backends/simulated_streams.h"
@@ -15,6 +16,7 @@
 #include "device_registry.h"
 #include "python_hooks.h"
 #include "torch_oom.h"
+#include "torch_profiler.h"
 
 namespace py = pybind11;
 using amem::CachingAllocator;
@@ -91,6 +93,13 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
   return out;
 }
 
+// Tests and tools: a private-pool scope for requests on the given streams.
+void begin_pool(CachingAllocator& a, amem::PoolId id, std::vector<amem::StreamId> streams) {
+  a.begin_allocate_to_pool(id, [streams = std::move(streams)](amem::StreamId s) {
+    return std::find(streams.begin(), streams.end(), s) != streams.end();
+  });
+}
+
 void bind_errors(py::module_& m) {
   py::register_exception<amem::OutOfMemoryError>(m, "OutOfMemoryError", PyExc_MemoryError);
   py::register_exception<amem::InvalidFreeError>(m, "InvalidFreeError", PyExc_ValueError);
@@ -118,6 +127,10 @@ void bind_allocator(py::module_& m) {
       .def("block_info", &block_info, arg("address"))
       .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
       .def("replay", &run_replay, arg("ops"), arg("max_samples"))
+      .def("begin_allocate_to_pool", &begin_pool, arg("pool_id"), arg("streams"))
+      .def("end_allocate_to_pool", &CachingAllocator::end_allocate_to_pool, arg("pool_id"))
+      .def("release_pool", &CachingAllocator::release_pool, arg("pool_id"))
+      .def_property_readonly("private_pool_count", &CachingAllocator::private_pool_count)
       .def("start_trace", &CachingAllocator::start_trace, arg("max_entries"))
       .def("stop_trace", &CachingAllocator::stop_trace)
       .def("clear_trace", &CachingAllocator::clear_trace)
@@ -150,6 +163,7 @@ void bind_recording(py::module_& m) {
 
 void bind_cuda_registry(py::module_& m) {
   m.def("torch_oom_available", &amem::torch_oom_available);
+  m.def("profiler_hooks_available", &amem::profiler_hooks_available);
   m.def("torch_oom_check", &amem::torch_oom_check, py::arg("message"));
   m.def("cuda_configure", &amem::registry_configure);
   m.def("cuda_settings", &amem::registry_settings);

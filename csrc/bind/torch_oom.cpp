@@ -2,11 +2,12 @@
 #include "torch_oom.h"
 
 #include <cxxabi.h>
-#include <dlfcn.h>
 
 #include <cstdint>
 #include <mutex>
 #include <typeinfo>
+
+#include "libc10.h"
 
 namespace amem {
 namespace {
@@ -34,10 +35,8 @@ const TorchOom& resolve() {
   static TorchOom oom;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* lib = dlopen("libc10.so", RTLD_NOW | RTLD_NOLOAD);  // only torch's own, already loaded
-    if (lib == nullptr) return;
-    auto construct = reinterpret_cast<Constructor>(dlsym(lib, kConstructor));
-    auto type = static_cast<std::type_info*>(dlsym(lib, kTypeInfo));
+    auto construct = reinterpret_cast<Constructor>(libc10_symbol(kConstructor));
+    auto type = static_cast<std::type_info*>(libc10_symbol(kTypeInfo));
     if (construct != nullptr && type != nullptr) oom = {construct, type};
   });
   return oom;

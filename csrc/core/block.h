@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -26,6 +27,10 @@ namespace amem {
 
 struct Segment;
 struct BlockPool;
+
+// A private pool's identity: torch's MempoolId_t (a CUDA graph's or a MemPool's id).
+using PoolId = std::pair<uint64_t, uint64_t>;
+constexpr PoolId kDefaultPool{0, 0};
 
 struct Block {
   uintptr_t address = 0;       // first byte (device address, or simulated)
@@ -81,9 +86,10 @@ struct BlockAddressLess {
 struct BlockPool {
   using Index = std::set<Block*, BlockLess>;
 
-  explicit BlockPool(PoolKind k) : kind(k) {}
+  explicit BlockPool(PoolKind k, PoolId owner_id = kDefaultPool) : kind(k), owner(owner_id) {}
 
   PoolKind kind;
+  PoolId owner;                        // kDefaultPool, or the private pool this belongs to
   Index free_blocks;
   std::set<Block*, BlockAddressLess> unmapped;  // expandable segments' unmapped blocks
   uint64_t get_free_block_calls = 0;  // clock for the GC's block ages

@@ -44,9 +44,9 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty()) process_events();
+  if (!pending_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
-  BlockPool& pool = pool_of(pool_for(rounded));
+  BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
@@ -86,7 +86,7 @@ Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, 
   if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
   if (release_available_cached_blocks(pool, stream, rounded))
     if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
-  if (release_cached_blocks())
+  if (!capturing() && release_cached_blocks())  // no synchronization during capture
     if (Block* b = allocate_segment(pool, stream, rounded, true)) return b;
   return nullptr;
 }
@@ -101,7 +101,7 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   uintptr_t address = backend_->allocate_segment(size);
   if (address == 0) return nullptr;
 
-  auto* segment = new Segment{address, size, stream, pool.kind, nullptr};
+  auto* segment = new Segment{address, size, stream, pool.kind, nullptr, false};
   Block* block = new_block();
   block->address = address;
   block->size = size;
@@ -205,8 +205,14 @@ void CachingAllocator::free(uintptr_t address) {
     trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
 
-  if (!block->stream_uses.empty()) insert_events(block);  // Note [record_stream]
-  else free_block(block);
+  if (block->stream_uses.empty()) {
+    free_block(block);
+  } else if (capturing()) {  // Note [private pools]: events wait until capture ends
+    block->pending_events += 1;
+    deferred_.push_back(block);
+  } else {
+    insert_events(block);  // Note [record_stream]
+  }
   if (options_.debug_checks) check_valid_locked();
 }
 
@@ -322,6 +328,7 @@ bool CachingAllocator::release_cached_blocks() {
   synchronize_and_free_events();
   release_pool_segments(large_);
   release_pool_segments(small_);
+  release_freeable_private_pools();
   return true;
 }
 

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,6 +77,17 @@ class CachingAllocator {
   void empty_cache();
   // Caps reserved memory at fraction × the backend's total (torch semantics).
   void set_memory_fraction(double fraction);
+
+  // ------------------------------------------------------------ private pools (private_pools.cpp)
+  // Note [private pools]: while a scope is open, requests on streams that pass
+  // `filter` are served from pool `id` only (torch: beginAllocateToPool, used by
+  // CUDA graph capture and MemPool).
+  void begin_allocate_to_pool(PoolId id, std::function<bool(StreamId)> filter);
+  void end_allocate_to_pool(PoolId id);
+  // The pool's owner is done with it: its cached memory goes back now, and the
+  // pool disappears once its last block is freed and released.
+  void release_pool(PoolId id);
+  size_t private_pool_count() const;
 
   // ------------------------------------------------------------ introspection
   std::string stats_json() const;
@@ -147,6 +159,11 @@ class CachingAllocator {
 
   // ------------------------------------------------------------ helpers
   BlockPool& pool_of(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
+  BlockPool& pool_for_request(PoolKind kind, StreamId stream);
+  bool capturing() const { return !routes_.empty(); }
+  std::vector<const BlockPool*> all_pools() const;
+  void release_freeable_private_pools();
+  void insert_deferred_events();
   void note_reserved_increase(PoolKind kind, size_t bytes);
   void note_reserved_decrease(PoolKind kind, size_t bytes);
   Block* new_block();
@@ -165,6 +182,14 @@ class CachingAllocator {
   Options options_;
   BlockPool small_{PoolKind::kSmall};
   BlockPool large_{PoolKind::kLarge};
+  struct PrivatePool {
+    explicit PrivatePool(PoolId id) : small(PoolKind::kSmall, id), large(PoolKind::kLarge, id) {}
+    BlockPool small, large;
+    int users = 0;  // begin_allocate_to_pool calls not yet matched by release_pool
+  };
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<PoolId, std::function<bool(StreamId)>>> routes_;  // open scopes
+  std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   std::unordered_map<uintptr_t, Block*> allocated_;   // address -> block handed out
   std::map<uintptr_t, Segment*> segments_;            // by address
   std::vector<std::pair<EventId, Block*>> pending_;   // events blocking reuse

@@ -51,6 +51,8 @@ std::string segment_entry(const Segment& seg, const Block* first, const Block* s
          ",\"total_size\":" + std::to_string(total) + ",\"stream\":" + std::to_string(seg.stream) +
          ",\"segment_type\":\"" + (seg.kind == PoolKind::kSmall ? "small" : "large") +
          "\",\"is_expandable\":" + (seg.expandable ? "true" : "false") +
+         ",\"segment_pool_id\":[" + std::to_string(first->pool->owner.first) + "," +
+         std::to_string(first->pool->owner.second) + "]" +
          ",\"allocated_size\":" + std::to_string(allocated) + ",\"active_size\":" + std::to_string(active) +
          ",\"requested_size\":" + std::to_string(requested) + ",\"blocks\":[" + blocks + "]}";
 }
@@ -89,7 +91,7 @@ std::string CachingAllocator::segments_json() const {
 
 size_t CachingAllocator::largest_free_block() const {
   size_t largest = 0;
-  for (const BlockPool* pool : {&small_, &large_})
+  for (const BlockPool* pool : all_pools())
     for (const Block* b : pool->free_blocks) largest = std::max(largest, b->size);
   return largest;
 }
@@ -102,7 +104,7 @@ std::string CachingAllocator::fragmentation_json() const {
   const double peak = static_cast<double>(stats_.reserved_bytes.all().peak);
   const double at_peak = static_cast<double>(stats_.allocated_at_reserved_peak);
   size_t total_free = 0;
-  for (const BlockPool* pool : {&small_, &large_})
+  for (const BlockPool* pool : all_pools())
     for (const Block* b : pool->free_blocks) total_free += b->size;
   const size_t largest = largest_free_block();
   auto num = [](double v) { return std::to_string(static_cast<int64_t>(v)); };

@@ -58,10 +58,13 @@ void CachingAllocator::check_valid_locked() const {
     previous_end = address + seg->size;
     check_segment(*seg, tally[static_cast<int>(seg->kind)], counts);
   }
-  require(counts.free == small_.free_blocks.size() + large_.free_blocks.size(),
-          "the free index holds blocks that are in no segment");
-  require(counts.unmapped == small_.unmapped.size() + large_.unmapped.size(),
-          "the unmapped index holds blocks that are in no segment");
+  size_t indexed_free = 0, indexed_unmapped = 0;
+  for (const BlockPool* pool : all_pools())
+    indexed_free += pool->free_blocks.size(), indexed_unmapped += pool->unmapped.size();
+  require(counts.free == indexed_free, "the free index holds blocks that are in no segment");
+  require(counts.unmapped == indexed_unmapped, "the unmapped index holds blocks that are in no segment");
+  for (const auto& [id, pool] : private_pools_)
+    require(id == pool->small.owner && id == pool->large.owner, "a private pool has the wrong id");
   require(counts.allocated == allocated_.size(), "the address map holds blocks that are not allocated");
   compare(stats_.segment, tally, &ValidationTally::segments, "segment");
   compare(stats_.reserved_bytes, tally, &ValidationTally::reserved, "reserved_bytes");
@@ -86,7 +89,10 @@ void CachingAllocator::check_segment(const Segment& seg, ValidationTally& t, Val
     require(b->address == cursor, "blocks do not tile their segment (gap or overlap)");
     require(b->prev == prev, "a block's prev link is wrong");
     require(b->segment == &seg && b->stream == seg.stream, "a block points at the wrong segment");
-    require(b->pool == &pool_of_const(seg.kind), "a block is in the wrong pool");
+    require(b->pool == seg.first->pool && b->pool->kind == seg.kind, "a block is in the wrong pool");
+    require(b->pool->owner == kDefaultPool ? b->pool == &pool_of_const(seg.kind)
+                                           : private_pools_.count(b->pool->owner) == 1,
+            "a block's pool is neither shared nor a live private pool");
     require(b->size > 0 && b->size % kMinBlockSize == 0, "a block size is not a multiple of 512");
     require(b->mapped || seg.expandable, "an ordinary segment has an unmapped block");
     cursor += b->size;

@@ -1,0 +1,16 @@
+// libc10.h — symbols from the libc10 torch has loaded, found at run time.
+//
+// amem links against nothing from torch (one build serves every torch from
+// 2.11 on), yet two of torch's behaviours need torch's own code: raising
+// torch.OutOfMemoryError (torch_oom.h) and feeding the profiler's memory
+// events (torch_profiler.h). Both take exported, ABI-stable symbols from the
+// libc10.so already in the process (never loading one of our own) and fall
+// back to amem's own behaviour when a symbol is missing.
+#pragma once
+
+namespace amem {
+
+// The address of `mangled` in the loaded libc10, or nullptr.
+void* libc10_symbol(const char* mangled);
+
+}  // namespace amem
