@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1
 CPP_BUILD := build/cpp-tests
 
-.PHONY: setup build demo test test-python test-cpp test-gpu clean
+.PHONY: setup build demo test test-python test-cpp test-gpu chromium clean
 
 setup: $(VENV)/.ready build
 
@@ -33,8 +33,12 @@ demo: setup
 
 test: setup test-python test-cpp
 
-test-python:
+test-python: chromium
 	$(PY) -m pytest -q tests
+
+# The report's browser test loads the page in Debian's headless chromium (no download by the test).
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 test-gpu: setup
 	$(PY) -m pytest -q tests/gpu

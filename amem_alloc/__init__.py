@@ -6,13 +6,23 @@
     amem_alloc.fragmentation(0)
 
     a = amem_alloc.Allocator(backend="sim")  # the same C++ core, on a CPU
+
+    with amem_alloc.Tracer(model) as t: ...  # which op, module, autograd node owns each block
+    amem_alloc.provenance(tensor); t.activations(); t.report()
+
+    amem_alloc.record(stacks="python")       # allocation traces (AMEM_TRACE=path: always on)
+    amem_alloc.dump_snapshot("trace.pickle") # torch's snapshot format; `amem report trace.pickle`
 """
 from ._C import BackendError, ConfigError, InvalidFreeError, InvalidRequestError, OutOfMemoryError
 from .allocator import Allocator
 from .config import canonical as canonical_config
 from .config import option_table
 from .cuda import empty_cache, enable, fragmentation, is_enabled, memory_stats, reset_peak_memory_stats, segments
+from .exports import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
+from .recording import record, tag
+from .report import render_report, write_report
+from .snapshot import SnapshotError, build_snapshot, dump_snapshot, load_snapshot
 
 __all__ = [
     "Allocator",
@@ -24,14 +34,36 @@ __all__ = [
     "InvalidRequestError",
     "OutOfMemoryError",
     "SegmentInfo",
+    "SnapshotError",
+    "build_snapshot",
+    "Tracer",
     "canonical_config",
+    "chrome_trace",
+    "dump_snapshot",
     "empty_cache",
     "enable",
     "fragmentation",
     "is_enabled",
+    "load_snapshot",
     "memory_stats",
     "option_table",
+    "record",
+    "render_report",
+    "provenance",
     "reset_peak_memory_stats",
+    "rmm_csv",
     "segments",
+    "tag",
+    "write_report",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """Tracer and provenance import torch, so they load on first use (amem_alloc itself does not)."""
+    if name in ("Tracer", "provenance"):
+        import importlib
+
+        module = importlib.import_module(".provenance", __name__)  # a callable module: provenance(t)
+        return module.Tracer if name == "Tracer" else module
+    raise AttributeError(f"module 'amem_alloc' has no attribute {name!r}")

@@ -105,6 +105,26 @@ class Allocator:
             return None
         return {"address": start, "size": size, "requested_size": requested, "stream": stream, "alloc_seq": seq}
 
+    # ---------------------------------------------------------------- traces (amem_alloc.recording, .snapshot)
+    def record(self, enabled: bool = True, max_entries: int | None = None, stacks: str | None = None) -> None:
+        """Starts (or with enabled=False stops) recording this allocator's events; see amem_alloc.record."""
+        from . import recording
+
+        entries = recording.DEFAULT_MAX_ENTRIES if max_entries is None else max_entries
+        recording.record(enabled, max_entries=entries, stacks=stacks, allocator=self)
+
+    def snapshot(self) -> dict:
+        """This allocator's segments and recorded trace in torch.cuda.memory._snapshot()'s format."""
+        from .snapshot import build_snapshot
+
+        return build_snapshot(self)
+
+    def dump_snapshot(self, path: Any) -> Any:
+        """Writes snapshot() to `path` (a pickle torch's _memory_viz reads); returns the Path."""
+        from .snapshot import dump_snapshot
+
+        return dump_snapshot(path, allocator=self)
+
     @property
     def backend(self) -> str:
         return self._core.backend

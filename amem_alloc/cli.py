@@ -4,6 +4,8 @@
     amem run -m module args...     the same for a module
     amem demo [--backend sim]      replay a realistic training pattern; print stats and fragmentation
     amem config                    the options table and the configuration in effect
+    amem report TRACE -o report.html   an offline HTML report of a snapshot (amem's or torch's)
+    amem export TRACE -f chrome|rmm -o OUT   Chrome/Perfetto JSON, or RMM's replay CSV
 """
 from __future__ import annotations
 
@@ -66,6 +68,60 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_provenance(path: str | None) -> dict | None:
+    if path is None:
+        return None
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read it: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: provenance must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    out = write_report(args.trace, args.output, provenance=_read_provenance(args.provenance),
+                       title=args.title, top=args.top)
+    print(f"amem report: wrote {out}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .exports import write_export
+    from .snapshot import load_snapshot
+
+    paths = write_export(load_snapshot(args.trace), args.output, args.format, args.device)
+    print("amem export: wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="write a self-contained HTML report of a memory snapshot (amem's or torch's)")
+    report.add_argument("trace", help="a snapshot pickle (amem_alloc.dump_snapshot or torch.cuda.memory._dump_snapshot)")
+    report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default: report.html)")
+    report.add_argument("--provenance", help="a JSON file with provenance data (Tracer.to_json()) to add as a section")
+    report.add_argument("--title", help="the page's title")
+    report.add_argument("--top", type=int, default=20, help="how many of the largest allocations to list")
+    report.set_defaults(func=_report)
+    export = sub.add_parser("export", help="convert a snapshot's trace to Chrome/Perfetto JSON or RMM's log CSV")
+    export.add_argument("trace", help="a snapshot pickle (amem's or torch's)")
+    export.add_argument("-f", "--format", choices=("chrome", "rmm"), default="chrome",
+                        help="chrome: Trace Event JSON for ui.perfetto.dev / chrome://tracing; rmm: "
+                             "Thread,Time,Action,Pointer,Size,Stream for RMM's replay benchmark")
+    export.add_argument("-o", "--output", required=True, help="the file to write (rmm, several devices: one per "
+                                                              "device, named like out.dev0.csv)")
+    export.add_argument("--device", type=int, help="rmm: the device to export (default: the only one with events)")
+    export.set_defaults(func=_export)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="amem", description="amem_alloc: a CUDA caching allocator for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     cfg = sub.add_parser("config", help="print the options table and the configuration in effect")
     cfg.set_defaults(func=_config)
+    _add_trace_commands(sub)
     return parser
 
 

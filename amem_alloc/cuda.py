@@ -58,7 +58,10 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
     """
     import torch
 
+    from .recording import start_always_on, trace_config_from_env
+
     conf = resolve(options)
+    trace = trace_config_from_env()  # AMEM_TRACE: a bad value raises before anything is installed
     with _lock:
         if _state["enabled"]:
             if conf != _state["conf"]:
@@ -81,6 +84,8 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
             from .torch_patch import patch
 
             patch()
+        if trace is not None:  # always-on mode: record from now on, dump at exit and on OOM
+            start_always_on(**trace)
 
 
 def is_enabled() -> bool:

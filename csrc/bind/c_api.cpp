@@ -65,9 +65,11 @@ AMEM_API void* amem_malloc(size_t size, int device, void* stream) {
   try {
     amem::CachingAllocator& a = registry_device(device);
     uintptr_t address = a.malloc(size, stream_id(stream));
+    amem::set_thread_trace_context(0);  // the context belongs to this allocation only
     report_if_profiling(a, address, static_cast<int64_t>(a.block_info(address).size), device);
     return reinterpret_cast<void*>(address);
   } catch (const amem::OutOfMemoryError& oom) {
+    amem::set_thread_trace_context(0);
     amem::notify_oom(device);          // always-on mode writes the trace before torch sees the error
     amem::throw_torch_oom(oom.what());  // torch.OutOfMemoryError in Python (torch_oom.h)
     throw;                              // libc10 not found: amem's own error (a RuntimeError)

@@ -38,6 +38,9 @@ uintptr_t malloc_with_context(CachingAllocator& a, size_t size, amem::StreamId s
   uint32_t context = amem::capture_python_context();
   py::gil_scoped_release release;
   amem::set_thread_trace_context(context);
+  struct Reset {  // the context belongs to this allocation only, even if it throws
+    ~Reset() { amem::set_thread_trace_context(0); }
+  } reset;
   return a.malloc(size, stream);
 }
 

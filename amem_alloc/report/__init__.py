@@ -1,0 +1,62 @@
+"""`amem report`: one self-contained HTML page about a memory snapshot (amem's or torch's).
+
+    from amem_alloc.report import write_report
+    write_report("trace.pickle", "report.html")
+
+The page needs no network: its CSS, script and data are inline and its Content-Security-Policy
+forbids every fetch. Per device it shows allocated vs reserved over time, fragmentation over
+time, the segment map at the allocated peak (blocks coloured by state), the largest allocations
+with their stacks or tags, and notes on what the trace could not tell (see report/timeline.py
+for how totals are rebuilt). An optional `provenance` dict (e.g. amem_alloc.provenance's
+Tracer.to_json()) adds a section listing its top-level entries.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import html as _html
+from .data import report_data
+
+__all__ = ["render_report", "write_report"]
+
+
+def _subtitle(source: str, data: dict) -> str:
+    who = data["generator"] or ("PyTorch's caching allocator" if data["source"] == "torch" else "amem_alloc")
+    n = len(data["devices"])
+    return f"{source} — written by {who}; {n} device{'s' if n != 1 else ''} with data"
+
+
+def render_report(snapshot: dict, provenance: dict | None = None, title: str | None = None,
+                  source: str = "snapshot", top: int = 20) -> str:
+    """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
+    from .. import __version__
+
+    data = report_data(snapshot, top=top)
+    body = [_html.device_section(dev) for dev in data["devices"]]
+    if data["empty"]:
+        body.append('<section class="empty"><h2>Nothing recorded</h2><p>The snapshot has no segments and no '
+                    "trace events: there is nothing to plot. Was recording on (amem_alloc.record()) before the "
+                    "dump?</p></section>")
+    if provenance is not None:
+        body.append(_html.key_value_section("Provenance", "provenance", provenance))
+    if snapshot.get("allocator_settings"):
+        body.append(_html.key_value_section("Allocator settings", "settings", snapshot["allocator_settings"]))
+    title = title or f"Memory report: {Path(source).name}"
+    return _html.page(title, _subtitle(source, data), "\n".join(body), data, __version__)
+
+
+def write_report(trace: str | os.PathLike | dict, out: str | os.PathLike, provenance: dict | None = None,
+                 title: str | None = None, top: int = 20) -> Path:
+    """Loads `trace` (a path, safely; or a snapshot dict) and writes its report to `out`."""
+    from ..snapshot import load_snapshot, parse_snapshot
+
+    if isinstance(trace, dict):
+        snapshot, source = parse_snapshot(trace, "<snapshot>"), "snapshot"
+    else:
+        snapshot, source = load_snapshot(trace), str(trace)
+    if provenance is not None and not isinstance(provenance, dict):
+        raise ValueError(f"amem: provenance must be a dict (e.g. Tracer.to_json()), got {type(provenance).__name__}")
+    out = Path(out)
+    out.write_text(render_report(snapshot, provenance, title, source, top), encoding="utf-8")
+    return out

@@ -1,0 +1,154 @@
+"""The report page: static HTML for the tables and notes, plus the data and script for the plots.
+
+Every string that comes from a trace (file names, tags, settings, provenance) is escaped here
+or embedded in a JSON block the script reads with JSON.parse and writes with textContent.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..introspection import format_bytes
+
+HERE = Path(__file__).resolve().parent
+MAX_TEXT = 300  # characters of one provenance or settings value shown
+
+
+def _asset(name: str) -> str:
+    return (HERE / name).read_text(encoding="utf-8")
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def short(value: Any, depth: int = 0) -> str:
+    """A bounded one-line text for any plain value (no recursion past a few levels)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        text = str(value)
+    elif depth >= 2:
+        text = f"<{type(value).__name__} of {len(value)}>" if hasattr(value, "__len__") else type(value).__name__
+    elif isinstance(value, dict):
+        items = list(value.items())[:12]
+        text = "{" + ", ".join(f"{short(k, depth + 1)}: {short(v, depth + 1)}" for k, v in items)
+        text += ", ...}" if len(value) > 12 else "}"
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)[:12]
+        text = "[" + ", ".join(short(v, depth + 1) for v in items) + (", ...]" if len(value) > 12 else "]")
+    else:
+        text = type(value).__name__
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "..."
+
+
+def _json_for_script(data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _time(t: Any, unit: str) -> str:
+    if t is None:
+        return "—"
+    if unit == "event":
+        return f"event {int(t)}"
+    return f"{t / 1e6:.3f} s" if t >= 1e6 else f"{t / 1e3:.1f} ms" if t >= 1e3 else f"{t:.0f} µs"
+
+
+# ============================================================================ sections
+def _cards(dev: dict) -> str:
+    seg = dev["segmap"]
+    cards = [("peak allocated", format_bytes(dev["peak"]["allocated"])),
+             ("reserved at that peak", format_bytes(dev["peak"]["reserved"])),
+             ("peak reserved", format_bytes(dev["peak"]["peak_reserved"])),
+             ("largest free gap at peak", format_bytes(seg["largest_free"])),
+             ("events", f"{dev['events']:,}"), ("streams", str(len(dev["streams"]))),
+             ("out-of-memory errors", str(len(dev["ooms"])))]
+    return '<div class="cards">' + "".join(f"<div class=\"card\"><b>{esc(v)}</b><span>{esc(k)}</span></div>"
+                                           for k, v in cards) + "</div>"
+
+
+def _notes(notes: list) -> str:
+    if not notes:
+        return ""
+    return '<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+
+
+def _segmap_caption(dev: dict) -> str:
+    seg = dev["segmap"]
+    text = (f"At the peak ({_time(seg['t'], dev['time_unit'])}): {seg['segments']} segments, "
+            f"{format_bytes(seg['reserved'])} reserved, {format_bytes(seg['allocated'])} in active blocks, "
+            f"largest free gap {format_bytes(seg['largest_free'])}.")
+    if seg["hidden"]["count"]:
+        text += (f" The {seg['hidden']['count']} smallest segments ({format_bytes(seg['hidden']['bytes'])}, "
+                 f"{format_bytes(seg['hidden']['allocated'])} allocated) are not drawn.")
+    if seg["unplaced"]["count"]:
+        text += (f" {seg['unplaced']['count']} blocks ({format_bytes(seg['unplaced']['bytes'])}) fall in no "
+                 "segment the trace knows of and are not drawn.")
+    return f"<p>{esc(text)}</p>"
+
+
+def _stack_cell(frames: list, where: list) -> str:
+    """The first Python frame, with the whole stack (C++ frames too) behind a click."""
+    if not frames:
+        return "<td>—</td>"
+    first = f"<code>{esc((where or frames)[0])}</code>"
+    if len(frames) == 1:
+        return f"<td>{first}</td>"
+    rest = "".join(f"<br><code>{esc(f)}</code>" for f in frames)
+    return f"<td><details><summary>{first}</summary>{rest}</details></td>"
+
+
+def _top_table(dev: dict) -> str:
+    if not dev["top"]:
+        return "<p>No allocations.</p>"
+    unit = dev["time_unit"]
+    head = ("<tr><th>#</th><th>block</th><th>requested</th><th>stream</th><th>allocated at</th>"
+            "<th>freed at</th><th>tag</th><th>stack (innermost first)</th></tr>")
+    rows = []
+    for i, r in enumerate(dev["top"], 1):
+        start = "before the trace" if r["live_at_start"] else _time(r["start"], unit)
+        end = "still live at the dump" if r["live_at_end"] else _time(r["end"], unit)
+        rows.append(f"<tr><td class=\"num\">{i}</td><td class=\"num\">{esc(format_bytes(r['block']))}</td>"
+                    f"<td class=\"num\">{esc(format_bytes(r['size']))}</td><td class=\"num\">{esc(r['stream'])}</td>"
+                    f"<td>{esc(start)}</td><td>{esc(end)}</td><td>{esc(r['tag'] or '—')}</td>"
+                    f"{_stack_cell(r['frames'], r['where'])}</tr>")
+    return f'<table class="top-allocations">{head}{"".join(rows)}</table>'
+
+
+LEGEND_TIMELINE = ('<div class="legend"><i style="background:#2b6cb0"></i>allocated<i style="background:#c05621">'
+                   '</i>reserved<i style="background:#2f855a"></i>peak allocated (dashed)'
+                   '<i style="background:#e53e3e"></i>out of memory</div>')
+LEGEND_SEGMAP = ('<div class="legend"><i style="background:#2b6cb0"></i>active_allocated<i style="background:#dd6b20">'
+                 '</i>active_pending_free<i style="background:#e2e8f0"></i>inactive (free)</div>')
+
+
+def device_section(dev: dict) -> str:
+    d = dev["device"]
+    return "\n".join([
+        f'<section class="device" id="device-{d}"><h2>Device {d}</h2>', _cards(dev), _notes(dev["notes"]),
+        "<h3>Allocated vs reserved over time</h3>", LEGEND_TIMELINE,
+        f'<div class="plot timeline" id="timeline-{d}"></div>',
+        "<h3>Fragmentation over time (1 − allocated / reserved)</h3>",
+        f'<div class="plot fragmentation" id="fragmentation-{d}"></div>',
+        "<h3>Segment map at the peak</h3>", _segmap_caption(dev), LEGEND_SEGMAP,
+        f'<div class="plot segmap" id="segmap-{d}"></div>',
+        f"<h3>The {len(dev['top'])} largest allocations</h3>", _top_table(dev), "</section>"])
+
+
+def key_value_section(title: str, css: str, mapping: Any) -> str:
+    if not isinstance(mapping, dict):
+        mapping = {"value": mapping}
+    rows = "".join(f"<tr><th>{esc(short(k))}</th><td><code>{esc(short(v))}</code></td></tr>"
+                   for k, v in list(mapping.items())[:200])
+    more = f"<p>{len(mapping) - 200} more entries not shown.</p>" if len(mapping) > 200 else ""
+    return f'<section class="{css}"><h2>{esc(title)}</h2><table>{rows}</table>{more}</section>'
+
+
+# ============================================================================ the page
+def page(title: str, subtitle: str, body: str, data: Any, version: str) -> str:
+    """Fills the template in one pass, so no inserted text is ever read as a placeholder."""
+    parts = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "BODY": body, "DATA": _json_for_script(data),
+             "CSS": _asset("report.css"), "JS": _asset("report.js"), "VERSION": esc(version)}
+    return re.sub(r"@@([A-Z]+)@@", lambda m: parts[m.group(1)], _asset("template.html"))
