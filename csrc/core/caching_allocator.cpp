@@ -101,7 +101,20 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   uintptr_t address = backend_->allocate_segment(size);
   if (address == 0) return nullptr;
 
-  auto* segment = new Segment{address, size, stream, pool.kind, nullptr, false};
+  Block* block = new_segment(pool, stream, address, size, false);
+  if (trace_.on()) trace_.record(TraceAction::k_segment_alloc, address, size, size, stream, 0);
+
+  stats_.num_device_alloc += 1;
+  stats_.segment.increase(pool.kind, 1);
+  note_reserved_increase(pool.kind, size);
+  if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
+  return block;
+}
+
+// A segment at `address` and the one free block that spans it (not yet in any index).
+Block* CachingAllocator::new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size,
+                                     bool expandable) {
+  auto* segment = new Segment{address, size, stream, pool.kind, nullptr, expandable};
   Block* block = new_block();
   block->address = address;
   block->size = size;
@@ -110,12 +123,6 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   block->pool = &pool;
   segment->first = block;
   segments_.emplace(address, segment);
-  if (trace_.on()) trace_.record(TraceAction::k_segment_alloc, address, size, size, stream, 0);
-
-  stats_.num_device_alloc += 1;
-  stats_.segment.increase(pool.kind, 1);
-  note_reserved_increase(pool.kind, size);
-  if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
   return block;
 }
 
@@ -138,16 +145,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
                                 : should_split(pool.kind, block->size, rounded, options_);
   if (split) {
-    Block* rest = new_block();
-    rest->address = block->address + rounded;
-    rest->size = block->size - rounded;
-    rest->stream = block->stream;
-    rest->segment = block->segment;
-    rest->pool = &pool;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next) rest->next->prev = rest;
-    block->next = rest;
+    Block* rest = insert_block_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
     pool.insert(rest);
     if (expandable) {

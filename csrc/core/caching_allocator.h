@@ -130,6 +130,7 @@ class CachingAllocator {
   Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
+  Block* new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size, bool expandable);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
 
@@ -140,6 +141,7 @@ class CachingAllocator {
   bool map_block(Block* block, size_t size);
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
+  Block* sibling_block(const Block* of, uintptr_t address, size_t size);
   Block* insert_block_after(Block* block, uintptr_t address, size_t size);
   Block* insert_block_before(Block* block, uintptr_t address, size_t size);
 

@@ -54,16 +54,8 @@ Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId st
   if (span < size) return nullptr;
   uintptr_t address = backend_->reserve_address_range(span);
   if (address == 0) return nullptr;
-  auto* segment = new Segment{address, span, stream, pool.kind, nullptr, true};
-  Block* block = new_block();
-  block->address = address;
-  block->size = span;
-  block->stream = stream;
-  block->segment = segment;
-  block->pool = &pool;
+  Block* block = new_segment(pool, stream, address, span, true);
   block->mapped = false;
-  segment->first = block;
-  segments_.emplace(address, segment);
   pool.unmapped.insert(block);
   return block;
 }
@@ -147,14 +139,20 @@ void CachingAllocator::release_expandable_segment(Block* block) {
 
 // ================================================================ block surgery
 
-// A new block [address, address + size) linked right after `block`.
-Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
+// A free block [address, address + size) of the same segment as `of`, not yet linked.
+Block* CachingAllocator::sibling_block(const Block* of, uintptr_t address, size_t size) {
   Block* b = new_block();
   b->address = address;
   b->size = size;
-  b->stream = block->stream;
-  b->segment = block->segment;
-  b->pool = block->pool;
+  b->stream = of->stream;
+  b->segment = of->segment;
+  b->pool = of->pool;
+  return b;
+}
+
+// A new block [address, address + size) linked right after `block`.
+Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
+  Block* b = sibling_block(block, address, size);
   b->prev = block;
   b->next = block->next;
   if (b->next) b->next->prev = b;
@@ -164,12 +162,7 @@ Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, siz
 
 // A new block [address, address + size) linked right before `block`.
 Block* CachingAllocator::insert_block_before(Block* block, uintptr_t address, size_t size) {
-  Block* b = new_block();
-  b->address = address;
-  b->size = size;
-  b->stream = block->stream;
-  b->segment = block->segment;
-  b->pool = block->pool;
+  Block* b = sibling_block(block, address, size);
   b->next = block;
   b->prev = block->prev;
   if (b->prev) b->prev->next = b;

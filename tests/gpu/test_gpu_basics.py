@@ -103,16 +103,3 @@ def test_a_device_that_does_not_exist_gets_a_clear_error():
             print("error:", err)
     """)
     assert "error:" in proc.stdout and ("invalid device" in proc.stdout.lower() or "does not exist" in proc.stdout)
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_each_device_has_its_own_pools_and_figures():
-    out = _json(run_python("""
-        import json, amem_alloc
-        amem_alloc.enable()
-        import torch
-        a = torch.empty(3 << 20, dtype=torch.uint8, device="cuda:0")
-        b = torch.empty(7 << 20, dtype=torch.uint8, device="cuda:1")
-        print(json.dumps([amem_alloc.memory_stats(d)["allocated_bytes.all.current"] for d in (0, 1)]))
-    """))
-    assert out == [3 << 20, 7 << 20]
