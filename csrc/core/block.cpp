@@ -5,22 +5,25 @@ namespace amem {
 
 void BlockPool::insert(Block* block) {
   block->free_since = get_free_block_calls;  // the GC measures age from here
+  Index::iterator where;
   if (spare_nodes_.empty()) {
-    free_blocks.insert(block);
-    return;
+    where = free_blocks.insert(block).first;
+  } else {
+    auto node = std::move(spare_nodes_.back());
+    spare_nodes_.pop_back();
+    node.value() = block;
+    where = free_blocks.insert(std::move(node)).position;
   }
-  auto node = std::move(spare_nodes_.back());
-  spare_nodes_.pop_back();
-  node.value() = block;
-  free_blocks.insert(std::move(node));
+  block->indexed = true;
+  block->position = where;
 }
 
 void BlockPool::erase(Block* block) {
-  auto it = free_blocks.find(block);
-  if (it != free_blocks.end()) take(it);
+  if (block->indexed) take(block->position);
 }
 
 void BlockPool::take(Index::iterator it) {
+  (*it)->indexed = false;
   spare_nodes_.push_back(free_blocks.extract(it));
 }
 

@@ -32,6 +32,14 @@ struct BlockPool;
 using PoolId = std::pair<uint64_t, uint64_t>;
 constexpr PoolId kDefaultPool{0, 0};
 
+struct Block;
+
+// Orders free blocks by (stream, size, address): lower_bound of (stream,
+// request, 0) is the best fit on that stream (torch: BlockComparatorSize).
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const;
+};
+
 struct Block {
   uintptr_t address = 0;       // first byte (device address, or simulated)
   size_t size = 0;             // bytes; a multiple of kMinBlockSize
@@ -47,6 +55,8 @@ struct Block {
   std::vector<StreamId> stream_uses;  // other streams that used it (record_stream)
   uint64_t free_since = 0;     // pool's get_free_block call count when freed (GC age)
   uint64_t alloc_seq = 0;      // allocation sequence number (provenance, traces)
+  bool indexed = false;        // in its pool's free index, at `position`
+  std::set<Block*, BlockLess>::const_iterator position;  // erase without a search
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
   // Free and mapped: in the pool's free index, reusable as it is.
@@ -64,15 +74,11 @@ struct Segment {
   bool expandable = false;     // a reserved range mapped page by page (Note [expandable segments])
 };
 
-// Orders free blocks by (stream, size, address): lower_bound of (stream,
-// request, 0) is the best fit on that stream (torch: BlockComparatorSize).
-struct BlockLess {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->address < b->address;
-  }
-};
+inline bool BlockLess::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->address < b->address;
+}
 
 // Orders unmapped blocks by (stream, address): the first with room on a stream
 // is the lowest address (torch: BlockComparatorAddress).

@@ -16,7 +16,6 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options opt
     throw ConfigError(std::string("AMEM_CONF: expandable_segments:True is not supported by the ") +
                       backend_->name() + " backend yet; it works on the host and sim backends "
                       "(replay); leave it off for real devices");
-  allocated_.reserve(1024);
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -163,7 +162,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   block->allocated = true;
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
-  allocated_.emplace(block->address, block);
+  allocated_.insert(block->address, block);
 
   auto bytes = static_cast<int64_t>(block->size);
   stats_.allocation.increase(pool.kind, 1);
@@ -186,13 +185,12 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
 void CachingAllocator::free(uintptr_t address) {
   if (address == 0) return;  // Note [size 0]
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_.find(address);
-  if (it == allocated_.end()) {
+  Block* block = allocated_.find(address);
+  if (block == nullptr) {
     stats_.num_invalid_frees += 1;
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
-  Block* block = it->second;
-  allocated_.erase(it);
+  allocated_.erase(address);
   block->allocated = false;
 
   PoolKind kind = block->pool->kind;
@@ -269,10 +267,8 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
 
 void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_.find(address);
-  if (it == allocated_.end())
-    throw InvalidFreeError(describe_bad_pointer("record_stream on", address));
-  Block* block = it->second;
+  Block* block = allocated_.find(address);
+  if (block == nullptr) throw InvalidFreeError(describe_bad_pointer("record_stream on", address));
   if (stream == block->stream) return;  // its own stream orders itself
   auto& uses = block->stream_uses;
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);

@@ -48,9 +48,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "address_map.h"
 #include "backend.h"
 #include "block.h"
 #include "errors.h"
@@ -192,7 +192,7 @@ class CachingAllocator {
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
   std::vector<std::pair<PoolId, std::function<bool(StreamId)>>> routes_;  // open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
-  std::unordered_map<uintptr_t, Block*> allocated_;   // address -> block handed out
+  AddressMap allocated_;                              // address -> block handed out
   std::map<uintptr_t, Segment*> segments_;            // by address
   std::vector<std::pair<EventId, Block*>> pending_;   // events blocking reuse
   std::vector<Block*> spare_blocks_;                  // recycled Block objects

@@ -106,10 +106,10 @@ void CachingAllocator::check_block(const Block* b, const Block* prev, bool split
                                    ValidationCounts& counts) const {
   auto* block = const_cast<Block*>(b);
   const bool in_index = b->pool->free_blocks.count(block) == 1;
+  require(b->indexed == in_index && (!in_index || *b->position == b), "a block's free-index position is stale");
   const bool in_unmapped = b->pool->unmapped.count(block) == 1;
   if (b->allocated) {
-    auto it = allocated_.find(b->address);
-    require(it != allocated_.end() && it->second == b, "an allocated block is not in the address map");
+    require(allocated_.find(b->address) == b, "an allocated block is not in the address map");
     require(!in_index && !in_unmapped && b->mapped, "an allocated block is in a free index");
     counts.allocated += 1;
     t.allocations += 1;
