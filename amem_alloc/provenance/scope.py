@@ -1,0 +1,109 @@
+"""Where the program is: the module path (forward hooks), the phase, autocast, the model's tensors.
+
+Module hooks: a pre-hook pushes the module's path, a post-hook (always_call, so an exception in
+forward does not leave the stack wrong) pops it. The root's pre-hook also records the tensors
+passed to the model: the profiler's "input" category.
+
+Phase, from cheapest evidence first:
+    backward   the autograd engine is running a graph task (torch._C._current_graph_task_id)
+    optimizer  inside Optimizer.step (the global optimizer step hooks)
+    forward    inside a forward of the traced model, or (decided later) the op's output joined the
+               autograd graph, e.g. a loss computed outside the model
+    other      everything else (data preparation, zero_grad, ops under no_grad outside the model)
+"""
+from __future__ import annotations
+
+import torch
+
+# The running backward's graph task id, or -1 outside backward (torch >= 2.0; guarded).
+_task_id = getattr(torch._C, "_current_graph_task_id", None) or (lambda: -1)
+_current_node = getattr(torch._C, "_current_autograd_node", None)
+
+
+def graph_task() -> int:
+    """The running backward's graph task id, or -1 outside backward."""
+    return _task_id()
+
+
+def current_backward_node():
+    """The autograd node whose backward is running on this thread, or None."""
+    return _current_node() if _current_node is not None else None
+
+
+def _autocast_on() -> bool:
+    return any(torch.is_autocast_enabled(d) for d in ("cuda", "cpu"))
+
+
+def tensors_in(values):
+    """The tensors among args/kwargs values, one level deep into lists, tuples and dicts."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from (x for x in v if isinstance(x, torch.Tensor))
+        elif isinstance(v, dict):
+            yield from (x for x in v.values() if isinstance(x, torch.Tensor))
+
+
+class ModuleScope:
+    """The module stack of one traced model, kept by forward hooks."""
+
+    def __init__(self, model, on_inputs):
+        self.model = model
+        self.stack: list[str] = []
+        self.autocast: list[bool] = []
+        self._on_inputs = on_inputs  # called with the root's input tensors
+        self._handles = []
+
+    # ---- hooks
+    def install(self) -> None:
+        if self.model is None:
+            return
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre(self, name):
+        def hook(module, args, kwargs):
+            if name == "" and not self.stack:  # the model itself, called from outside: its inputs
+                self._on_inputs(list(tensors_in(args)) + list(tensors_in(kwargs.values())))
+            self.stack.append(name)
+            self.autocast.append(_autocast_on())
+        return hook
+
+    def _post(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+            self.autocast.pop()
+
+    # ---- queries
+    @property
+    def module(self):
+        """The innermost module path ("" = the model itself), or None outside the model."""
+        return self.stack[-1] if self.stack else None
+
+    @property
+    def autocast_on(self) -> bool:
+        return self.autocast[-1] if self.autocast else False
+
+    def model_state(self) -> dict:
+        """{storage key: ("parameter" | "buffer", name)} for the model's parameters and buffers."""
+        from .accounting import storage_of
+
+        out = {}
+        if self.model is None:
+            return out
+        for kind, items in (("buffer", self.model.named_buffers()), ("parameter", self.model.named_parameters())):
+            for name, t in items:
+                facts = storage_of(t)
+                if facts is not None:
+                    out[facts[1]] = (kind, name)
+        return out
+
+    def parameters(self):
+        return [] if self.model is None else list(self.model.parameters())

@@ -1,0 +1,98 @@
+"""The tracer's outputs: the readable report, JSON (json.dumps must take all of it), the offline
+HTML, and the overhead benchmark's quick mode (run here so it cannot rot; its speed is not judged)."""
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from amem_alloc import Tracer
+from amem_alloc.provenance import html
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from helpers import run_command  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def traced():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Tracer(model) as t:
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+    return t
+
+
+def test_report_prints_the_summary_and_the_activation_tables(traced, capsys):
+    text = traced.report()
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert "allocations inside the tracer" in text and "Activation memory, step 1 of 1 [freed]" in text
+    assert "ReluBackward0.result" in text and "AddmmBackward0.mat1" in text
+    assert "shared with ReluBackward0.result" in text and "model state, not activation memory" in text
+    assert "512-byte rounding" in text
+    # total: the input (8x16 floats) and the ReLU output (8x32 floats)
+    assert re.search(r"total: 1\.50 KiB nominal, 1\.50 KiB allocator, in 2 storages", text)
+
+
+def test_everything_is_json(traced, tmp_path):
+    data = json.loads(json.dumps(traced.to_dict()))
+    assert data["format"] == "amem_alloc.provenance/1"
+    assert data["headline"]["activation_nominal_bytes"] == [8 * 16 * 4 + 8 * 32 * 4]
+    assert data["largest_saved"][0].startswith("ReluBackward0.result in 1: 1.00 KiB float32 8x32")
+    act = data["activations"][0]
+    assert set(act) >= {"step", "steps", "status", "message", "accounting", "total", "by_kind", "modules",
+                        "nodes", "saved", "model_state_saved", "held_by_other_hooks"}
+    row = act["saved"][0]
+    assert set(row) >= {"node", "slot", "label", "module", "dtype", "shape", "kind", "what", "nominal_bytes",
+                        "allocator_bytes", "counted", "note", "state"}
+    alloc = data["allocations"][0]
+    assert set(alloc) >= {"seq", "op", "module", "phase", "category", "nominal_bytes", "allocator_bytes"}
+    path = tmp_path / "t.json"
+    traced.to_json(path, indent=1)
+    assert json.loads(path.read_text())["activations"] == data["activations"]
+    assert json.loads(json.dumps(traced.activations().to_dict())) == act
+
+
+def test_html_is_offline_and_shows_the_tables(traced, tmp_path):
+    page = traced.to_html(tmp_path / "p.html")
+    assert (tmp_path / "p.html").read_text() == page
+    assert "<script" not in page and "http" not in page
+    assert "ReluBackward0.result" in page and "<table>" in page
+    fragment = html.section(traced.to_dict())
+    assert fragment.startswith('<section class="amem-prov">')
+    assert html.section(traced.activations().to_dict()).count("<h3>") == 1
+
+
+def test_html_escapes_what_it_shows():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.add_module("<b>", torch.nn.Linear(2, 2))
+
+        def forward(self, x):
+            return getattr(self, "<b>")(x)
+
+    model = Odd()
+    with Tracer(model) as t:
+        y = model(torch.randn(1, 2, requires_grad=True))
+    assert "<b>" not in html.section(t.to_dict()) and "&lt;b&gt;" in html.section(t.to_dict())
+    del y
+
+
+def test_the_benchmark_runs_in_quick_mode():
+    proc = run_command([sys.executable, "benchmarks/bench_tracer.py", "--quick", "--device", "cpu"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^cpu\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", proc.stdout, re.M), proc.stdout
+
+
+def test_the_json_feeds_the_offline_html_report_of_traces(traced, tmp_path):
+    import amem_alloc
+
+    if not hasattr(amem_alloc, "write_report"):
+        pytest.skip("the traces report is not in this tree")
+    out = amem_alloc.write_report({"segments": [], "device_traces": [[]]}, tmp_path / "r.html",
+                                  provenance=traced.to_dict(allocations=False))
+    page = out.read_text()
+    assert "Provenance" in page and "ReluBackward0.result in 1" in page and "1.50 KiB allocator" in page
