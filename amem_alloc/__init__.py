@@ -49,6 +49,8 @@ __all__ = [
     "option_table",
     "record",
     "render_report",
+    "replay_program",
+    "replay_trace",
     "provenance",
     "reset_peak_memory_stats",
     "rmm_csv",
@@ -57,6 +59,7 @@ __all__ = [
     "write_report",
 ]
 __version__ = "0.1.0"
+_LAZY = {"replay_trace": ".compare.trace_replay", "replay_program": ".replay"}  # amem replay; the C++ loop
 
 
 def __getattr__(name: str):
@@ -66,4 +69,8 @@ def __getattr__(name: str):
 
         module = importlib.import_module(".provenance", __name__)  # a callable module: provenance(t)
         return module.Tracer if name == "Tracer" else module
+    if name in _LAZY:  # replay and compare import numpy: loaded on first use too
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'amem_alloc' has no attribute {name!r}")

@@ -6,6 +6,8 @@
     amem config                    the options table and the configuration in effect
     amem report TRACE -o report.html   an offline HTML report of a snapshot (amem's or torch's)
     amem export TRACE -f chrome|rmm -o OUT   Chrome/Perfetto JSON, or RMM's replay CSV
+    amem replay TRACE --policy torch,amem   replay a trace under allocator policies (sim backend)
+    amem compare --workload gpt             every policy on a workload, one process each (simulated without a GPU)
 """
 from __future__ import annotations
 
@@ -138,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="print the options table and the configuration in effect")
     cfg.set_defaults(func=_config)
     _add_trace_commands(sub)
+    from .compare.commands import add_commands as _add_compare_commands
+
+    _add_compare_commands(sub)
     return parser
 
 

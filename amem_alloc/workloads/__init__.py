@@ -1,4 +1,26 @@
-"""Allocation patterns of real workloads, as sequences of (action, tensor id, bytes, stream)."""
+"""Workloads: real torch models for `amem compare`, and a synthetic allocation pattern for `amem demo`.
+
+Each bundled workload is run(size=1, steps=None, device="cpu", seed=0, on_step=None) -> dict:
+a real model, small enough for a CPU at size 1, that calls on_step(i) after each step.
+training_events() is the synthetic pattern (no torch) that `amem demo` allocates.
+"""
+from . import decode, gpt, mlp
 from .training import training_events
 
-__all__ = ["training_events"]
+# name -> (run function, what it is)
+WORKLOADS = {
+    "gpt": (gpt.run, "GPT-style decoder trained with a random sequence length each step"),
+    "mlp": (mlp.run, "deep MLP (batch 64, width 1024, 16 layers), no checkpointing"),
+    "mlp-checkpoint": (mlp.run_checkpointed, "the same MLP with activation checkpointing (4 segments)"),
+    "decode": (decode.run, "autoregressive decoding with a key/value cache grown by torch.cat"),
+}
+
+
+def get(name: str):
+    """The run function of a bundled workload; ValueError naming the choices."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    return WORKLOADS[name][0]
+
+
+__all__ = ["WORKLOADS", "get", "training_events"]

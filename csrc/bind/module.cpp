@@ -91,6 +91,7 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
   out["ops"] = r.ops, out["allocs"] = r.allocs, out["frees"] = r.frees;
   out["failed_allocs"] = r.failed_allocs, out["unknown_frees"] = r.unknown_frees;
   out["duplicate_allocs"] = r.duplicate_allocs;
+  out["releases"] = r.releases, out["prologue_end"] = r.prologue_end;
   out["peak_allocated"] = r.peak_allocated, out["peak_reserved"] = r.peak_reserved;
   out["samples"] = samples;
   return out;

@@ -1,6 +1,8 @@
 // replay.cpp — the replay loop (see replay.h).
 #include "replay.h"
 
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 namespace amem {
@@ -38,6 +40,21 @@ struct Replayer {
     live.erase(it);
   }
 
+  void release() {
+    result.releases += 1;
+    allocator.empty_cache();
+  }
+
+  // The state the trace started in is rebuilt: measure from here.
+  void end_prologue(uint64_t index) {
+    allocator.reset_peak_stats();
+    auto f = allocator.figures();
+    result.peak_allocated = f.allocated;
+    result.peak_reserved = f.reserved;
+    result.samples.clear();
+    result.prologue_end = static_cast<int64_t>(index);
+  }
+
   void sample(uint64_t index, bool force) {
     auto f = allocator.figures();
     bool new_peak = f.allocated > result.peak_allocated || f.reserved > result.peak_reserved;
@@ -52,13 +69,26 @@ struct Replayer {
 
 }  // namespace
 
+void check_kinds(const ReplayOp* ops, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    if (ops[i].kind > kReplayPrologueEnd)
+      throw std::invalid_argument("amem: replay op " + std::to_string(i) + " has unknown kind " +
+                                  std::to_string(ops[i].kind) +
+                                  " (0 alloc, 1 free, 2 empty_cache, 3 end of prologue)");
+}
+
 ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples) {
+  check_kinds(ops, count);
   Replayer r{allocator, {}, {}, 1};
   r.live.reserve(1024);
   r.sample_every = max_samples > 0 ? std::max<size_t>(1, count / max_samples) : count + 1;
   for (size_t i = 0; i < count; ++i) {
-    if (ops[i].kind == 0) r.alloc(ops[i]);
-    else r.free(ops[i]);
+    switch (ops[i].kind) {
+      case kReplayAlloc: r.alloc(ops[i]); break;
+      case kReplayFree: r.free(ops[i]); break;
+      case kReplayEmptyCache: r.release(); break;
+      default: r.end_prologue(i); break;
+    }
     r.sample(i, i + 1 == count);
   }
   r.result.ops = count;

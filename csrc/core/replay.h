@@ -4,7 +4,10 @@
 // -----------
 // A replay program is a flat array of operations: allocate `size` bytes on
 // `stream` for the block known as `key` (in a trace, the address the original
-// allocator returned), or free the block known as `key`. The loop maps keys to
+// allocator returned), free the block known as `key`, empty the cache (a trace
+// shows the native allocator releasing its cache there), or mark the end of the
+// prologue (the ops before it rebuild the state a trace started in; peaks and
+// the timeline count from here). The loop maps keys to
 // the addresses *this* allocator returns, so any policy can replay any trace.
 // It runs in C++ because traces have millions of events; Python only parses
 // the trace and reads the result.
@@ -27,8 +30,10 @@ struct ReplayOp {
   uint64_t key = 0;     // the block's identity in the trace
   uint64_t size = 0;    // bytes requested (alloc only)
   StreamId stream = 0;  // stream of the request (alloc only)
-  uint64_t kind = 0;    // 0 = alloc, 1 = free (64-bit: the record is 32 bytes, no padding)
+  uint64_t kind = 0;    // ReplayKind (64-bit: the record is 32 bytes, no padding)
 };
+
+enum ReplayKind : uint64_t { kReplayAlloc = 0, kReplayFree = 1, kReplayEmptyCache = 2, kReplayPrologueEnd = 3 };
 static_assert(sizeof(ReplayOp) == 32, "ReplayOp is a packed 32-byte record shared with Python");
 
 struct ReplaySample {
@@ -42,11 +47,14 @@ struct ReplayResult {
   uint64_t failed_allocs = 0;    // out of memory
   uint64_t unknown_frees = 0;    // a free of a key that is not live
   uint64_t duplicate_allocs = 0; // an alloc of a key that is already live (the old block is freed first)
+  uint64_t releases = 0;         // empty_cache ops
+  int64_t prologue_end = -1;     // index of the prologue-end op, or -1
   int64_t peak_allocated = 0, peak_reserved = 0;
   std::vector<ReplaySample> samples;  // the timeline, at most max_samples points plus the peaks
 };
 
 // Replays `ops` through `allocator`; `max_samples` bounds the timeline.
+// Throws std::invalid_argument, before running anything, if an op has an unknown kind.
 ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples);
 
 }  // namespace amem

@@ -1,0 +1,180 @@
+"""One configuration of `amem compare`, in its own fresh process.
+
+    python -m amem_alloc.compare.child replay --program P.npz --policy NAME --conf C --out R.json
+    python -m amem_alloc.compare.child gpu --workload gpt --size 1 --policy NAME --native --out R.json
+
+Design note
+-----------
+The allocator cannot change once CUDA has started, so every configuration runs in a process of
+its own, started by compare/runner.py; each writes one JSON result with its pid, so the parent
+(and the tests) can check that no two configurations shared a process.
+
+`replay` runs a recorded program (compare/recorder.py) through the core on the sim backend
+under one policy. `gpu` runs the workload for real: native policies with PYTORCH_CUDA_ALLOC_CONF
+set by the parent (or unset), amem policies with AMEM_ENABLE=1 and AMEM_CONF. Both record the
+allocator's trace (torch's _record_memory_history without stacks, or amem's ring) for the
+timeline and, for torch's allocator, the allocated bytes at the reserved peak (amem reports that
+figure itself); peaks, device mallocs and OOMs come from the allocator's own stats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .. import replay
+
+MAX_ENTRIES = 2_000_000  # trace ring for GPU runs (about 128 MB for amem)
+TIMELINE_POINTS = 2000
+TIMING_BUDGET_S = 0.5    # simulated runs: repeat the replay this long for a stable time
+
+
+def _allocator_seconds(program: replay.Program, conf: str, limit_bytes: int, first: float) -> float:
+    """The C++ loop's best time over a few runs (one run is at the mercy of the machine's load)."""
+    if not program.core_ready:
+        return first
+    best, spent = first, 0.0
+    while spent < TIMING_BUDGET_S and spent < 20 * best:
+        seconds = replay.replay_program(program.to_bytes(), conf, 1, limit_bytes)["seconds"]
+        best, spent = min(best, seconds), spent + seconds
+    return best
+
+
+def _replay(args: argparse.Namespace) -> dict:
+    program = replay.Program.load(args.program)
+    run = replay.run(program, args.conf, max_samples=TIMELINE_POINTS, limit_bytes=args.limit_bytes)
+    run.seconds = _allocator_seconds(program, args.conf, args.limit_bytes, run.seconds)
+    return {"mode": "simulated", "peak_allocated": run.peak_allocated, "peak_reserved": run.peak_reserved,
+            "allocated_at_peak": run.allocated_at_peak, "fragmentation_at_peak": run.fragmentation_at_peak,
+            "device_mallocs": run.device_mallocs, "device_frees": run.device_frees, "ooms": run.failed_allocs,
+            "replay_seconds": run.seconds, "ops": run.ops, "engine": run.engine,
+            "timeline": [list(s) for s in run.timeline], "timeline_unit": "allocator call"}
+
+
+# ---------------------------------------------------------------------------- real GPU runs
+def trace_timeline(events: list[dict]) -> tuple[list[list[int]], int, int]:
+    """(timeline [event, allocated, reserved], peak reserved, allocated at it) from one device's
+    torch-format trace of a fresh process. Allocated counts requests rounded to 512 B (the trace
+    has no block sizes); reserved is exact."""
+    allocated = reserved = peak = at_peak = 0
+    points: list[list[int]] = []
+    every = max(1, len(events) // TIMELINE_POINTS)
+    for i, ev in enumerate(events):
+        action, size = ev["action"], ev.get("size", 0)
+        block = (size + 511) // 512 * 512
+        allocated += block if action == "alloc" else -block if action == "free_requested" else 0
+        reserved += size if action in ("segment_alloc", "segment_map") else 0
+        reserved -= size if action in ("segment_free", "segment_unmap") else 0
+        if reserved > peak:
+            peak, at_peak = reserved, allocated
+        elif reserved == peak:
+            at_peak = max(at_peak, allocated)
+        if i % every == 0 or i == len(events) - 1:
+            points.append([i, allocated, reserved])
+    return points, peak, at_peak
+
+
+def _start_recording(native: bool) -> None:
+    if native:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context=None, stacks="python")
+    else:
+        import amem_alloc
+
+        amem_alloc.record(max_entries=MAX_ENTRIES)
+
+
+def _finish(native: bool, out: Path, policy: str) -> tuple[dict, dict]:
+    """(stats, snapshot) of device 0; the snapshot is also written next to the result."""
+    import torch
+
+    import amem_alloc
+    from ..snapshot import save_snapshot
+
+    if native:
+        stats, snap = torch.cuda.memory_stats(0), torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    else:
+        stats, snap = amem_alloc.memory_stats(0), amem_alloc.build_snapshot()
+    save_snapshot(snap, out.with_name(f"trace-{policy}.pickle"))
+    return stats, snap
+
+
+def _gpu(args: argparse.Namespace) -> dict:
+    if not args.native:  # AMEM_ENABLE=1 may have done it at start-up already; then this is a no-op
+        import amem_alloc
+
+        amem_alloc.enable()
+    import torch
+
+    from .. import workloads
+    from .recorder import _run_script
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("amem compare: --mode real needs a CUDA device")
+    _start_recording(args.native)
+    times, last, oom = [], [time.perf_counter()], False
+
+    def on_step(i: int) -> None:
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    try:
+        if args.script:
+            _run_script(args.script, on_step)
+        else:
+            workloads.get(args.workload)(args.size, args.steps, "cuda", 0, on_step)
+        torch.cuda.synchronize()
+    except torch.OutOfMemoryError:
+        oom = True
+    stats, snap = _finish(args.native, Path(args.out), args.policy)
+    traces = snap.get("device_traces") or [[]]
+    timeline, _, at_peak = trace_timeline(traces[0] if traces else [])
+    peak = stats.get("reserved_bytes.all.peak", 0)
+    if not args.native:  # amem keeps the exact figure (block sizes, not rounded requests)
+        import amem_alloc
+
+        at_peak = amem_alloc.fragmentation(0).allocated_bytes_at_reserved_peak
+    return {"mode": "real", "allocator": "torch" if args.native else "amem",
+            "peak_allocated": stats.get("allocated_bytes.all.peak", 0), "peak_reserved": peak,
+            "allocated_at_peak": at_peak, "fragmentation_at_peak": 1 - at_peak / peak if peak else 0.0,
+            "device_mallocs": stats.get("num_device_alloc", 0), "device_frees": stats.get("num_device_free", 0),
+            "ooms": stats.get("num_ooms", 0) + (0 if stats.get("num_ooms") else int(oom)), "oom_raised": oom,
+            "steps": len(times), "seconds_per_step": statistics.median(times[1:] or times) if times else None,
+            "step_seconds": times, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "timeline": timeline, "timeline_unit": "trace event"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m amem_alloc.compare.child")
+    sub = parser.add_subparsers(dest="what", required=True)
+    rep = sub.add_parser("replay")
+    rep.add_argument("--program", required=True)
+    rep.add_argument("--limit-bytes", type=int, default=0)
+    gpu = sub.add_parser("gpu")
+    gpu.add_argument("--workload")
+    gpu.add_argument("--size", type=int, default=1)
+    gpu.add_argument("--steps", type=int)
+    gpu.add_argument("--native", action="store_true", help="torch's own allocator (else amem)")
+    gpu.add_argument("--script", nargs=argparse.REMAINDER)
+    for p in (rep, gpu):
+        p.add_argument("--policy", required=True)
+        p.add_argument("--conf", default="")
+        p.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    result = _replay(args) if args.what == "replay" else _gpu(args)
+    result.update(policy=args.policy, conf=args.conf, pid=os.getpid(), wall_seconds=time.perf_counter() - started)
+    Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

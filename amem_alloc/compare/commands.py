@@ -1,0 +1,103 @@
+"""The `amem replay` and `amem compare` subcommands (registered by amem_alloc/cli.py).
+
+    amem replay TRACE [--policy torch,amem,...] [--device N] [--json OUT] [--plot OUT.png]
+    amem compare --workload gpt [--size N] [--policies ...] [--mode auto|real|simulated]
+    amem compare -- python train.py args...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .. import policies as policies_mod
+
+PYTHONS = ("python", "python3")
+
+
+def _policy_names(text: str | None) -> list[str] | None:
+    return [p.name for p in policies_mod.parse_list(text)] if text else None
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from . import trace_replay
+
+    report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,
+                                       limit_bytes=int(args.limit_gb * (1 << 30)))
+    print(trace_replay.format_text(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        print("wrote " + ", ".join(str(p) for p in trace_replay.write_plot(report, args.plot)))
+    return 0
+
+
+def _script(target: list[str]) -> list[str] | None:
+    """`-- python train.py args` -> ["train.py", "args"]; the script runs in amem's own interpreter."""
+    target = target[1:] if target and target[0] == "--" else target
+    if target and Path(target[0]).name.startswith(PYTHONS) and not target[0].endswith(".py"):
+        target = target[1:]
+    if target and target[0] == "-m":
+        raise ValueError("amem compare: give a script path (python train.py ...), not -m module")
+    if target and not target[0].endswith(".py"):
+        raise ValueError(f"amem compare: {target[0]!r} is not a Python script; use -- python script.py args...")
+    return target or None
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from . import compare, table
+
+    script = _script(args.target)
+    if (args.workload is None) == (script is None):
+        raise ValueError("amem compare: give --workload NAME, or -- python script.py args... (one of the two)")
+    policies = policies_mod.parse_list(args.policies) if args.policies else None
+    result = compare(workload=args.workload, script=script, size=args.size, steps=args.steps, policies=policies,
+                     mode=args.mode, out_dir=args.out, progress=not args.no_progress)
+    print(table.format_text(result))
+    print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
+    return 0 if not any(r.get("error") for r in result.rows) else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from .. import workloads
+    from .runner import MODES
+
+    rep = sub.add_parser("replay", help="replay a memory trace through amem's core under allocator policies",
+                         description="Replays a snapshot (torch.cuda.memory._dump_snapshot, amem's, or a program "
+                         "recorded by amem compare) on the sim backend. Policies:\n" + policies_mod.describe(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("trace", help="a snapshot pickle, or a .npz program")
+    rep.add_argument("--policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
+                     "default: the policy emulating the trace's own allocator settings")
+    rep.add_argument("--device", type=int, help="only this device")
+    rep.add_argument("--limit-gb", type=float, default=0, help="simulated device capacity in GiB (0: unlimited)")
+    rep.add_argument("--json", help="write the full report (timelines included) as JSON")
+    rep.add_argument("--plot", help="write allocated/reserved over time as PNG")
+    rep.set_defaults(func=_replay)
+    cmp_ = sub.add_parser("compare", help="run a workload under torch's allocator and amem's policies, "
+                          "each in a fresh process (simulated without a GPU)",
+                          description="Workloads: " + ", ".join(workloads.WORKLOADS) + ". Policies:\n"
+                          + policies_mod.describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp_.add_argument("--workload", choices=list(workloads.WORKLOADS))
+    cmp_.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1: CPU-sized)")
+    cmp_.add_argument("--steps", type=int, help="steps to run (default: the workload's)")
+    cmp_.add_argument("--policies", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
+                      "default: " + ",".join(policies_mod.DEFAULT_COMPARE))
+    cmp_.add_argument("--mode", choices=MODES, default="auto", help="real needs a GPU; auto picks real when one is there")
+    cmp_.add_argument("--out", help="output folder (default: amem-compare/<workload or script name>)")
+    cmp_.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmp_.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (instead of --workload)")
+    cmp_.set_defaults(func=_compare)
+
+
+def main(argv: list[str] | None = None) -> int:  # for tests: the two commands alone
+    parser = argparse.ArgumentParser(prog="amem")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Allocated and reserved memory over time, one colour per configuration, as a PNG (matplotlib,
+headless). Reserved is the solid line, allocated the dashed one; in simulated runs every
+configuration replays the same requests, so the x axis (allocator calls) is shared, and step
+boundaries are marked."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+
+
+def _figure(series: list[tuple[str, list]], title: str, xlabel: str, steps: list[int] | None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, timeline) in enumerate(series):
+        if not timeline:
+            continue
+        xs = [p[0] for p in timeline]
+        color = colors[i % len(colors)]
+        ax.plot(xs, [p[2] / MiB for p in timeline], color=color, lw=1.6, label=f"{label} reserved")
+        if all(p[1] is not None for p in timeline):  # a native trace knows reserved only
+            ax.plot(xs, [p[1] / MiB for p in timeline], color=color, lw=1.0, ls="--", label=f"{label} allocated")
+    for x in steps or []:
+        ax.axvline(x, color="0.85", lw=0.6, zorder=0)
+    ax.set(title=title, xlabel=xlabel, ylabel="MiB")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_timelines(series: list[tuple[str, list]], path: str | Path, title: str, xlabel: str,
+                   steps: list[int] | None = None) -> Path:
+    """series: (label, [(x, allocated bytes, reserved bytes), ...]) per configuration."""
+    from matplotlib import pyplot as plt
+
+    fig = _figure(series, title, xlabel, steps)
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write(result: Any, out: Path) -> dict:
+    """compare.png for a CompareResult; {} when no configuration produced a timeline."""
+    series = [(r["policy"], r.get("timeline") or []) for r in result.rows if not r.get("error")]
+    if not any(t for _, t in series):
+        return {}
+    unit = next((r.get("timeline_unit") for r in result.rows if r.get("timeline_unit")), "allocator call")
+    mode = "simulated" if result.mode == "simulated" else "measured"
+    steps = (result.recording or {}).get("step_ops")
+    try:
+        path = plot_timelines(series, out / "compare.png", f"{result.target} ({mode})", unit, steps)
+    except ImportError:  # matplotlib is optional: the table and JSON still stand
+        return {}
+    return {"png": path}

@@ -1,0 +1,233 @@
+"""`amem compare`: run a workload under every allocator configuration, each in a fresh process.
+
+Design note
+-----------
+The allocator cannot be swapped once CUDA has started, so each configuration gets a process of
+its own (compare/child.py), and each child reports its pid.
+
+* real (a GPU is present): the workload runs once per configuration: torch's allocator with
+  PYTORCH_CUDA_ALLOC_CONF unset or "expandable_segments:True", and amem with AMEM_ENABLE=1 and
+  each policy's AMEM_CONF. Runs go one after another, so their step times do not interfere.
+* simulated (no GPU): the workload runs once on the CPU under the profiler
+  (compare/recorder.py); then every configuration replays that one allocation sequence through
+  the core on the sim backend, the children running side by side. The output says plainly that
+  the figures are simulated.
+
+A tqdm bar on stderr shows the runs in progress (only when stderr is a terminal). The result
+goes to OUT/compare.json (every figure and timeline), OUT/compare.png and OUT/compare.html
+(compare/table.py, compare/plot.py), plus OUT/program.npz (the recorded requests, for `amem
+replay`) when simulated, or OUT/trace-<policy>.pickle (each run's allocator trace) when real.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import policies as policies_mod
+
+MODES = ("auto", "real", "simulated")
+CHILD_TIMEOUT_S = 3600
+
+
+@dataclass
+class CompareResult:
+    mode: str                     # "real" or "simulated"
+    target: str                   # "workload gpt (size 1)" or "script train.py"
+    rows: list[dict]              # one per configuration, in order
+    recording: dict | None        # the CPU recording (simulated mode)
+    out_dir: Path
+    environment: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "target": self.target, "rows": self.rows, "recording": self.recording,
+                "environment": self.environment, "files": {k: str(v) for k, v in self.files.items()}}
+
+
+# ---------------------------------------------------------------------------- processes
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _env(policy: policies_mod.Policy | None, real: bool) -> dict:
+    """The child's environment: which allocator it runs, and nothing inherited that would change it."""
+    env = dict(os.environ)
+    for key in ("AMEM_ENABLE", "AMEM_CONF", "PYTORCH_CUDA_ALLOC_CONF", "AMEM_TRACE"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
+    if real and policy is not None:
+        if policy.native:
+            if policy.conf:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = policy.conf
+        else:
+            env.update(AMEM_ENABLE="1", AMEM_CONF=policy.conf)
+    return env
+
+
+def _spawn(module: str, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S, check=False)
+
+
+def _error(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+def _child(policy: policies_mod.Policy, out: Path, real: bool, args: list[str]) -> dict:
+    """Runs one configuration; its result dict (with `error` if the child failed)."""
+    proc = _spawn("amem_alloc.compare.child", [*args[:1], "--policy", policy.name, "--conf", policy.conf,
+                                               "--out", str(out), *args[1:]], _env(policy, real))
+    base = {"policy": policy.name, "conf": policy.conf, "description": policy.description,
+            "native": policy.native}
+    if proc.returncode != 0 or not out.exists():
+        return dict(base, error=_error(proc), pid=None)
+    return dict(base, **json.loads(out.read_text()))
+
+
+# ---------------------------------------------------------------------------- the two modes
+def _record(work: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
+    args = ["--out", str(work)]
+    args += ["--script", *script] if script else ["--workload", workload, "--size", str(size)]
+    if steps is not None and not script:
+        args += ["--steps", str(steps)]
+    proc = _spawn("amem_alloc.compare.recorder", args, _env(None, False))
+    if proc.returncode != 0:
+        raise RuntimeError(f"amem compare: recording the workload on the CPU failed: {_error(proc)}")
+    return json.loads((work / "recording.json").read_text())
+
+
+def _gpu_args(workload: str | None, size: int, steps: int | None, script: list[str] | None,
+              policy: policies_mod.Policy) -> list[str]:
+    args = ["gpu"] + (["--native"] if policy.native else [])
+    if steps is not None and not script:
+        args += ["--steps", str(steps)]
+    return args + (["--script", *script] if script else ["--workload", workload, "--size", str(size)])
+
+
+class _NoBar:
+    def set_postfix_str(self, text: str) -> None: ...
+    def update(self, n: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is optional: no bar
+        return _NoBar()
+    return tqdm(total=total, desc="amem compare", unit="run", file=sys.stderr,
+                disable=not (enabled and sys.stderr.isatty()), leave=False)
+
+
+def _run_all(policies: list, work: Path, real: bool, child_args, bar, jobs: int) -> list[dict]:
+    rows: list[dict | None] = [None] * len(policies)
+    with ThreadPoolExecutor(max_workers=1 if real else jobs) as pool:
+        futures = {pool.submit(_child, p, work / f"result-{i}.json", real, child_args(p)): i
+                   for i, p in enumerate(policies)}
+        for future in as_completed(futures):
+            rows[futures[future]] = future.result()
+            bar.set_postfix_str(rows[futures[future]]["policy"])
+            bar.update(1)
+    return rows  # type: ignore[return-value]
+
+
+def _cuda_available() -> bool:
+    """Whether a CUDA device is usable; cheap when the machine has no NVIDIA driver at all."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no usable torch means no GPU run
+        return False
+
+
+def _environment(mode: str, rows: list[dict], recording: dict | None) -> dict:
+    import platform
+
+    device = next((r.get("device") for r in rows if r.get("device")), None)
+    torch_version = next((r.get("torch") for r in rows if r.get("torch")), None) or (recording or {}).get("torch")
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "torch": torch_version,
+            "python": platform.python_version(), "device": device or "none: simulated on the CPU",
+            "mode": mode}
+
+
+# ---------------------------------------------------------------------------- entry point
+def _check(workload: str | None, script: list[str] | None, size: int, mode: str) -> None:
+    from .. import workloads
+
+    if (workload is None) == (not script):
+        raise ValueError("amem compare: give a bundled workload or a script (one of the two)")
+    if workload is not None:
+        workloads.get(workload)  # ValueError naming the choices
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"amem compare: size must be an integer >= 1, got {size!r}")
+    if mode not in MODES:
+        raise ValueError(f"amem compare: mode must be one of {MODES}, got {mode!r}")
+
+
+def _simulated(out: Path, work: Path, policies: list, target: tuple, bar, jobs: int | None) -> tuple[list, dict]:
+    """Records once on the CPU, then replays per policy; keeps program.npz in `out` for amem replay."""
+    bar.set_postfix_str("recording on the CPU")
+    recording = _record(work, *target)
+    bar.update(1)
+    program = (work / "program.npz").replace(out / "program.npz")
+    rows = _run_all(policies, work, False, lambda p: ["replay", "--program", str(program)], bar,
+                    jobs or min(len(policies), os.cpu_count() or 1))
+    return rows, recording
+
+
+def _real(out: Path, work: Path, policies: list, target: tuple, bar) -> list:
+    """Runs the workload once per policy, one after another; keeps each run's trace in `out`."""
+    rows = _run_all(policies, work, True, lambda p: _gpu_args(*target, p), bar, 1)
+    for f in work.glob("trace-*.pickle"):
+        f.replace(out / f.name)
+    return rows
+
+
+def compare(workload: str | None = None, script: list[str] | None = None, size: int = 1,
+            steps: int | None = None, policies: list | None = None, mode: str = "auto",
+            out_dir: str | Path | None = None, progress: bool = True, jobs: int | None = None) -> CompareResult:
+    """Runs the comparison; writes compare.json, compare.png and compare.html into out_dir."""
+    from . import plot, table
+
+    _check(workload, script, size, mode)
+    policies = [policies_mod.get(p) if isinstance(p, str) else p
+                for p in (policies or policies_mod.DEFAULT_COMPARE)]
+    real = mode == "real" or (mode == "auto" and _cuda_available())
+    out = Path(out_dir or Path("amem-compare") / (workload or Path(script[0]).stem))
+    out.mkdir(parents=True, exist_ok=True)
+    target = (workload, size, steps, script)
+    bar = _progress(len(policies) + (0 if real else 1), progress)
+    with tempfile.TemporaryDirectory(prefix="amem-compare-", dir=out) as tmp:
+        rows, recording = (_real(out, Path(tmp), policies, target, bar), None) if real else \
+            _simulated(out, Path(tmp), policies, target, bar, jobs)
+    bar.close()
+    _per_step(rows, recording)
+    name = f"script {' '.join(script)}" if script else f"workload {workload} (size {size})"
+    result = CompareResult("real" if real else "simulated", name, rows, recording, out)
+    result.environment = _environment(result.mode, rows, recording)
+    if recording is not None:
+        result.files["program"] = out / "program.npz"  # amem replay OUT/program.npz --policy ...
+    result.files.update(plot.write(result, out))
+    result.files["html"] = table.write_html(result, out / "compare.html", result.files.get("png"))
+    result.files["json"] = out / "compare.json"
+    result.files["json"].write_text(json.dumps(result.to_dict(), indent=1))
+    return result
+
+
+def _per_step(rows: list[dict], recording: dict | None) -> None:
+    """Simulated rows: the allocator's own time per step (replay seconds / steps)."""
+    steps = (recording or {}).get("steps") or 0
+    for row in rows:
+        if row.get("mode") == "simulated":
+            row["seconds_per_step"] = row["replay_seconds"] / steps if steps else None

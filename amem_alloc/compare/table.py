@@ -1,0 +1,103 @@
+"""The comparison as a text table (the terminal), a markdown table (benchmarks/RESULTS.md) and an
+HTML page (the report's page template when amem_alloc.report is present, with the plot inline)."""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+from ..introspection import format_bytes
+
+HEADERS = ("configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "OOMs",
+           "time/step", "pid")
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} us"
+
+
+def _cells(row: dict) -> list[str]:
+    if row.get("error"):
+        return [row["policy"], "failed: " + row["error"][:60], "", "", "", "", "", ""]
+    return [row["policy"], format_bytes(row["peak_allocated"]), format_bytes(row["peak_reserved"]),
+            f"{row['fragmentation_at_peak']:.1%}", str(row["device_mallocs"]), str(row["ooms"]),
+            _seconds(row.get("seconds_per_step")), str(row.get("pid"))]
+
+
+def preamble(result: Any) -> list[str]:
+    """What was run and how: the first lines of every rendering."""
+    env = result.environment
+    if result.mode == "real":
+        return [f"amem compare: {result.target} on {env.get('device')} (torch {env.get('torch')}, {env.get('date')}); "
+                "each configuration ran for real in its own process."]
+    rec = result.recording or {}
+    return [f"amem compare: {result.target}. SIMULATED: no GPU was used.",
+            f"The workload ran once on the CPU ({rec.get('ops', 0)} allocator calls over {rec.get('steps', 0)} "
+            f"steps, recorded with torch's profiler in {rec.get('cpu_seconds', 0):.1f} s); each configuration "
+            "replayed that sequence through amem's C++ core on the sim backend, in its own process.",
+            "The figures are what each allocator policy does with that sequence of requests, not GPU "
+            "measurements (CUDA kernels may allocate other temporaries than CPU kernels)."]
+
+
+def footnotes(result: Any) -> list[str]:
+    notes = []
+    if result.mode == "simulated":
+        notes.append("time/step: the allocator's own time per step when replaying on the sim backend, "
+                     "not the model's step time.")
+    notes.append("frag. at peak: 1 - allocated / reserved when reserved memory peaked.")
+    notes += [f"{r['policy']}: {r['description']}" + (f" (AMEM_CONF={r['conf']!r})" if r["conf"] else "")
+              for r in result.rows]
+    return notes
+
+
+def format_text(result: Any) -> str:
+    """The table as the terminal shows it."""
+    body = [list(HEADERS)] + [_cells(r) for r in result.rows]
+    widths = [max(len(row[i]) for row in body) for i in range(len(HEADERS))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in body]
+    return "\n".join(preamble(result) + [""] + lines + [""] + ["* " + n for n in footnotes(result)])
+
+
+def format_markdown(result: Any) -> str:
+    lines = ["| " + " | ".join(HEADERS[:-1]) + " |", "|" + "---|" * (len(HEADERS) - 1)]
+    lines += ["| " + " | ".join(_cells(r)[:-1]) + " |" for r in result.rows]
+    return "\n".join(lines)
+
+
+def _html_table(result: Any) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>" for r in result.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _body(result: Any, png: Path | None) -> str:
+    parts = ['<section class="compare"><h2>Configurations</h2>']
+    parts += [f"<p>{html.escape(line)}</p>" for line in preamble(result)]
+    parts.append(_html_table(result))
+    parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in footnotes(result)) + "</ul>")
+    if png is not None and Path(png).exists():
+        data = base64.b64encode(Path(png).read_bytes()).decode()
+        parts.append(f'<h2>Allocated and reserved over time</h2><img alt="allocated and reserved memory over '
+                     f'time, one colour per configuration" src="data:image/png;base64,{data}" style="max-width:100%">')
+    return "\n".join(parts + ["</section>"])
+
+
+def write_html(result: Any, path: Path, png: Path | None) -> Path:
+    """The page: the report's template (offline, strict CSP) when available, else a plain page."""
+    from .. import __version__
+
+    title = f"amem compare: {result.target}"
+    subtitle = "simulated on the CPU" if result.mode == "simulated" else f"on {result.environment.get('device')}"
+    try:
+        from ..report import html as report_html
+
+        text = report_html.page(title, subtitle, _body(result, png), {"devices": []}, __version__)
+    except (ImportError, AttributeError, TypeError, OSError):
+        text = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+                f"<body><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p>{_body(result, png)}</body></html>")
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,186 @@
+"""`amem replay TRACE --policy ...`: a trace replayed under allocator policies, with its report.
+
+A trace is a snapshot pickle written by torch (torch.cuda.memory._dump_snapshot, from anywhere)
+or by amem, or a program recorded by `amem compare` (.npz). Every device with events is turned
+into a program (replay.trace_program: pre-existing blocks, rebuilt start state, cache releases)
+and replayed through the C++ core on the sim backend under each policy. Where the trace carries
+the native allocator's segment events, the report adds the native figures and the fidelity of
+the policy that emulates the native settings (compare/fidelity.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import policies as policies_mod
+from .. import replay
+from ..introspection import format_bytes
+from . import fidelity as fidelity_mod
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class DeviceReplay:
+    trace: replay.TraceProgram
+    runs: list[tuple[policies_mod.Policy, replay.Run]]
+    fidelity: fidelity_mod.Fidelity | None = None
+
+    @property
+    def native_timeline(self) -> list[tuple[int, int | None, int]]:
+        """(op, None, reserved) after each native segment event."""
+        reserved = self.trace.native.initial_reserved
+        points = [(self.trace.program.prologue, None, reserved)]
+        for op, action, size in self.trace.native.segment_events:
+            reserved += size if action in ("segment_alloc", "segment_map") else -size
+            points.append((op, None, reserved))
+        return points
+
+
+@dataclass
+class TraceReplay:
+    path: str
+    devices: list[DeviceReplay] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"trace": self.path, "simulated": True, "backend": "sim", "devices": [_device_dict(d) for d in self.devices]}
+
+
+def _device_dict(d: DeviceReplay) -> dict:
+    tp = d.trace
+    native = tp.native
+    return {"device": tp.device, "events": tp.events, "ops": len(tp.program), "prologue": tp.program.prologue,
+            "free_action": tp.free_action, "releases": tp.releases, "trace_ooms": native.ooms,
+            "start": tp.start, "start_reason": tp.start_reason, "reproducible": tp.reproducible,
+            "native": {"segment_events": len(native.segment_events), "device_mallocs": native.device_mallocs,
+                       "peak_reserved": native.peak_reserved if tp.reproducible and native.segment_events else None,
+                       "timeline": [list(p) for p in d.native_timeline]},
+            "runs": [dict(r.to_dict(), policy=p.name, description=p.description) for p, r in d.runs],
+            "fidelity": d.fidelity.to_dict() if d.fidelity else None}
+
+
+def _load(path: str | Path) -> tuple[dict | None, list[replay.TraceProgram]]:
+    if str(path).endswith(".npz"):
+        program = replay.Program.load(path)
+        tp = replay.TraceProgram(program.device, program, replay.Native([], 0, False), "empty",
+                                 "a program recorded by amem compare", "free", len(program), 0)
+        return None, [tp]
+    from ..snapshot import load_snapshot
+
+    snapshot = load_snapshot(path)
+    return snapshot, replay.trace_programs(snapshot)
+
+
+def replay_trace(path: str | Path, policy_names: list[str] | None = None, device: int | None = None,
+                 max_samples: int = 2000, limit_bytes: int = 0) -> TraceReplay:
+    """Replays every device of `path` (or one) under each policy (default: the one emulating the
+    trace's own allocator settings)."""
+    snapshot, programs = _load(path)
+    out = TraceReplay(str(path))
+    for tp in programs:
+        if device is not None and tp.device != device:
+            continue
+        native_policy = policies_mod.from_settings((snapshot or {}).get("allocator_settings"), tp.native.expandable)
+        chosen = [policies_mod.get(n) for n in policy_names] if policy_names else [native_policy]
+        runs = [(p, replay.run(tp.program, p.conf, max_samples=max_samples, limit_bytes=limit_bytes))
+                for p in chosen]
+        fid = None
+        if snapshot is not None and (tp.native.segment_events or tp.start != "empty"):
+            fid = fidelity_mod.measure_program(Path(path).name, snapshot, tp)
+        out.devices.append(DeviceReplay(tp, runs, fid))
+    if device is not None and not out.devices:
+        raise ValueError(f"amem replay: {path} has no events for device {device}")
+    return out
+
+
+# ---------------------------------------------------------------------------- text
+def sparkline(points: list[tuple[int, float]], width: int = 64) -> str:
+    """(x, value) points (x ascending, the value holding until the next point) as a row of bars:
+    each column shows the highest value in its span of x."""
+    if not points:
+        return ""
+    lo, hi = points[0][0], points[-1][0]
+    width = min(width, hi - lo + 1)
+    top = max(v for _, v in points) or 1
+    cols, i, current = [], 0, points[0][1]
+    for c in range(width):
+        end = lo + (c + 1) * (hi - lo + 1) / width
+        best = current
+        while i < len(points) and points[i][0] < end:
+            current = points[i][1]
+            best = max(best, current)
+            i += 1
+        cols.append(BARS[round(best / top * (len(BARS) - 1))])
+    return "".join(cols)
+
+
+def _row(name: str, r: replay.Run | None, native: DeviceReplay | None = None) -> list[str]:
+    if r is None:
+        nat = native.trace.native
+        peak = nat.peak_reserved if native.trace.reproducible else None
+        frees = len(nat.segment_events) - nat.device_mallocs
+        return [name, "n/a", format_bytes(peak) if peak is not None else "unknown", "n/a", str(nat.device_mallocs),
+                str(frees), str(len(nat.ooms)), ""]
+    return [name, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved), f"{r.fragmentation_at_peak:.1%}",
+            str(r.device_mallocs), str(r.device_frees), str(r.failed_allocs),
+            f"{r.ops_per_second / 1e6:.2f}M ({r.engine})"]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    head = ["configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "device frees",
+            "OOMs", "ops/s"]
+    body = [head] + rows
+    widths = [max(len(r[i]) for r in body) for i in range(len(head))]
+    return ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+            for r in body]
+
+
+def _fidelity_line(f: fidelity_mod.Fidelity) -> str:
+    if not f.reproducible:
+        return f"  fidelity: not measured: the start state is unknown ({f.start_reason})"
+    delta = f"{f.peak_delta:+.2%}" if f.peak_delta is not None else "n/a"
+    return (f"  fidelity of {f.policy} against the native allocator's own events: {f.matched}/{f.native_events} "
+            f"segment events matched ({f.match_rate:.1%} match rate, {f.replay_events} replayed), peak reserved "
+            f"{delta}, {f.final_identical}/{f.final_segments} final segments identical")
+
+
+def _device_text(d: DeviceReplay) -> list[str]:
+    tp = d.trace
+    lines = [f"device {tp.device}: {tp.events} trace events -> {len(tp.program)} requests "
+             f"({tp.program.prologue} rebuild the start state); frees at {tp.free_action}; "
+             f"{tp.releases} cache releases; {len(tp.native.ooms)} OOMs in the trace",
+             f"  start: {tp.start}" + ("" if tp.reproducible else " (NOT reproducible)") + f": {tp.start_reason}"]
+    rows = [_row("native (trace)", None, d)] if tp.native.segment_events else []
+    rows += [_row(p.name, r) for p, r in d.runs]
+    lines += [""] + _table(rows) + [""]
+    if d.fidelity is not None:
+        lines.append(_fidelity_line(d.fidelity))
+    for p, r in d.runs:
+        lines.append(f"  timeline ({p.name}), {len(tp.program)} requests, peaks {format_bytes(r.peak_reserved)} "
+                     f"reserved / {format_bytes(r.peak_allocated)} allocated:")
+        lines.append("    reserved  " + sparkline([(s[0], s[2]) for s in r.timeline]))
+        lines.append("    allocated " + sparkline([(s[0], s[1]) for s in r.timeline]))
+    return lines
+
+
+def format_text(report: TraceReplay) -> str:
+    lines = [f"amem replay: {report.path} — simulated: replayed through amem's C++ core on the sim backend "
+             "(addresses only, no GPU)"]
+    for d in report.devices:
+        lines += [""] + _device_text(d)
+    return "\n".join(lines)
+
+
+def write_plot(report: TraceReplay, path: str | Path) -> list[Path]:
+    """One PNG per device (path itself when there is one device; name-dN.png otherwise)."""
+    from .plot import plot_timelines
+
+    path, out = Path(path), []
+    for d in report.devices:
+        target = path if len(report.devices) == 1 else path.with_name(f"{path.stem}-d{d.trace.device}{path.suffix}")
+        series = [(p.name, r.timeline) for p, r in d.runs]
+        if d.trace.native.segment_events:
+            series.insert(0, ("native (trace)", d.native_timeline))
+        out.append(plot_timelines(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
+                                  "request", None))
+    return out

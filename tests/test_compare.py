@@ -1,0 +1,119 @@
+"""`amem compare` on a CPU: the workload is recorded once, every configuration replays it in a
+process of its own (checked by pid), and the table, JSON, PNG and HTML say it was simulated."""
+import json
+import os
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from amem_alloc import policies, replay
+from amem_alloc.cli import main as amem
+from amem_alloc.compare import compare, format_markdown, format_text
+from amem_alloc.compare.commands import _script
+from amem_alloc.compare.recorder import program_from_allocations
+
+
+def _check_rows(result, names):
+    assert [r["policy"] for r in result.rows] == list(names)
+    assert all(not r.get("error") for r in result.rows), [r.get("error") for r in result.rows]
+    pids = [r["pid"] for r in result.rows]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids      # one fresh process each
+    assert (result.recording or {}).get("pid") not in pids
+
+
+def test_compare_a_bundled_workload_simulated(tmp_path):
+    result = compare(workload="decode", steps=3, out_dir=tmp_path, progress=False)
+    assert result.mode == "simulated"
+    _check_rows(result, policies.DEFAULT_COMPARE)
+    for row in result.rows:
+        assert row["peak_reserved"] >= row["peak_allocated"] > 0 and row["ooms"] == 0
+        assert 0 <= row["fragmentation_at_peak"] < 1 and row["device_mallocs"] >= 1 and row["timeline"]
+        assert row["seconds_per_step"] > 0
+    by = {r["policy"]: r for r in result.rows}
+    assert by["torch"]["peak_reserved"] == by["amem"]["peak_reserved"]   # the same policy, the same decisions
+    assert result.recording["steps"] == 3 and result.recording["ops"] > 100
+    text = format_text(result)
+    assert "SIMULATED: no GPU was used" in text and "torch-expandable" in text
+    assert format_markdown(result).count("\n") == len(result.rows) + 1
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["mode"] == "simulated" and len(saved["rows"]) == len(result.rows)
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    page = (tmp_path / "compare.html").read_text()
+    assert "data:image/png;base64," in page and "SIMULATED" in page
+    assert not any(p.name.startswith("amem-compare-") for p in tmp_path.iterdir())  # work folder removed
+    assert len(replay.Program.load(result.files["program"])) == result.recording["ops"]  # kept for amem replay
+
+
+def test_compare_a_script_through_the_cli(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch
+        n = int(sys.argv[1])
+        w = torch.randn(256, 256, requires_grad=True)
+        for i in range(n):
+            x = torch.randn(64 * (i + 1), 256)
+            (x @ w).relu().sum().backward()
+    """))
+    out = tmp_path / "out"
+    rc = amem(["compare", "--policies", "torch,conf:garbage_collection_threshold:0.5", "--out", str(out),
+               "--no-progress", "--", "python", str(script), "3"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "SIMULATED" in text and "conf:garbage_collection_threshold:0.5" in text
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["recording"]["script"] == [str(script), "3"] and saved["recording"]["ops"] > 6
+    assert len({r["pid"] for r in saved["rows"]}) == 2
+
+
+def test_real_mode_without_a_gpu_fails_clearly(tmp_path):
+    result = compare(workload="mlp", steps=1, policies=["torch"], mode="real", out_dir=tmp_path, progress=False)
+    assert result.mode == "real" and "needs a CUDA device" in result.rows[0]["error"]
+    assert "failed" in format_text(result)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown workload"):
+        compare(workload="resnet")
+    with pytest.raises(ValueError, match="size"):
+        compare(workload="gpt", size=0)
+    with pytest.raises(ValueError, match="one of the two"):
+        compare(workload="gpt", script=["x.py"])
+    assert _script(["--", "python3", "a.py", "-x"]) == ["a.py", "-x"] and _script([]) is None
+    with pytest.raises(ValueError, match="not a Python script"):
+        _script(["--", "bash", "run.sh"])
+
+
+def test_recorder_pairs_frees_with_allocations_by_address():
+    events = [(1, 0, 0xA0, 100), (2, 1, 0xB0, -50), (3, 2, 0xA0, -100), (4, 3, 0xA0, 200), (5, 4, 0xC0, 0)]
+    program, times, orphans = program_from_allocations(events)
+    assert program.ops[["kind", "key", "size"]].tolist() == [(replay.ALLOC, 1, 100), (replay.FREE, 1, 0),
+                                                             (replay.ALLOC, 2, 200)]
+    assert times == [1, 3, 4] and orphans == 1    # the free at 0xB0 had no allocation; size 0 is skipped
+
+
+def test_policy_lists():
+    assert [p.name for p in policies.parse_list("torch, amem")] == ["torch", "amem"]
+    assert [p.name for p in policies.parse_list("all")] == list(policies.POLICIES)
+    mixed = policies.parse_list("amem,conf:max_split_size_mb:64,roundup_power2_divisions:2")
+    assert mixed[-1].conf == "max_split_size_mb:64,roundup_power2_divisions:2" and not mixed[-1].native
+    assert policies.get("torch-expandable").native and not policies.get("amem").native
+
+
+def test_text_table_shows_failed_rows():
+    result = SimpleNamespace(mode="real", target="workload gpt (size 1)", recording=None,
+                             environment={"device": "GPU", "torch": "2", "date": "today"},
+                             rows=[{"policy": "torch", "conf": "", "description": "d", "error": "boom"}])
+    assert "failed: boom" in format_text(result)
+
+
+def test_gpu_runs_read_their_timeline_from_the_allocator_trace():
+    from amem_alloc.compare.child import trace_timeline
+
+    MiB = 1 << 20
+    events = [{"action": "segment_alloc", "size": 20 * MiB}, {"action": "alloc", "size": 3 * MiB + 1},
+              {"action": "free_requested", "size": 3 * MiB + 1}, {"action": "free_completed", "size": 3 * MiB + 1},
+              {"action": "segment_free", "size": 20 * MiB}]
+    timeline, peak, at_peak = trace_timeline(events)
+    assert peak == 20 * MiB and at_peak == 3 * MiB + 512          # requests rounded to 512 B
+    assert timeline[-1] == [4, 0, 0] and len(timeline) == len(events)
