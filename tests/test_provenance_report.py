@@ -96,3 +96,24 @@ def test_the_json_feeds_the_offline_html_report_of_traces(traced, tmp_path):
                                   provenance=traced.to_dict(allocations=False))
     page = out.read_text()
     assert "Provenance" in page and "ReluBackward0.result in 1" in page and "1.50 KiB allocator" in page
+
+
+def test_the_traces_report_shows_provenance_tables_for_tracer_json():
+    import json
+
+    import torch
+
+    import amem_alloc
+    from amem_alloc.report import render_report
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    with amem_alloc.Tracer(model) as t:
+        model(torch.randn(4, 32)).sum().backward()
+    data = json.loads(json.dumps(t.to_json()))
+    alloc = amem_alloc.Allocator("sim")
+    alloc.record()
+    alloc.malloc(1000)
+    html = render_report(alloc.snapshot(), provenance=data)
+    assert 'class="amem-prov"' in html and "AddmmBackward0" in html     # the tracer's own tables
+    plain = render_report(alloc.snapshot(), provenance={"note": "anything else"})
+    assert 'class="amem-prov"' not in plain and "anything else" in plain

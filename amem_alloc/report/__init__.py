@@ -27,6 +27,15 @@ def _subtitle(source: str, data: dict) -> str:
     return f"{source} — written by {who}; {n} device{'s' if n != 1 else ''} with data"
 
 
+def _provenance_section(provenance: dict) -> str:
+    """amem_alloc.provenance's own tables for its JSON; any other dict as key/value rows."""
+    if str(provenance.get("format", "")).startswith("amem_alloc.provenance/"):
+        from ..provenance.html import section
+
+        return section(provenance)
+    return _html.key_value_section("Provenance", "provenance", provenance)
+
+
 def render_report(snapshot: dict, provenance: dict | None = None, title: str | None = None,
                   source: str = "snapshot", top: int = 20) -> str:
     """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
@@ -39,7 +48,7 @@ def render_report(snapshot: dict, provenance: dict | None = None, title: str | N
                     "trace events: there is nothing to plot. Was recording on (amem_alloc.record()) before the "
                     "dump?</p></section>")
     if provenance is not None:
-        body.append(_html.key_value_section("Provenance", "provenance", provenance))
+        body.append(_provenance_section(provenance))
     if snapshot.get("allocator_settings"):
         body.append(_html.key_value_section("Allocator settings", "settings", snapshot["allocator_settings"]))
     title = title or f"Memory report: {Path(source).name}"
