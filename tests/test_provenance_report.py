@@ -109,7 +109,7 @@ def test_the_traces_report_shows_provenance_tables_for_tracer_json():
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     with amem_alloc.Tracer(model) as t:
         model(torch.randn(4, 32)).sum().backward()
-    data = json.loads(json.dumps(t.to_json()))
+    data = json.loads(t.to_json())
     alloc = amem_alloc.Allocator("sim")
     alloc.record()
     alloc.malloc(1000)

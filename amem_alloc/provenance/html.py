@@ -54,11 +54,18 @@ def _step(d: dict) -> str:
     return head + modules + saved
 
 
+def _headline(data: dict) -> str:
+    """Tracer.to_dict()'s first figures: activation memory per step and the largest saved tensors."""
+    lines = list(data.get("headline", {}).get("activation_memory", [])) + list(data.get("largest_saved", []))
+    return f"<p>{'<br>'.join(_e(line) for line in lines)}</p>" if lines else ""
+
+
 def section(data: dict) -> str:
     """An HTML fragment (a <section>) for Tracer.to_dict() or one ActivationReport.to_dict()."""
     steps = data["activations"] if "activations" in data else [data]
     body = "".join(_step(d) for d in steps) or "<p>No autograd graph was recorded.</p>"
-    return f'<section class="amem-prov"><style>{_CSS}</style><h2>Provenance: activation memory</h2>{body}</section>'
+    return (f'<section class="amem-prov"><style>{_CSS}</style><h2>Provenance: activation memory</h2>'
+            f"{_headline(data)}{body}</section>")
 
 
 def page(data: dict) -> str:
