@@ -35,3 +35,13 @@ def test_bad_conf_is_a_clear_error_not_a_traceback():
     assert proc.returncode == 1
     assert "bad value 'abc' for option 'max_split_size_mb'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_readme_configuration_table_matches_the_options_table():
+    import amem_alloc
+    from helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for name, default, doc in amem_alloc.option_table():
+        assert f"| `{name}` | {default} |" in readme, f"README's table lacks or misstates {name}"
+        assert f"| {doc} |" in readme, f"README's description of {name} is out of date"
