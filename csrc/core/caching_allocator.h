@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -194,7 +195,7 @@ class CachingAllocator {
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   std::map<uintptr_t, Segment*> segments_;            // by address
-  std::vector<std::pair<EventId, Block*>> pending_;   // events blocking reuse
+  std::map<StreamId, std::deque<std::pair<EventId, Block*>>> pending_;  // per stream, in record order
   std::vector<Block*> spare_blocks_;                  // recycled Block objects
   Stats stats_;
   Trace trace_;
