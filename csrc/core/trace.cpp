@@ -3,6 +3,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 #include <stdexcept>
 
 namespace amem {
@@ -23,11 +27,54 @@ int64_t now_us() {
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-void append_event(std::string& out, const TraceEvent& e) {
+uint64_t read_ticks() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __rdtsc();
+#else
+  using namespace std::chrono;
+  return static_cast<uint64_t>(duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count());
+#endif
+}
+
+// The (ticks, wall clock) anchor taken when the first recording started, and
+// the tick rate, measured once at the first export and then fixed so that
+// every export of the same events gives the same times.
+struct TimeAnchor {
+  std::once_flag once;
+  uint64_t ticks = 0;
+  int64_t us = 0;
+  std::once_flag rate_once;
+  double ticks_per_us = 1.0;
+};
+TimeAnchor g_anchor;
+
+void take_anchor() {
+  std::call_once(g_anchor.once, [] {
+    g_anchor.us = now_us();
+    g_anchor.ticks = read_ticks();
+  });
+}
+
+// Ticks per microsecond over the span since the anchor, at least 20 ms
+// (a relative error under 1e-4); measured once.
+double ticks_per_us() {
+  take_anchor();
+  std::call_once(g_anchor.rate_once, [] {
+    int64_t us = now_us();
+    while (us - g_anchor.us < 20000) us = now_us();  // only a first export right after start waits
+    uint64_t ticks = read_ticks();
+    g_anchor.ticks_per_us = static_cast<double>(ticks - g_anchor.ticks) / static_cast<double>(us - g_anchor.us);
+  });
+  return g_anchor.ticks_per_us;
+}
+
+void append_event(std::string& out, const TraceEvent& e, double rate) {
+  const int64_t time_us =
+      g_anchor.us + static_cast<int64_t>(static_cast<double>(static_cast<int64_t>(e.ticks - g_anchor.ticks)) / rate);
   out += "{\"seq\":" + std::to_string(e.seq) + ",\"action\":\"" + trace_action_name(e.action) +
          "\",\"addr\":" + std::to_string(e.address) + ",\"size\":" + std::to_string(e.size) +
          ",\"rounded_size\":" + std::to_string(e.rounded) + ",\"stream\":" + std::to_string(e.stream) +
-         ",\"time_us\":" + std::to_string(e.time_us) + ",\"thread\":" + std::to_string(e.thread) +
+         ",\"time_us\":" + std::to_string(time_us) + ",\"thread\":" + std::to_string(e.thread) +
          ",\"tag\":" + std::to_string(e.tag) + ",\"context\":" + std::to_string(e.context) +
          ",\"alloc_seq\":" + std::to_string(e.alloc_seq) + "}";
 }
@@ -50,8 +97,10 @@ uint32_t trace_tag() { return g_tag.load(std::memory_order_relaxed); }
 void set_thread_trace_context(uint32_t context) { t_context = context; }
 uint32_t thread_trace_context() { return t_context; }
 
+
 void Trace::start(size_t max_entries) {
   if (max_entries == 0) throw std::invalid_argument("amem: max_entries must be at least 1");
+  take_anchor();
   if (max_entries != ring_.size()) {
     std::vector<TraceEvent> kept = events();
     size_t skip = kept.size() > max_entries ? kept.size() - max_entries : 0;
@@ -77,7 +126,7 @@ void Trace::record(TraceAction action, uintptr_t address, uint64_t size, uint64_
   if (count_ == ring_.size()) dropped_ += 1;  // overwriting the oldest event
   else count_ += 1;
   e.seq = next_seq_++;
-  e.time_us = now_us();
+  e.ticks = read_ticks();
   e.address = address;
   e.size = size;
   e.rounded = rounded;
@@ -104,9 +153,10 @@ std::string Trace::to_json() const {
                     ",\"recorded\":" + std::to_string(next_seq_) +
                     ",\"dropped\":" + std::to_string(dropped_) + ",\"events\":[";
   bool first = true;
+  const double rate = ticks_per_us();
   for (const TraceEvent& e : events()) {
     if (!first) out += ",";
-    append_event(out, e);
+    append_event(out, e, rate);
     first = false;
   }
   return out + "]}";
