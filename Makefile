@@ -1,7 +1,10 @@
 # amem_alloc — the commands the README gives. Each sets up what it needs first.
 #
-#   make demo     set up, build, and run the main job (sim backend without a GPU)
-#   make test     set up, build, and run every test (Python and C++)
+#   make demo     set up, build, and run the main job: amem compare on a GPT workload (simulated without a GPU)
+#   make test     set up, build, and run every test (Python, C++, and the C++ tests again under
+#                 AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer)
+#   make bench    run every benchmark and write benchmarks/RESULTS.md (not part of `make test`;
+#                 a quick smoke of each runs in the Python tests)
 #
 # Setup makes a virtual environment in .venv with a CUDA build of torch (pip takes it from this
 # machine's local files), builds the extension in place, and installs GoogleTest for the C++ tests.
@@ -11,15 +14,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1
 CPP_BUILD := build/cpp-tests
+# Any sanitizer report fails the run (UBSan only reports unless told to halt).
+SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
+                 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+                 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: setup build demo test test-python test-cpp test-gpu chromium clean
+.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu bench gtest chromium clean
 
 setup: $(VENV)/.ready build
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy pybind11 ninja "cmake>=3.18" setuptools wheel pytest hypothesis
+	$(PY) -m pip install -q "$(TORCH)" numpy pybind11 ninja "cmake>=3.18" setuptools wheel pytest hypothesis matplotlib tqdm
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	@# An editable install carries packages only; a wheel install carries this file itself (setup.py).
 	cp amem_alloc/amem_alloc_autoenable.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
@@ -29,9 +36,9 @@ build: $(VENV)/.ready
 	$(PY) setup.py -q build_ext --inplace
 
 demo: setup
-	$(VENV)/bin/amem demo
+	$(VENV)/bin/amem compare --workload gpt --out build/compare/gpt
 
-test: setup test-python test-cpp
+test: setup test-python test-cpp test-sanitize
 
 test-python: chromium
 	$(PY) -m pytest -q tests
@@ -43,11 +50,29 @@ chromium:
 test-gpu: setup
 	$(PY) -m pytest -q tests/gpu
 
-test-cpp:
+gtest:
 	@test -f /usr/include/gtest/gtest.h || (apt-get update -qq && apt-get install -y -qq libgtest-dev)
+
+test-cpp: gtest
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S . -B $(CPP_BUILD) -G Ninja -DAMEM_BUILD_TESTS=ON -DAMEM_BUILD_PYTHON=OFF
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(CPP_BUILD)
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
+
+# The C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer, then under ThreadSanitizer
+# (the stress tests run reduced sizes there; see tests/cpp/stress_test.cpp).
+test-sanitize: gtest
+	$(call sanitized_ctest,build/cpp-asan,address$(comma)undefined)
+	$(call sanitized_ctest,build/cpp-tsan,thread)
+
+comma := ,
+define sanitized_ctest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S . -B $(1) -G Ninja -DAMEM_BUILD_TESTS=ON -DAMEM_BUILD_PYTHON=OFF -DAMEM_SANITIZE=$(2)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(1)
+	$(SANITIZER_ENV) ctest --test-dir $(1) --output-on-failure -j2
+endef
+
+bench: setup
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf build amem_alloc/_C*.so

@@ -37,6 +37,11 @@ def resolve(options: Mapping[str, Any] | None = None, env: Mapping[str, str] | N
     env = os.environ if env is None else env
     parts = [p for p in (env.get(ENV_VAR, "").strip(), to_conf_string(options or {})) if p]
     conf = ",".join(parts)
+    try:
+        conf.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the environment could not decode (lone surrogates)
+        raise ValueError(f"{ENV_VAR}: {conf!r} is not valid text; write the options as ASCII "
+                         "key:value pairs, e.g. max_split_size_mb:512") from None
     _C.canonical_config(conf)  # raises ValueError naming the bad key or value
     return conf
 
