@@ -95,6 +95,13 @@ double pairs(CachingAllocator& a, size_t size, StreamId stream, size_t n) {
   return elapsed_ns(t0, Clock::now());
 }
 
+// One figure of stats_json(), e.g. "inactive_split.large_pool.current".
+int64_t stat(const CachingAllocator& a, const std::string& key) {
+  std::string json = a.stats_json(), quoted = "\"" + key + "\":";
+  size_t at = json.find(quoted);
+  return at == std::string::npos ? -1 : std::strtoll(json.c_str() + at + quoted.size(), nullptr, 10);
+}
+
 // The segment the pair will use is allocated (and cached) before timing.
 std::shared_ptr<CachingAllocator> cached(const char* backend, size_t size) {
   std::shared_ptr<CachingAllocator> a = make(backend);
@@ -140,6 +147,11 @@ std::shared_ptr<CachingAllocator> with_holes(size_t holes, size_t* target) {
   size_t rest = (total + kRoundLarge - 1) / kRoundLarge * kRoundLarge - total;
   if (rest > kSmallSize) a->malloc(rest, 0);
   for (uintptr_t p : hole_addresses) a->free(p);
+  if (stat(*a, "inactive_split.large_pool.current") != static_cast<int64_t>(holes)) {
+    std::fprintf(stderr, "amem_bench: expected %zu free blocks in the pool, found %lld\n", holes,
+                 static_cast<long long>(stat(*a, "inactive_split.large_pool.current")));
+    std::exit(1);
+  }
   *target = hole_size(holes / 2);
   return a;
 }
