@@ -16,18 +16,9 @@ namespace {
 using test::block_at;
 using test::segment_of;
 using test::segments;
+using test::alloc;
+using test::release;
 using test::stat;
-
-uintptr_t alloc(CachingAllocator& a, size_t size, StreamId stream = 0) {
-  uintptr_t p = a.malloc(size, stream);
-  a.check_valid();
-  return p;
-}
-
-void release(CachingAllocator& a, uintptr_t p) {
-  a.free(p);
-  a.check_valid();
-}
 
 // ---------------------------------------------------------------- out of memory
 

@@ -192,4 +192,16 @@ inline SimulatedBackend& streams_of(CachingAllocator& a) {
   return *dynamic_cast<SimulatedBackend*>(&a.backend());
 }
 
+// malloc and free, each followed by the invariant walker.
+inline uintptr_t alloc(CachingAllocator& a, size_t size, StreamId stream = 0) {
+  uintptr_t p = a.malloc(size, stream);
+  a.check_valid();
+  return p;
+}
+
+inline void release(CachingAllocator& a, uintptr_t p) {
+  a.free(p);
+  a.check_valid();
+}
+
 }  // namespace amem::test
