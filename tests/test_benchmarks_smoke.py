@@ -27,3 +27,15 @@ def test_every_benchmark_runs_and_prints_its_ratios(tmp_path):
     assert "torch" in table and "Machine:" in table
     if shutil.which("valgrind") and shutil.which("callgrind_annotate"):  # the hot path's profile
         assert "| free index: std::set" in table and "| total |" in table, table
+
+
+def test_bench_stacks_quick_prints_its_ratios():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stacks.py"
+    out = subprocess.run([sys.executable, str(script), "--pairs", "200", "--reps", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| on+stacks |" in out.stdout and "x |" in out.stdout
