@@ -262,6 +262,13 @@ def loadavg() -> str:
         return "?"
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
 def render(rows: list[Row], info: dict[str, str], command: str, reps: int, load: tuple[str, str],
            profile: list[tuple[str, float]] | None = None) -> str:
     lines = [
@@ -276,6 +283,13 @@ def render(rows: list[Row], info: dict[str, str], command: str, reps: int, load:
         f"- Method: {reps} repetitions after a warm-up; the variants of a figure are interleaved; a value is",
         "  the median, a ratio the median of the per-repetition ratios, IQR the middle half of the",
         "  samples (see benchmarks/run.py)",
+    ]
+    busy = max(_number(x) for x in load)
+    if busy >= 0.5:
+        lines += [f"- Note: other work was running (load average up to {busy:.2f} on {os.cpu_count()} cores):",
+                  "  absolute times are inflated and the thread figures depend on how many cores were free;",
+                  "  ratios of interleaved variants are affected least"]
+    lines += [
         "",
         "| figure | value | target | verdict |",
         "|---|---|---|---|",
