@@ -424,3 +424,16 @@ def test_host_blocks_never_overlap_under_random_use():
         alloc.free(p)
     alloc.check_valid()
     assert stat(alloc, "allocated_bytes.all.current") == 0
+
+
+def test_double_free_after_the_block_merged_says_so():
+    a = Allocator("sim", debug_checks=True)
+    p, q = a.malloc(1000), a.malloc(1000)
+    a.free(p)
+    a.free(q)                                     # q merges into p's free block: q is no block start
+    before = a.memory_stats()
+    with pytest.raises(InvalidFreeError, match="lies in cached free memory.*double free"):
+        a.free(q)
+    after = a.memory_stats()
+    assert after["num_invalid_frees"] == before["num_invalid_frees"] + 1
+    a.check_valid()

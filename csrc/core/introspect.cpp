@@ -162,9 +162,12 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
   if (b == nullptr)
     return what + "this allocator (" + backend_->name() +
            " backend) never returned that pointer; free it with the allocator that made it";
-  if (b->address != address)
+  if (b->address != address && !b->is_available())
     return what + "it points inside the block at " + hex(b->address) + " (" +
            std::to_string(b->size) + " bytes); free the pointer malloc returned";
+  if (b->address != address)  // a freed block may have merged into its free neighbour
+    return what + "it lies in cached free memory (the free block at " + hex(b->address) +
+           "): it was already freed (double free) or never returned by malloc";
   const bool is_free_call = std::string(operation) == "free";
   if (b->pending_events > 0)
     return what + "it was already freed and waits for other streams" + (is_free_call ? " (double free)" : "");
