@@ -42,8 +42,13 @@ amem::PoolId pool_id(MempoolId id) { return {id.first, id.second}; }
 StreamId stream_id(void* stream) { return static_cast<StreamId>(reinterpret_cast<uintptr_t>(stream)); }
 
 // torch.profiler(profile_memory=True): what the native allocator reports (torch_profiler.h).
-void report_if_profiling(amem::CachingAllocator& a, uintptr_t address, int64_t bytes, int device) {
-  if (!amem::profiler_wants_memory()) return;
+// The block's size when this thread is being profiled, else 0 (and no lookup at all).
+int64_t profiled_bytes(const amem::CachingAllocator& a, uintptr_t address) {
+  if (!amem::profiler_wants_memory()) return 0;
+  return static_cast<int64_t>(a.block_info(address).size);
+}
+
+void report_to_profiler(amem::CachingAllocator& a, uintptr_t address, int64_t bytes, int device) {
   auto figures = a.figures();
   amem::report_to_profiler(reinterpret_cast<void*>(address), bytes, figures.allocated, figures.reserved, device);
 }
@@ -66,7 +71,7 @@ AMEM_API void* amem_malloc(size_t size, int device, void* stream) {
     amem::CachingAllocator& a = registry_device(device);
     uintptr_t address = a.malloc(size, stream_id(stream));
     amem::set_thread_trace_context(0);  // the context belongs to this allocation only
-    report_if_profiling(a, address, static_cast<int64_t>(a.block_info(address).size), device);
+    if (int64_t bytes = profiled_bytes(a, address)) report_to_profiler(a, address, bytes, device);
     return reinterpret_cast<void*>(address);
   } catch (const amem::OutOfMemoryError& oom) {
     amem::set_thread_trace_context(0);
@@ -85,9 +90,9 @@ AMEM_API void amem_free(void* ptr, size_t /*size*/, int device, void* /*stream*/
       return;
     }
     auto address = reinterpret_cast<uintptr_t>(ptr);
-    int64_t bytes = amem::profiler_wants_memory() ? static_cast<int64_t>(a->block_info(address).size) : 0;
+    int64_t bytes = profiled_bytes(*a, address);  // read before the block is gone
     a->free(address);
-    if (bytes > 0) report_if_profiling(*a, address, -bytes, device);
+    if (bytes > 0) report_to_profiler(*a, address, -bytes, device);
   } catch (const std::exception& e) {
     report_free_error(e.what());
   }

@@ -174,7 +174,11 @@ class CachingAllocator {
   Block* find_block_at(uintptr_t address) const;
   // Why `address` is not a live allocation, for an error about `operation`.
   std::string describe_bad_pointer(const char* operation, uintptr_t address) const;
-  size_t largest_free_block() const;
+  struct FreeSpace {
+    size_t total = 0;    // bytes in cached free blocks
+    size_t largest = 0;  // the largest of them
+  };
+  FreeSpace free_space() const;
   void check_valid_locked() const;
   void check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const;
   void check_block(const Block* b, const Block* prev, bool split, ValidationTally& t, ValidationCounts& counts) const;

@@ -89,11 +89,14 @@ std::string CachingAllocator::segments_json() const {
   return out + "]";
 }
 
-size_t CachingAllocator::largest_free_block() const {
-  size_t largest = 0;
+CachingAllocator::FreeSpace CachingAllocator::free_space() const {
+  FreeSpace space;
   for (const BlockPool* pool : all_pools())
-    for (const Block* b : pool->free_blocks) largest = std::max(largest, b->size);
-  return largest;
+    for (const Block* b : pool->free_blocks) {
+      space.total += b->size;
+      space.largest = std::max(space.largest, b->size);
+    }
+  return space;
 }
 
 std::string CachingAllocator::fragmentation_json() const {
@@ -103,10 +106,8 @@ std::string CachingAllocator::fragmentation_json() const {
   const double requested = static_cast<double>(stats_.requested_bytes.all().current);
   const double peak = static_cast<double>(stats_.reserved_bytes.all().peak);
   const double at_peak = static_cast<double>(stats_.allocated_at_reserved_peak);
-  size_t total_free = 0;
-  for (const BlockPool* pool : all_pools())
-    for (const Block* b : pool->free_blocks) total_free += b->size;
-  const size_t largest = largest_free_block();
+  const FreeSpace space = free_space();
+  const size_t total_free = space.total, largest = space.largest;
   auto num = [](double v) { return std::to_string(static_cast<int64_t>(v)); };
   return std::string("{") + "\"reserved_bytes\":" + num(reserved) +
          ",\"allocated_bytes\":" + num(allocated) + ",\"requested_bytes\":" + num(requested) +
@@ -140,7 +141,8 @@ CachingAllocator::Figures CachingAllocator::figures() const {
 
 CachingAllocator::BlockInfo CachingAllocator::block_info(uintptr_t address) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  Block* b = find_block_at(address);
+  Block* b = allocated_.find(address);       // a block's own start: O(1)
+  if (b == nullptr) b = find_block_at(address);  // a pointer inside a block: walk its segment
   if (b == nullptr || !b->allocated) return {};
   return {b->address, b->size, b->requested, b->stream, b->alloc_seq};
 }
@@ -191,7 +193,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
       hex(stream) + ". Reserved by amem: " + mib(static_cast<double>(reserved)) +
       "; allocated: " + mib(static_cast<double>(allocated)) + "; device free: " +
       mib(static_cast<double>(info.free_bytes)) + " of " + mib(static_cast<double>(info.total_bytes)) +
-      "; largest cached free block: " + mib(static_cast<double>(largest_free_block())) +
+      "; largest cached free block: " + mib(static_cast<double>(free_space().largest)) +
       "; fragmentation (1 - allocated/reserved): " +
       ratio(static_cast<double>(reserved - allocated), static_cast<double>(reserved)) + ".";
   if (fraction_set_) msg += " A memory fraction caps amem at " + mib(static_cast<double>(allowed_bytes_)) + ".";
