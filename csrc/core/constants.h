@@ -37,6 +37,9 @@ constexpr size_t kRoundLarge = 2 * kMiB;  // bytes
 constexpr size_t kRoundUpPowerOfTwoStart = 1 * kMiB;        // bytes
 constexpr size_t kRoundUpPowerOfTwoEnd = 64 * kGiB;         // bytes
 constexpr size_t kRoundUpPowerOfTwoIntervals = 16;          // intervals
+// amem: the most roundup_power2_divisions the parser accepts (round_size computes
+// kMinBlockSize * divisions, which must not overflow).
+constexpr size_t kMaxRoundupDivisions = size_t{1} << 32;
 
 // The largest request the core accepts; beyond it rounding could overflow.
 constexpr size_t kMaxRequest = size_t{1} << 56;  // bytes (64 PiB)

@@ -84,6 +84,11 @@ size_t parse_mib_at_least_20(const std::string& key, const std::string& text) {
 size_t parse_divisions(const std::string& key, const std::string& text) {
   size_t d = parse_unsigned(key, text);
   if (d != 0 && !is_power_of_two(d)) bad_value(key, text, doc_of(key));
+  // More divisions than a 512-byte step can express change nothing, and a
+  // count near 2^55 would overflow round_size's `512 * divisions`.
+  if (d > kMaxRoundupDivisions)
+    throw ConfigError("AMEM_CONF: bad value '" + text + "' for option '" + key + "'; at most " +
+                      std::to_string(kMaxRoundupDivisions) + " divisions (a power of 2) are accepted");
   return d;
 }
 
@@ -221,13 +226,6 @@ Options Options::parse(const std::string& conf) {
     if (!t.done()) t.expect(key, ",");
   }
   return o;
-}
-
-size_t Options::divisions_for(size_t size) const {
-  size_t start = log2_floor(kRoundUpPowerOfTwoStart);
-  long index = static_cast<long>(log2_floor(size)) - static_cast<long>(start);
-  index = std::clamp(index, 0L, static_cast<long>(kRoundUpPowerOfTwoIntervals) - 1);
-  return roundup_power2_divisions[static_cast<size_t>(index)];
 }
 
 std::string Options::to_string() const {

@@ -34,8 +34,8 @@ namespace amem {
     "integer MiB >= 20: a request of at least max_split_size may take a cached block "   \
     "at most this much larger than itself (torch)")                                      \
   X(roundup_power2_divisions, "0",                                                       \
-    "power of 2, or a list [MiB:divisions,...,>:divisions]: round a request up to the "  \
-    "next 1/N step of its power-of-two interval; 0 rounds to 512 B only (torch)")        \
+    "power of 2 up to 2^32, or a list [MiB:divisions,...,>:divisions]: round a request "  \
+    "up to the next 1/N step of its power-of-two interval; 0 rounds to 512 B only (torch)") \
   X(garbage_collection_threshold, "0",                                                   \
     "fraction in (0, 1), or 0 (off): once a memory fraction is set and reserved "        \
     "memory passes this share of it, free the oldest cached blocks before asking the "   \
@@ -69,8 +69,15 @@ struct Options {
 
   // Parses `key:value,...`; an empty string gives the defaults.
   static Options parse(const std::string& conf);
-  // The divisions that apply to a request of `size` bytes (0 = off).
-  size_t divisions_for(size_t size) const;
+  // The divisions that apply to a request of `size` bytes (0 = off). Inline:
+  // every malloc asks.
+  size_t divisions_for(size_t size) const {
+    constexpr long kStart = 63 - __builtin_clzll(kRoundUpPowerOfTwoStart);
+    long index = static_cast<long>(63 - __builtin_clzll(size)) - kStart;
+    index = index < 0 ? 0 : index >= static_cast<long>(kRoundUpPowerOfTwoIntervals)
+                                ? static_cast<long>(kRoundUpPowerOfTwoIntervals) - 1 : index;
+    return roundup_power2_divisions[static_cast<size_t>(index)];
+  }
   // Canonical `key:value,...` text of every option, defaults included.
   std::string to_string() const;
   // {"max_split_size_mb": ..., ...} for snapshots and the Python side.

@@ -12,12 +12,4 @@ size_t roundup_power2_next_division(size_t size, size_t divisions) {
   return rounded_down == size ? size : rounded_down + step;
 }
 
-size_t round_size(size_t size, const Options& options) {
-  if (size < kMinBlockSize) return kMinBlockSize;
-  size_t divisions = options.divisions_for(size);
-  if (divisions > 1 && size > kMinBlockSize * divisions)
-    return roundup_power2_next_division(size, divisions);
-  return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
-}
-
 }  // namespace amem

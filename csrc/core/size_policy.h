@@ -27,12 +27,18 @@ namespace amem {
 
 enum class PoolKind { kSmall = 0, kLarge = 1 };
 
-// The block size a request of `size` bytes is given (torch: round_size).
-size_t round_size(size_t size, const Options& options);
-
 // Round up to the next 1/`divisions` step between two powers of two
 // (torch: roundup_power2_next_division).
 size_t roundup_power2_next_division(size_t size, size_t divisions);
+
+// The block size a request of `size` bytes is given (torch: round_size).
+// Inline: it runs on every malloc.
+inline size_t round_size(size_t size, const Options& options) {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  const size_t divisions = options.divisions_for(size);  // <= kMaxRoundupDivisions: no overflow
+  if (divisions > 1 && size > kMinBlockSize * divisions) return roundup_power2_next_division(size, divisions);
+  return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+}
 
 // Which pool serves a rounded request (torch: get_pool).
 inline PoolKind pool_for(size_t rounded) {

@@ -126,7 +126,7 @@ TEST(HostileSizes, RoundingNeverOverflowsNorUndershoots) {
   std::mt19937_64 rng(5);
   for (const char* conf : {"", "roundup_power2_divisions:1", "roundup_power2_divisions:2",
                            "roundup_power2_divisions:64", "roundup_power2_divisions:[1:4,64:16,>:1024]",
-                           "roundup_power2_divisions:9223372036854775808"}) {
+                           "roundup_power2_divisions:4294967296"}) {  // the most accepted
     Options o = Options::parse(conf);
     std::vector<size_t> sizes;
     for (int bit = 0; bit <= 56; ++bit)
@@ -143,6 +143,20 @@ TEST(HostileSizes, RoundingNeverOverflowsNorUndershoots) {
       ASSERT_EQ(r % kMinBlockSize, 0u) << conf << " size " << size;
       ASSERT_LE(r, 2 * size + kMinBlockSize) << conf << " size " << size;
       ASSERT_GE(segment_size_for(r), r) << conf << " size " << size;
+    }
+  }
+}
+
+// More divisions than kMaxRoundupDivisions would overflow round_size's
+// 512 * divisions: the parser refuses them and says what it accepts.
+TEST(HostileSizes, TooManyRoundupDivisionsAreRefused) {
+  for (const char* conf : {"roundup_power2_divisions:8589934592", "roundup_power2_divisions:9223372036854775808",
+                           "roundup_power2_divisions:[1:4,>:9223372036854775808]"}) {
+    try {
+      Options::parse(conf);
+      FAIL() << conf << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("at most 4294967296 divisions"), std::string::npos) << e.what();
     }
   }
 }
