@@ -1,43 +1,34 @@
-// block.cpp — the free-block index (see block.h).
+// block.cpp — the free-block index (see block.h; the hot members are inline there).
 #include "block.h"
 
 namespace amem {
 
 void BlockPool::insert(Block* block) {
   block->free_since = get_free_block_calls;  // the GC measures age from here
+  FreeEntry entry = entry_of(block);
+  // Note [index fingers]: right before the block that followed it, if still there.
+  const Block* hint = block->index_hint;
+  const bool hinted = hint != nullptr && hint->indexed && hint->pool == this;
   Index::iterator where;
   if (spare_nodes_.empty()) {
-    where = free_blocks.insert(block).first;
+    where = hinted ? free_blocks.insert(hint->position, entry) : free_blocks.insert(entry).first;
   } else {
     auto node = std::move(spare_nodes_.back());
     spare_nodes_.pop_back();
-    node.value() = block;
-    where = free_blocks.insert(std::move(node)).position;
+    node.value() = entry;
+    where = hinted ? free_blocks.insert(hint->position, std::move(node))
+                   : free_blocks.insert(std::move(node)).position;
   }
   block->indexed = true;
   block->position = where;
+  recent_[recent_slot(block->stream, block->size)] = block;
 }
 
-void BlockPool::erase(Block* block) {
-  if (block->indexed) take(block->position);
-}
-
-void BlockPool::take(Index::iterator it) {
-  (*it)->indexed = false;
-  spare_nodes_.push_back(free_blocks.extract(it));
-}
-
-BlockPool::Index::iterator BlockPool::lower_bound(StreamId stream, size_t size) {
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  return free_blocks.lower_bound(&key);
-}
-
-BlockPool::Index::iterator BlockPool::best_fit(StreamId stream, size_t size) {
-  auto it = lower_bound(stream, size);
-  if (it == free_blocks.end() || (*it)->stream != stream) return free_blocks.end();
-  return it;
+// The entry at `at` gets a key that sorts elsewhere: move its node there.
+BlockPool::Index::iterator BlockPool::move_entry(Index::iterator at, const FreeEntry& entry) {
+  auto node = free_blocks.extract(at);
+  node.value() = entry;
+  return free_blocks.insert(std::move(node)).position;
 }
 
 }  // namespace amem

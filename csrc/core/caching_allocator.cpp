@@ -19,7 +19,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options opt
 }
 
 CachingAllocator::~CachingAllocator() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   for (auto& [stream, queue] : pending_)
     for (auto& [event, block] : queue) backend_->destroy_event(event);
   for (auto& [address, segment] : segments_) {
@@ -43,7 +43,7 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
     throw InvalidRequestError("amem: request of " + std::to_string(size) +
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   if (!pending_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
   BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
@@ -56,26 +56,26 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 }
 
 // Best fit on the same stream, with torch's rules for oversize blocks
-// (torch: get_free_block). Removes the block from the pool.
+// (torch: get_free_block). The block stays in the pool's index:
+// split_and_mark_allocated takes it out, or hands its entry to the remainder.
 Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   if (it == pool.free_blocks.end()) return nullptr;
-  if ((*it)->segment->expandable) {  // prefer the block with the least unmapped room behind it
+  if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
-    for (auto next = std::next(it); next != pool.free_blocks.end() && (*next)->stream == stream &&
-                                    (*it)->segment->expandable && room(*next) < room(*it);
+    for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
+                                    it->block->segment->expandable && room(next->block) < room(it->block);
          ++next)
       it = next;
   }
-  Block* block = *it;
+  Block* block = it->block;
   // Do not hand out an oversize block for a request that is not oversize.
   if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return nullptr;
   // An oversize request may take a block only slightly larger than itself.
   if (rounded >= options_.max_split_size &&
       block->size >= rounded + options_.max_non_split_rounding_size)
     return nullptr;
-  pool.take(it);
   return block;
 }
 
@@ -96,7 +96,7 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   if (is_retry) stats_.num_alloc_retries += 1;
   if (options_.expandable_segments) return allocate_expandable(pool, stream, rounded);
   size_t size = segment_size_for(rounded);
-  int64_t reserved = stats_.reserved_bytes.all().current;
+  int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
   uintptr_t address = backend_->allocate_segment(size);
   if (address == 0) return nullptr;
@@ -127,17 +127,39 @@ Block* CachingAllocator::new_segment(BlockPool& pool, StreamId stream, uintptr_t
 }
 
 void CachingAllocator::note_reserved_increase(PoolKind kind, size_t bytes) {
-  const int64_t old_peak = stats_.reserved_bytes.all().peak;
+  const int64_t old_peak = stats_.reserved_bytes.peak();
   stats_.reserved_bytes.increase(kind, static_cast<int64_t>(bytes));
-  if (stats_.reserved_bytes.all().current > old_peak)  // a new peak: start measuring at it
-    stats_.allocated_at_reserved_peak = stats_.allocated_bytes.all().current;
+  if (stats_.reserved_bytes.current() > old_peak)  // a new peak: start measuring at it
+    stats_.allocated_at_reserved_peak = stats_.allocated_bytes.current();
 }
 
 void CachingAllocator::note_reserved_decrease(PoolKind kind, size_t bytes) {
   stats_.reserved_bytes.decrease(kind, static_cast<int64_t>(bytes));
 }
 
-// Carves `rounded` bytes off the front of a free block (torch: alloc_found_block).
+// A free block [address, address + size) of the same segment as `of`, not yet linked.
+Block* CachingAllocator::sibling_block(const Block* of, uintptr_t address, size_t size) {
+  Block* b = new_block();
+  b->address = address;
+  b->size = size;
+  b->stream = of->stream;
+  b->segment = of->segment;
+  b->pool = of->pool;
+  return b;
+}
+
+// A new block [address, address + size) linked right after `block`.
+Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
+  Block* b = sibling_block(block, address, size);
+  b->prev = block;
+  b->next = block->next;
+  if (b->next) b->next->prev = b;
+  block->next = b;
+  return b;
+}
+
+// Carves `rounded` bytes off the front of a free block, which may still be in
+// its pool's index (torch: alloc_found_block).
 Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
   BlockPool& pool = *block->pool;
   const bool expandable = block->segment->expandable;
@@ -147,7 +169,8 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (split) {
     Block* rest = insert_block_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
-    pool.insert(rest);
+    if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
+    else pool.insert(rest);
     if (expandable) {
       // not counted as inactive split
     } else if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
@@ -156,9 +179,12 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
       stats_.inactive_split.increase(pool.kind, 1);
       stats_.inactive_split_bytes.increase(pool.kind, static_cast<int64_t>(rest->size));
     }
-  } else if (was_split) {
-    stats_.inactive_split.decrease(pool.kind, 1);
-    stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(block->size));
+  } else {
+    pool.erase(block);
+    if (was_split) {
+      stats_.inactive_split.decrease(pool.kind, 1);
+      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(block->size));
+    }
   }
   block->allocated = true;
   block->requested = requested;
@@ -174,10 +200,9 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
   if (trace_.on())
     trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
-  const Stat& reserved = stats_.reserved_bytes.all();
-  if (reserved.current == reserved.peak)  // Note [fragmentation at the peak]
+  if (stats_.reserved_bytes.current() == stats_.reserved_bytes.peak())  // Note [fragmentation at the peak]
     stats_.allocated_at_reserved_peak =
-        std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.all().current);
+        std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.current());
   return block;
 }
 
@@ -185,7 +210,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
 
 void CachingAllocator::free(uintptr_t address) {
   if (address == 0) return;  // Note [size 0]
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   Block* block = allocated_.find(address);
   if (block == nullptr) {
     stats_.num_invalid_frees += 1;
@@ -229,7 +254,7 @@ void CachingAllocator::free_block(Block* block) {
       split_bytes_change -= static_cast<int64_t>(subsumed);
     }
   }
-  pool.insert(block);
+  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
   if (block->is_split()) {
     split_blocks_change += 1;
     split_bytes_change += static_cast<int64_t>(block->size);
@@ -246,7 +271,8 @@ void CachingAllocator::free_block(Block* block) {
 }
 
 // Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
-// (0 when `src` is absent or not free) (torch: try_merge_blocks).
+// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
+// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
 size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
   if (dst->prev == src) {
@@ -260,14 +286,20 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
   }
   size_t subsumed = src->size;
   dst->size += subsumed;
-  if (src->mapped) pool.erase(src);
-  else pool.unmapped.erase(src);
+  if (!src->mapped) {
+    pool.unmapped.erase(src);
+  } else if (dst->indexed) {
+    pool.erase(src);
+    pool.rekey(dst);
+  } else if (src->indexed) {
+    pool.replace(src, dst);
+  }
   recycle_block(src);
   return subsumed;
 }
 
 void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   Block* block = allocated_.find(address);
   if (block == nullptr) throw InvalidFreeError(describe_bad_pointer("record_stream on", address));
   if (stream == block->stream) return;  // its own stream orders itself
@@ -314,7 +346,7 @@ void CachingAllocator::synchronize_and_free_events() {
 // ================================================================ releasing memory
 
 void CachingAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   stats_.num_empty_cache += 1;
   if (trace_.on()) trace_.record(TraceAction::k_empty_cache, 0, 0, 0, 0, 0);
   release_cached_blocks();
@@ -332,7 +364,8 @@ bool CachingAllocator::release_cached_blocks() {
 
 void CachingAllocator::release_pool_segments(BlockPool& pool) {
   std::vector<Block*> whole, expandable;
-  for (Block* b : pool.free_blocks) {
+  for (const FreeEntry& entry : pool.free_blocks) {
+    Block* b = entry.block;
     if (b->segment->expandable) expandable.push_back(b);
     else if (!b->is_split()) whole.push_back(b);
   }
@@ -365,9 +398,9 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
   if (options_.max_split_size == SIZE_MAX) return false;
   size_t key_size = std::max(rounded, options_.max_split_size);
   auto it = pool.lower_bound(stream, key_size);
-  if (it != pool.free_blocks.end() && (*it)->stream == stream && !(*it)->segment->expandable) {
-    if ((*it)->is_split()) return false;
-    release_segment_of(*it);  // one oversize block is enough
+  if (it != pool.free_blocks.end() && it->stream == stream && !it->block->segment->expandable) {
+    if (it->block->is_split()) return false;
+    release_segment_of(it->block);  // one oversize block is enough
     return true;
   }
   // No single block is enough: free this stream's oversize blocks, largest
@@ -375,7 +408,7 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
   std::vector<Block*> victims;
   size_t released = 0;
   while (released < key_size && it != pool.free_blocks.begin()) {
-    Block* b = *--it;
+    Block* b = (--it)->block;
     if (b->stream != stream || b->size < options_.max_split_size) break;
     if (b->is_split() || b->segment->expandable) continue;
     victims.push_back(b);
@@ -390,15 +423,15 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
 void CachingAllocator::garbage_collect_cached_blocks() {
   auto threshold = static_cast<size_t>(options_.garbage_collection_threshold *
                                        static_cast<double>(allowed_bytes_));
-  auto reserved = static_cast<size_t>(stats_.reserved_bytes.all().current);
+  auto reserved = static_cast<size_t>(stats_.reserved_bytes.current());
   if (reserved <= threshold) return;
   size_t target = reserved - threshold;
   auto age = [&](const Block* b) { return large_.get_free_block_calls - b->free_since; };
   uint64_t total_age = 0;
   size_t freeable = 0;
   auto collectable = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
-  for (Block* b : large_.free_blocks)
-    if (collectable(b)) total_age += age(b), ++freeable;
+  for (const FreeEntry& e : large_.free_blocks)
+    if (collectable(e.block)) total_age += age(e.block), ++freeable;
   if (freeable == 0) return;
   synchronize_and_free_events();
   size_t reclaimed = 0;
@@ -407,8 +440,8 @@ void CachingAllocator::garbage_collect_cached_blocks() {
     double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed_one = false;
     std::vector<Block*> old;
-    for (Block* b : large_.free_blocks)
-      if (collectable(b) && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
+    for (const FreeEntry& e : large_.free_blocks)
+      if (collectable(e.block) && static_cast<double>(age(e.block)) >= age_threshold) old.push_back(e.block);
     for (Block* b : old) {
       freed_one = true;
       reclaimed += b->size;
@@ -423,7 +456,7 @@ void CachingAllocator::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))
     throw std::invalid_argument("amem: memory fraction " + std::to_string(fraction) +
                                 " is outside [0, 1]; pass the share of device memory to allow");
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   size_t total = backend_->memory_info().total_bytes;
   allowed_bytes_ = static_cast<size_t>(fraction * static_cast<double>(total));
   fraction_set_ = true;
@@ -432,27 +465,27 @@ void CachingAllocator::set_memory_fraction(double fraction) {
 // ================================================================ recording
 
 void CachingAllocator::start_trace(size_t max_entries) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   trace_.start(max_entries);
 }
 
 void CachingAllocator::stop_trace() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   trace_.stop();
 }
 
 void CachingAllocator::clear_trace() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   trace_.clear();
 }
 
 bool CachingAllocator::tracing() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   return trace_.on();
 }
 
 std::string CachingAllocator::trace_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   return trace_.to_json();
 }
 

@@ -22,7 +22,7 @@
 //   empty_cache()
 //     Returns every cached whole segment to the backend.
 //
-// Lock contract: every public member takes mutex_; every private member
+// Lock contract: every public member takes lock_ through a Guard; every private member
 // expects it held and never takes it. The backend is only called under the
 // lock. Nothing here knows about torch or CUDA.
 //
@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "address_map.h"
+#include "allocator_lock.h"
 #include "backend.h"
 #include "block.h"
 #include "errors.h"
@@ -184,7 +185,23 @@ class CachingAllocator {
   void check_block(const Block* b, const Block* prev, bool split, ValidationTally& t, ValidationCounts& counts) const;
   const BlockPool& pool_of_const(PoolKind kind) const { return kind == PoolKind::kSmall ? small_ : large_; }
 
-  mutable std::mutex mutex_;
+  // Every public member holds one for its whole body: the lock, and the end
+  // of the call's one trace timestamp (Note [trace time]).
+  class Guard {
+   public:
+    explicit Guard(const CachingAllocator& a) : a_(a) { a_.lock_.lock(); }
+    ~Guard() {
+      a_.trace_.end_call();
+      a_.lock_.unlock();
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    const CachingAllocator& a_;
+  };
+
+  mutable AllocatorLock lock_;
   std::unique_ptr<Backend> backend_;
   Options options_;
   BlockPool small_{PoolKind::kSmall};

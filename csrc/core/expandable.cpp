@@ -63,7 +63,7 @@ Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId st
 // A free mapped block of at least `rounded` bytes, taken out of the pool
 // (torch: try_allocate_expandable_block).
 Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
-  const int64_t reserved = stats_.reserved_bytes.all().current;
+  const int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
     return nullptr;
   Block* c = find_expandable_block(pool, stream, rounded);
@@ -96,7 +96,7 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
   }
   merge_into(block, block->prev, pool);
   merge_into(block, block->next, pool);
-  pool.insert(block);
+  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry
   stats_.num_device_alloc += 1;
   note_reserved_increase(pool.kind, bytes);
   if (trace_.on()) trace_.record(TraceAction::k_segment_map, block->address, bytes, bytes, block->stream, 0);
@@ -138,27 +138,6 @@ void CachingAllocator::release_expandable_segment(Block* block) {
 }
 
 // ================================================================ block surgery
-
-// A free block [address, address + size) of the same segment as `of`, not yet linked.
-Block* CachingAllocator::sibling_block(const Block* of, uintptr_t address, size_t size) {
-  Block* b = new_block();
-  b->address = address;
-  b->size = size;
-  b->stream = of->stream;
-  b->segment = of->segment;
-  b->pool = of->pool;
-  return b;
-}
-
-// A new block [address, address + size) linked right after `block`.
-Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
-  Block* b = sibling_block(block, address, size);
-  b->prev = block;
-  b->next = block->next;
-  if (b->next) b->next->prev = b;
-  block->next = b;
-  return b;
-}
 
 // A new block [address, address + size) linked right before `block`.
 Block* CachingAllocator::insert_block_before(Block* block, uintptr_t address, size_t size) {

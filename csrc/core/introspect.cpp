@@ -60,14 +60,14 @@ std::string segment_entry(const Segment& seg, const Block* first, const Block* s
 }  // namespace
 
 std::string CachingAllocator::stats_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   return stats_.to_json(options_.max_split_size);
 }
 
 // Every segment with its blocks; an expandable segment appears as one entry per
 // contiguous mapped range, as in torch's snapshots.
 std::string CachingAllocator::segments_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   std::string out = "[";
   auto emit = [&](const std::string& entry) { out += (out.size() > 1 ? "," : "") + entry; };
   for (const auto& [address, seg] : segments_) {
@@ -92,19 +92,19 @@ std::string CachingAllocator::segments_json() const {
 CachingAllocator::FreeSpace CachingAllocator::free_space() const {
   FreeSpace space;
   for (const BlockPool* pool : all_pools())
-    for (const Block* b : pool->free_blocks) {
-      space.total += b->size;
-      space.largest = std::max(space.largest, b->size);
+    for (const FreeEntry& e : pool->free_blocks) {
+      space.total += e.size;
+      space.largest = std::max(space.largest, e.size);
     }
   return space;
 }
 
 std::string CachingAllocator::fragmentation_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const double reserved = static_cast<double>(stats_.reserved_bytes.all().current);
-  const double allocated = static_cast<double>(stats_.allocated_bytes.all().current);
-  const double requested = static_cast<double>(stats_.requested_bytes.all().current);
-  const double peak = static_cast<double>(stats_.reserved_bytes.all().peak);
+  Guard guard(*this);
+  const double reserved = static_cast<double>(stats_.reserved_bytes.current());
+  const double allocated = static_cast<double>(stats_.allocated_bytes.current());
+  const double requested = static_cast<double>(stats_.requested_bytes.current());
+  const double peak = static_cast<double>(stats_.reserved_bytes.peak());
   const double at_peak = static_cast<double>(stats_.allocated_at_reserved_peak);
   const FreeSpace space = free_space();
   const size_t total_free = space.total, largest = space.largest;
@@ -125,22 +125,22 @@ std::string CachingAllocator::fragmentation_json() const {
 }
 
 void CachingAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   stats_.reset_peaks();
 }
 
 void CachingAllocator::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   stats_.reset_accumulated();
 }
 
 CachingAllocator::Figures CachingAllocator::figures() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return {stats_.allocated_bytes.all().current, stats_.reserved_bytes.all().current};
+  Guard guard(*this);
+  return {stats_.allocated_bytes.current(), stats_.reserved_bytes.current()};
 }
 
 CachingAllocator::BlockInfo CachingAllocator::block_info(uintptr_t address) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   Block* b = allocated_.find(address);       // a block's own start: O(1)
   if (b == nullptr) b = find_block_at(address);  // a pointer inside a block: walk its segment
   if (b == nullptr || !b->allocated) return {};
@@ -180,8 +180,8 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
   stats_.num_ooms += 1;
   DeviceMemoryInfo info = backend_->memory_info();
   if (trace_.on()) trace_.record(TraceAction::k_oom, info.free_bytes, rounded, rounded, stream, 0);
-  const auto reserved = stats_.reserved_bytes.all().current;
-  const auto allocated = stats_.allocated_bytes.all().current;
+  const auto reserved = stats_.reserved_bytes.current();
+  const auto allocated = stats_.allocated_bytes.current();
   auto mib = [](double bytes) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / static_cast<double>(kMiB));

@@ -21,7 +21,7 @@ namespace amem {
 
 void CachingAllocator::begin_allocate_to_pool(PoolId id, std::function<bool(StreamId)> filter) {
   if (id == kDefaultPool) throw std::invalid_argument("amem: pool id (0, 0) is the shared pool, not a private one");
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   auto& pool = private_pools_[id];
   if (!pool) pool = std::make_unique<PrivatePool>(id);
   pool->users += 1;
@@ -29,7 +29,7 @@ void CachingAllocator::begin_allocate_to_pool(PoolId id, std::function<bool(Stre
 }
 
 void CachingAllocator::end_allocate_to_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   for (auto it = routes_.begin(); it != routes_.end(); ++it) {
     if (it->first != id) continue;
     routes_.erase(it);
@@ -39,7 +39,7 @@ void CachingAllocator::end_allocate_to_pool(PoolId id) {
 }
 
 void CachingAllocator::release_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end()) return;  // never used, or already gone
   if (--it->second->users > 0) return;
@@ -48,7 +48,7 @@ void CachingAllocator::release_pool(PoolId id) {
 }
 
 size_t CachingAllocator::private_pool_count() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   return private_pools_.size();
 }
 

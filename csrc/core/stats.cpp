@@ -14,25 +14,23 @@ void append_stat(std::string& out, const std::string& prefix, const Stat& s) {
   append(out, prefix + ".current", s.current);
   append(out, prefix + ".peak", s.peak);
   append(out, prefix + ".allocated", s.allocated);
-  append(out, prefix + ".freed", s.freed);
+  append(out, prefix + ".freed", s.freed());
 }
 
 }  // namespace
 
 void Stats::reset_peaks() {
-#define AMEM_RESET_POOL(name, doc) \
-  for (auto& s : name.by_pool) s.reset_peak();
+#define AMEM_RESET_POOL(name, doc) name.reset_peak();
   AMEM_POOL_STATS(AMEM_RESET_POOL)
 #undef AMEM_RESET_POOL
 #define AMEM_RESET_SINGLE(name, doc) name.reset_peak();
   AMEM_SINGLE_STATS(AMEM_RESET_SINGLE)
 #undef AMEM_RESET_SINGLE
-  allocated_at_reserved_peak = allocated_bytes.all().current;
+  allocated_at_reserved_peak = allocated_bytes.current();
 }
 
 void Stats::reset_accumulated() {
-#define AMEM_RESET_POOL(name, doc) \
-  for (auto& s : name.by_pool) s.reset_accumulated();
+#define AMEM_RESET_POOL(name, doc) name.reset_accumulated();
   AMEM_POOL_STATS(AMEM_RESET_POOL)
 #undef AMEM_RESET_POOL
 #define AMEM_RESET_SINGLE(name, doc) name.reset_accumulated();
@@ -46,7 +44,7 @@ void Stats::reset_accumulated() {
 std::string Stats::to_json(size_t max_split_size) const {
   std::string out = "{";
 #define AMEM_EXPORT_POOL(name, doc) \
-  for (int p = 0; p < 3; ++p) append_stat(out, std::string(#name ".") + kPoolNames[p], name.by_pool[p]);
+  for (int p = 0; p < 3; ++p) append_stat(out, std::string(#name ".") + kPoolNames[p], name.by_pool(p));
   AMEM_POOL_STATS(AMEM_EXPORT_POOL)
 #undef AMEM_EXPORT_POOL
 #define AMEM_EXPORT_SINGLE(name, doc) append_stat(out, #name, name);

@@ -46,38 +46,61 @@ namespace amem {
   X(num_invalid_frees, "frees of pointers not allocated here, or freed twice")    \
   X(num_empty_cache, "empty_cache calls")
 
+// Kept lean because every malloc and free updates several: a decrease is one
+// subtraction, and `freed` is derived (what was added minus what is still
+// there, counted from the last reset).
 struct Stat {
   int64_t current = 0;
   int64_t peak = 0;
-  int64_t allocated = 0;  // total ever added
-  int64_t freed = 0;      // total ever removed
+  int64_t allocated = 0;  // total added since the last reset_accumulated
+  int64_t base = 0;       // `current` at the last reset_accumulated
 
   void increase(int64_t n) {
     current += n;
     allocated += n;
     if (current > peak) peak = current;
   }
-  void decrease(int64_t n) {
-    current -= n;
-    freed += n;
-  }
+  void decrease(int64_t n) { current -= n; }
+  int64_t freed() const { return allocated - (current - base); }  // total removed since the reset
   void reset_peak() { peak = current; }
-  void reset_accumulated() { allocated = freed = 0; }
+  void reset_accumulated() {
+    allocated = 0;
+    base = current;
+  }
 };
 
-// Index 0 = all, 1 = small_pool, 2 = large_pool.
+// One figure per pool plus their sum ("all"). The sum keeps its own current
+// and peak (the peak of a sum is not the sum of the peaks); its allocated and
+// freed are the pools' sums, computed when read.
 struct PoolStat {
-  std::array<Stat, 3> by_pool;
+  std::array<Stat, 2> pools;  // small, large
+  int64_t all_current = 0;
+  int64_t all_peak = 0;
 
   void increase(PoolKind pool, int64_t n) {
-    by_pool[0].increase(n);
-    by_pool[1 + static_cast<int>(pool)].increase(n);
+    pools[static_cast<int>(pool)].increase(n);
+    all_current += n;
+    if (all_current > all_peak) all_peak = all_current;
   }
   void decrease(PoolKind pool, int64_t n) {
-    by_pool[0].decrease(n);
-    by_pool[1 + static_cast<int>(pool)].decrease(n);
+    pools[static_cast<int>(pool)].decrease(n);
+    all_current -= n;
   }
-  const Stat& all() const { return by_pool[0]; }
+  // Index 0 = all, 1 = small_pool, 2 = large_pool (torch's export order).
+  Stat by_pool(int index) const {
+    if (index > 0) return pools[index - 1];
+    return {all_current, all_peak, pools[0].allocated + pools[1].allocated, pools[0].base + pools[1].base};
+  }
+  Stat all() const { return by_pool(0); }
+  int64_t current() const { return all_current; }
+  int64_t peak() const { return all_peak; }
+  void reset_peak() {
+    for (Stat& s : pools) s.reset_peak();
+    all_peak = all_current;
+  }
+  void reset_accumulated() {
+    for (Stat& s : pools) s.reset_accumulated();
+  }
 };
 
 struct Stats {

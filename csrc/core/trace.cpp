@@ -4,37 +4,19 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
 #include <stdexcept>
 
 namespace amem {
 namespace {
 
-std::atomic<uint32_t> g_tag{0};
 std::atomic<uint32_t> g_next_thread{0};
-thread_local uint32_t t_context = 0;
-thread_local uint32_t t_thread = 0;
-
-uint32_t thread_number() {
-  if (t_thread == 0) t_thread = ++g_next_thread;  // numbered on first use, never reused
-  return t_thread;
-}
 
 int64_t now_us() {
   using namespace std::chrono;
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-uint64_t read_ticks() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __rdtsc();
-#else
-  using namespace std::chrono;
-  return static_cast<uint64_t>(duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count());
-#endif
-}
+uint64_t read_ticks() { return read_trace_ticks(); }
 
 // The (ticks, wall clock) anchor taken when the first recording started, and
 // the tick rate, measured once at the first export and then fixed so that
@@ -68,10 +50,10 @@ double ticks_per_us() {
   return g_anchor.ticks_per_us;
 }
 
-void append_event(std::string& out, const TraceEvent& e, double rate) {
+void append_event(std::string& out, const TraceEvent& e, uint64_t seq, double rate) {
   const int64_t time_us =
       g_anchor.us + static_cast<int64_t>(static_cast<double>(static_cast<int64_t>(e.ticks - g_anchor.ticks)) / rate);
-  out += "{\"seq\":" + std::to_string(e.seq) + ",\"action\":\"" + trace_action_name(e.action) +
+  out += "{\"seq\":" + std::to_string(seq) + ",\"action\":\"" + trace_action_name(e.action) +
          "\",\"addr\":" + std::to_string(e.address) + ",\"size\":" + std::to_string(e.size) +
          ",\"rounded_size\":" + std::to_string(e.rounded) + ",\"stream\":" + std::to_string(e.stream) +
          ",\"time_us\":" + std::to_string(time_us) + ",\"thread\":" + std::to_string(e.thread) +
@@ -80,6 +62,13 @@ void append_event(std::string& out, const TraceEvent& e, double rate) {
 }
 
 }  // namespace
+
+namespace trace_detail {
+std::atomic<uint32_t> tag{0};
+thread_local uint32_t context = 0;
+thread_local uint32_t thread_number = 0;
+uint32_t new_thread_number() { return thread_number = ++g_next_thread; }  // never reused
+}  // namespace trace_detail
 
 const char* trace_action_name(TraceAction action) {
   switch (action) {
@@ -92,10 +81,8 @@ const char* trace_action_name(TraceAction action) {
   return "unknown";
 }
 
-void set_trace_tag(uint32_t tag) { g_tag.store(tag, std::memory_order_relaxed); }
-uint32_t trace_tag() { return g_tag.load(std::memory_order_relaxed); }
-void set_thread_trace_context(uint32_t context) { t_context = context; }
-uint32_t thread_trace_context() { return t_context; }
+void set_trace_tag(uint32_t tag) { trace_detail::tag.store(tag, std::memory_order_relaxed); }
+void set_thread_trace_context(uint32_t context) { trace_detail::context = context; }
 
 
 void Trace::start(size_t max_entries) {
@@ -120,25 +107,6 @@ void Trace::clear() {
   next_seq_ = 0;
 }
 
-void Trace::record(TraceAction action, uintptr_t address, uint64_t size, uint64_t rounded,
-                   StreamId stream, uint64_t alloc_seq) {
-  TraceEvent& e = ring_[head_];
-  if (count_ == ring_.size()) dropped_ += 1;  // overwriting the oldest event
-  else count_ += 1;
-  e.seq = next_seq_++;
-  e.ticks = read_ticks();
-  e.address = address;
-  e.size = size;
-  e.rounded = rounded;
-  e.stream = stream;
-  e.alloc_seq = alloc_seq;
-  e.thread = thread_number();
-  e.tag = trace_tag();
-  e.context = t_context;
-  e.action = action;
-  head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
-}
-
 std::vector<TraceEvent> Trace::events() const {
   std::vector<TraceEvent> out;
   out.reserve(count_);
@@ -152,12 +120,11 @@ std::string Trace::to_json() const {
                     ",\"max_entries\":" + std::to_string(ring_.size()) +
                     ",\"recorded\":" + std::to_string(next_seq_) +
                     ",\"dropped\":" + std::to_string(dropped_) + ",\"events\":[";
-  bool first = true;
   const double rate = ticks_per_us();
+  uint64_t seq = first_seq();
   for (const TraceEvent& e : events()) {
-    if (!first) out += ",";
-    append_event(out, e, rate);
-    first = false;
+    if (seq != first_seq()) out += ",";
+    append_event(out, e, seq++, rate);
   }
   return out + "]}";
 }

@@ -33,18 +33,18 @@ void require(bool ok, const std::string& what) {
 void compare(const PoolStat& stat, const std::array<ValidationTally, 2>& t, int64_t ValidationTally::*field,
              const char* name) {
   int64_t all = t[0].*field + t[1].*field;
-  require(stat.by_pool[0].current == all, std::string(name) + ".all.current is " +
-                                              std::to_string(stat.by_pool[0].current) +
+  require(stat.current() == all, std::string(name) + ".all.current is " +
+                                              std::to_string(stat.current()) +
                                               " but the blocks add up to " + std::to_string(all));
   for (int k = 0; k < 2; ++k)
-    require(stat.by_pool[1 + k].current == t[k].*field,
+    require(stat.pools[k].current == t[k].*field,
             std::string(name) + (k ? ".large_pool" : ".small_pool") + ".current disagrees with the blocks");
 }
 
 }  // namespace
 
 void CachingAllocator::check_valid() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  Guard guard(*this);
   check_valid_locked();
 }
 
@@ -59,8 +59,14 @@ void CachingAllocator::check_valid_locked() const {
     check_segment(*seg, tally[static_cast<int>(seg->kind)], counts);
   }
   size_t indexed_free = 0, indexed_unmapped = 0;
-  for (const BlockPool* pool : all_pools())
+  for (const BlockPool* pool : all_pools()) {
     indexed_free += pool->free_blocks.size(), indexed_unmapped += pool->unmapped.size();
+    const FreeEntry* previous = nullptr;  // in-place rewrites (block.h) must keep the order
+    for (const FreeEntry& e : pool->free_blocks) {
+      require(previous == nullptr || FreeEntryLess()(*previous, e), "the free index is out of order");
+      previous = &e;
+    }
+  }
   require(counts.free == indexed_free, "the free index holds blocks that are in no segment");
   require(counts.unmapped == indexed_unmapped, "the unmapped index holds blocks that are in no segment");
   for (const auto& [id, pool] : private_pools_)
@@ -105,8 +111,9 @@ void CachingAllocator::check_segment(const Segment& seg, ValidationTally& t, Val
 void CachingAllocator::check_block(const Block* b, const Block* prev, bool split, ValidationTally& t,
                                    ValidationCounts& counts) const {
   auto* block = const_cast<Block*>(b);
-  const bool in_index = b->pool->free_blocks.count(block) == 1;
-  require(b->indexed == in_index && (!in_index || *b->position == b), "a block's free-index position is stale");
+  const bool in_index = b->pool->free_blocks.count(entry_of(b)) == 1;
+  require(b->indexed == in_index && (!in_index || b->position->block == b),
+          "a block's free-index entry is missing, stale or points elsewhere");
   const bool in_unmapped = b->pool->unmapped.count(block) == 1;
   if (b->allocated) {
     require(allocated_.find(b->address) == b, "an allocated block is not in the address map");

@@ -91,6 +91,28 @@ TEST(Allocator, EqualSizesPreferTheLowerAddress) {
   EXPECT_EQ(alloc(*a, 8 * kKiB), p[3]);
 }
 
+// Note [index fingers] (block.h): the pool remembers the last freed block of
+// each exact size, but a hint never overrides best fit. Freed in address
+// order, the remembered block is the higher one; the lower one must still win.
+TEST(Allocator, RememberedBlocksNeverBeatTheLowerAddress) {
+  auto a = test::make_sim();
+  std::vector<uintptr_t> p;
+  for (int i = 0; i < 7; ++i) p.push_back(alloc(*a, 8 * kKiB));
+  release(*a, p[1]);
+  release(*a, p[3]);
+  release(*a, p[5]);
+  EXPECT_EQ(alloc(*a, 8 * kKiB), p[1]);
+  EXPECT_EQ(alloc(*a, 8 * kKiB), p[3]);
+  // p[3] was taken out with p[5] after it in the index; p[5] then merges away
+  // (its entry handed to p[4]), so p[3]'s hint names a recycled block.
+  release(*a, p[4]);
+  release(*a, p[6]);
+  release(*a, p[3]);
+  a->check_valid();
+  EXPECT_EQ(alloc(*a, 8 * kKiB), p[3]);  // p[3] merged with everything after it: its start serves
+  a->check_valid();
+}
+
 // ---------------------------------------------------------------- split and merge
 
 TEST(Allocator, SplitThenMergeBackIntoOneBlock) {
@@ -267,6 +289,28 @@ TEST(Allocator, ResetAccumulatedStats) {
   EXPECT_EQ(stat(*a, "num_device_alloc"), 0);
   EXPECT_EQ(stat(*a, "num_device_free"), 0);
   EXPECT_EQ(stat(*a, "allocated_bytes.all.peak"), 4096);  // peaks are not accumulated stats
+}
+
+// `freed` is derived from allocated, current and the current at the reset
+// (stats.h): frees and allocations after a reset with live blocks count from zero.
+TEST(Allocator, AccumulatedStatsCountFromTheResetWithLiveBlocks) {
+  auto a = test::make_sim();
+  uintptr_t live = alloc(*a, 4096), other = alloc(*a, 3 * kMiB);
+  a->reset_accumulated_stats();
+  release(*a, other);
+  EXPECT_EQ(stat(*a, "allocation.all.allocated"), 0);
+  EXPECT_EQ(stat(*a, "allocation.all.freed"), 1);
+  EXPECT_EQ(stat(*a, "allocation.large_pool.freed"), 1);
+  EXPECT_EQ(stat(*a, "allocation.small_pool.freed"), 0);
+  EXPECT_EQ(stat(*a, "allocation.all.current"), 1);
+  uintptr_t again = alloc(*a, 1000);
+  EXPECT_EQ(stat(*a, "allocation.all.allocated"), 1);
+  EXPECT_EQ(stat(*a, "allocated_bytes.small_pool.allocated"), 1024);
+  EXPECT_EQ(stat(*a, "allocated_bytes.all.freed"), int64_t(3 * kMiB));
+  release(*a, again);
+  release(*a, live);
+  EXPECT_EQ(stat(*a, "allocation.all.freed"), 3);
+  EXPECT_EQ(stat(*a, "allocation.all.current"), 0);
 }
 
 TEST(Allocator, DebugChecksOptionRunsTheWalker) {
