@@ -16,18 +16,22 @@
 //   holes      the same pair with N free blocks in the pool that cannot merge:
 //              one big large-pool segment carved into hole, separator, hole, ...
 //              of distinct hole sizes; the holes are freed, and the pair asks for
-//              a size that exactly matches one hole (best fit, no split).
+//              a size that exactly matches one hole (best fit, no split): the
+//              middle one, or (holes_spread) 10 spread over the index in turn.
 //   threads    pairs on 1, 2, 4, 8 threads, each on its own stream, sharing one
 //              allocator (and its lock); the same total work for every count.
 //   recording  the hot pair on the host backend with recording off and on
-//              (start_trace(max_entries); the ring wraps in steady state).
+//              (start_trace(max_entries); the ring wraps in steady state), and
+//              one read of the trace clock alone (what each recorded call pays
+//              for its timestamp).
 //   pending    the hot pair (sim) while 0 or 1000 freed blocks wait on a busy
 //              stream's events (record_stream): what each malloc's event scan costs.
 //
 // Output: one JSON object on stdout, {"figures": [{"id", "unit", "samples"}...]},
 // samples in repetition order. Nothing here asserts a speed: run.py compares
 // with the targets. `--quick` runs few, short repetitions (CI smoke);
-// `--profile-hot N` runs N small hot pairs on sim and exits (for callgrind).
+// `--profile-hot N` runs N small hot pairs on sim and exits (for callgrind);
+// `--profile-holes N` runs N pairs with 64k free holes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -65,6 +69,12 @@ struct Variant {
   size_t n;
   std::vector<double> samples;
 };
+
+// Keeps a computed value alive so the loop producing it is not optimized away.
+void sink(uint64_t value) {
+  static volatile uint64_t kept;
+  kept = value;
+}
 
 double elapsed_ns(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::nano>(t1 - t0).count();
@@ -156,12 +166,31 @@ std::shared_ptr<CachingAllocator> with_holes(size_t holes, size_t* target) {
   return a;
 }
 
+// Pairs that cycle through `sizes` (each an exact hole size).
+double pairs_cycling(CachingAllocator& a, const std::vector<size_t>& sizes, size_t n) {
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < n; ++i) a.free(a.malloc(sizes[i % sizes.size()], 0));
+  return elapsed_ns(t0, Clock::now());
+}
+
 std::vector<Variant> holes(const Settings& s) {
   std::vector<Variant> v;
   for (size_t n : {size_t{10}, size_t{1000}, size_t{65536}}) {
     size_t target = 0;
     auto a = with_holes(n, &target);
     v.push_back(pair_variant("holes." + std::to_string(n), a, target, s.pairs));
+  }
+  // The same, but the pairs cycle through 10 holes spread evenly over the
+  // index: the middle hole alone sits at the top of the tree, where every
+  // neighbour step is longest; spread, the pairs see the positions a
+  // workload's sizes would.
+  for (size_t n : {size_t{10}, size_t{65536}}) {
+    size_t unused = 0;
+    auto a = with_holes(n, &unused);
+    std::vector<size_t> sizes;
+    for (size_t k = 0; k < 10; ++k) sizes.push_back(hole_size(k * n / 10 + n / 20));
+    v.push_back({"holes_spread." + std::to_string(n), "ns/pair",
+                 [a, sizes](size_t k) { return pairs_cycling(*a, sizes, k); }, s.pairs, {}});
   }
   return v;
 }
@@ -212,6 +241,14 @@ std::vector<Variant> recording(const Settings& s) {
                  a->start_trace(1 << 16);
                  double ns = pairs(*a, 1000, 0, k);
                  a->stop_trace();
+                 return ns;
+               }, s.pairs, {}});
+  v.push_back({"recording.clock", "ns/read", [](size_t k) {
+                 uint64_t sum = 0;
+                 auto t0 = Clock::now();
+                 for (size_t i = 0; i < k; ++i) sum += read_trace_ticks();
+                 double ns = elapsed_ns(t0, Clock::now());
+                 sink(sum);
                  return ns;
                }, s.pairs, {}});
   return v;
@@ -274,12 +311,17 @@ int run(int argc, char** argv) {
       auto a = cached("sim", 1000);
       pairs(*a, 1000, 0, std::strtoull(argv[++i], nullptr, 10));
       return 0;
+    } else if (arg == "--profile-holes" && i + 1 < argc) {
+      size_t target = 0;
+      auto a = with_holes(65536, &target);
+      pairs(*a, target, 0, std::strtoull(argv[++i], nullptr, 10));
+      return 0;
     } else if (arg == "--only" && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: amem_bench [--quick] [--only hot_path|holes|threads|recording|pending]... "
-                   "[--profile-hot N]\n");
+                   "[--profile-hot N] [--profile-holes N]\n");
       return 2;
     }
   }

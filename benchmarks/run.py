@@ -145,6 +145,10 @@ def rows_for(samples: dict[str, list[float]], quick: bool, skipped_gpu: str | No
                         f"{times(r)} (IQR {iqr(ratios(s[f'holes.{n}'], s['holes.10']), 2)}; "
                         f"{median(s[f'holes.{n}']):.1f} ns)",
                         "≤ 2×" if target else "—", judge(r, target, quick)))
+    r = paired_ratio(s["holes_spread.65536"], s["holes_spread.10"])
+    rows.append(Row("Free holes: 64k vs 10, the pairs cycling through 10 holes spread over the index",
+                    f"{times(r)} (IQR {iqr(ratios(s['holes_spread.65536'], s['holes_spread.10']), 2)}; "
+                    f"{median(s['holes_spread.65536']):.1f} vs {median(s['holes_spread.10']):.1f} ns)"))
     one = s["threads.1"]
     for n in ("1", "2", "4", "8"):
         rate = 1e3 / median(s[f"threads.{n}"])  # pairs per µs = M pairs/s
@@ -156,6 +160,9 @@ def rows_for(samples: dict[str, list[float]], quick: bool, skipped_gpu: str | No
     rows.append(Row("Recording: pair with start_trace(65536) on vs off, host backend",
                     f"{times(r)} (IQR {iqr(ratios(on, off), 2)}; {median(on):.1f} vs {median(off):.1f} ns)", "≤ 1.2×",
                     judge(r, 1.2, quick)))
+    added = (median(on) - median(off)) / 2  # a pair is two allocator calls
+    rows.append(Row("Recording: added per allocator call (3 events per pair, one timestamp per call)",
+                    f"{added:.1f} ns, of which one read of the time-stamp counter {median(s['recording.clock']):.1f} ns"))
     r = paired_ratio(s["pending.1000"], s["pending.0"])
     rows.append(Row("Pending events: pair while 1000 freed blocks wait on a busy stream vs none, sim",
                     f"{times(r)} ({median(s['pending.1000']):.1f} vs {median(s['pending.0']):.1f} ns)"))
@@ -183,8 +190,8 @@ def rows_for(samples: dict[str, list[float]], quick: bool, skipped_gpu: str | No
 # does not change the generated code), so callgrind attributes inlined code to the file it came
 # from: stats.h is the counters, stl_tree.h the free index, and so on. Matched on "file:function".
 CATEGORIES = [
-    ("free index: std::set lookup, insert, erase, rebalance", re.compile(r"stl_tree|_Rb_tree|block\.cpp:|BlockPool::")),
-    ("lock: pthread mutex lock and unlock", re.compile(r"pthread_mutex|gthr")),
+    ("free index: std::set lookup, insert, erase, rebalance", re.compile(r"stl_tree|_Rb_tree|block\.(cpp|h):|BlockPool::")),
+    ("lock: AllocatorLock (futex) lock and unlock", re.compile(r"pthread_mutex|gthr|allocator_lock|atomic_base")),
     ("address map: allocated blocks by address", re.compile(r"address_map|AddressMap|hashtable|unordered_map")),
     ("stats: counters (current, peak, allocated, freed)", re.compile(r"stats\.h:")),
     ("heap: malloc, free, new, delete", re.compile(r"(?<!:):(malloc|free|cfree|_int_free|_int_malloc|operator new|operator delete)\b")),
