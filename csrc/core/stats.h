@@ -91,7 +91,6 @@ struct PoolStat {
     if (index > 0) return pools[index - 1];
     return {all_current, all_peak, pools[0].allocated + pools[1].allocated, pools[0].base + pools[1].base};
   }
-  Stat all() const { return by_pool(0); }
   int64_t current() const { return all_current; }
   int64_t peak() const { return all_peak; }
   void reset_peak() {
