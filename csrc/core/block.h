@@ -12,7 +12,7 @@
 // address), as in the native allocator, so the best fit for a request on a
 // stream is one lower_bound: O(log n). Each entry carries a copy of its
 // block's key, so a search touches only tree nodes, not the blocks (one cache
-// miss per level instead of two: this is what keeps 64k free holes cheap).
+// miss per level instead of two).
 // Set nodes are recycled through extract()/insert(node), so the steady state
 // of malloc/free allocates nothing.
 //
@@ -25,10 +25,12 @@
 // into two in-place writes.
 //
 // Note [index fingers]: two hints spare the O(log n) walks when many blocks
-// are free (RMM's pool slows 15x from 4k to 64k free holes; see
-// benchmarks/README.md). A block taken out of the index remembers the block
-// that followed it (`index_hint`); put back with the same key, it goes right
-// before that block if that one is still indexed, in O(1). And each pool keeps
+// are free (RMM's pool slows 15x from 4k to 64k free holes, rmm PR #2507;
+// ours: benchmarks/RESULTS.md, "Free holes"). A block taken out of the index
+// remembers the block that followed it (`index_hint`); put back with the same
+// key, it goes right before that block if that one is still indexed, in O(1)
+// (the std::prev that std::set's hinted insert checks costs one descent when
+// the hint sits high in the tree). And each pool keeps
 // a small direct-mapped table of recently indexed blocks by exact (stream,
 // size): a request whose rounded size has a block there gets it without a
 // search. Both are only hints: each is checked against the index itself (the
@@ -39,8 +41,8 @@
 // check.
 #pragma once
 
-#include <cstddef>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <set>

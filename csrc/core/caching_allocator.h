@@ -22,9 +22,9 @@
 //   empty_cache()
 //     Returns every cached whole segment to the backend.
 //
-// Lock contract: every public member takes lock_ through a Guard; every private member
-// expects it held and never takes it. The backend is only called under the
-// lock. Nothing here knows about torch or CUDA.
+// Lock contract: every public member takes lock_ through a Guard; every
+// private member expects it held and never takes it. The backend is only
+// called under the lock. Nothing here knows about torch or CUDA.
 //
 // Note [size 0]: torch asks the plugin for 0 bytes for empty tensors. Like the
 // native allocator we return a null pointer without touching any state, and
@@ -134,6 +134,8 @@ class CachingAllocator {
   Block* new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size, bool expandable);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
+  Block* sibling_block(const Block* of, uintptr_t address, size_t size);
+  Block* insert_block_after(Block* block, uintptr_t address, size_t size);  // also for expandable.cpp
 
   // ------------------------------------------------------------ expandable segments (expandable.cpp)
   Block* allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded);
@@ -142,8 +144,6 @@ class CachingAllocator {
   bool map_block(Block* block, size_t size);
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
-  Block* sibling_block(const Block* of, uintptr_t address, size_t size);
-  Block* insert_block_after(Block* block, uintptr_t address, size_t size);
   Block* insert_block_before(Block* block, uintptr_t address, size_t size);
 
   // ------------------------------------------------------------ free path
