@@ -21,7 +21,21 @@ void BlockPool::insert(Block* block) {
   }
   block->indexed = true;
   block->position = where;
-  recent_[recent_slot(block->stream, block->size)] = block;
+  note_added(entry);
+}
+
+bool BlockPool::exact_table_is_true() const {
+  for (const FreeEntry& e : free_blocks) {  // a flagged block is its slot's lowest
+    const ExactSlot& slot = exact_slot(e.stream, e.size);
+    if (e.block->exact_lowest != (slot.lowest == e.block)) return false;
+  }
+  for (const ExactSlot& slot : exact_) {
+    if (slot.size == 0) continue;
+    auto it = free_blocks.lower_bound(FreeEntry{slot.stream, slot.size, 0, nullptr});
+    const bool exact = it != free_blocks.end() && it->stream == slot.stream && it->size == slot.size;
+    if (slot.lowest != (exact ? it->block : nullptr)) return false;
+  }
+  return true;
 }
 
 // The entry at `at` gets a key that sorts elsewhere: move its node there.

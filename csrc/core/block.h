@@ -24,21 +24,22 @@
 // moved. This turns the hot malloc+free pair's two erases and two inserts
 // into two in-place writes.
 //
-// Note [index fingers]: two hints spare the O(log n) walks when many blocks
-// are free (RMM's pool slows 15x from 4k to 64k free holes, rmm PR #2507;
-// ours: benchmarks/RESULTS.md, "Free holes"). A block taken out of the index
-// remembers the block that followed it (`index_hint`); put back with the same
-// key, it goes right before that block if that one is still indexed, in O(1)
-// (the std::prev that std::set's hinted insert checks costs one descent when
-// the hint sits high in the tree). And each pool keeps
-// a small direct-mapped table of recently indexed blocks by exact (stream,
-// size): a request whose rounded size has a block there gets it without a
-// search. Both are only hints: each is checked against the index itself (the
-// table's block is used only if it is indexed, has exactly that key and no
-// indexed block of that size has a lower address), so the choice is always
-// the one lower_bound would make. Blocks are recycled, never deleted, while
-// the allocator lives, so a stale hint is a valid object that fails the
-// check.
+// Note [index fingers]: a block taken out of the index remembers the block
+// that followed it (`index_hint`); put back with the same key, it goes right
+// before that block if that one is still indexed (std::set's hinted insert:
+// no search, though the std::prev it checks costs one descent when the hint
+// sits high in the tree). RMM's pool slows 15x from 4k to 64k free holes
+// (rmm PR #2507); ours: benchmarks/RESULTS.md, "Free holes".
+//
+// Note [exact-size table]: each pool keeps a small direct-mapped table of
+// exact keys (stream, size) that were recently asked for. A slot that holds a
+// key knows that key's best fit: the indexed block of exactly that key with
+// the lowest address, or none. Every change to the index keeps the owned slots
+// true (note_added, note_removed: a removed lowest block is succeeded by the
+// next entry, if it has the same key), so a request whose size owns a slot is
+// answered without a search and without a neighbour step. A slot changes
+// owner only after a search for its new key, which finds that key's lowest
+// block too. A key that owns no slot costs a hash and a compare.
 #pragma once
 
 #include <array>
@@ -99,6 +100,7 @@ struct Block {
   uint64_t free_since = 0;     // pool's get_free_block call count when freed (GC age)
   uint64_t alloc_seq = 0;      // allocation sequence number (provenance, traces)
   bool indexed = false;        // in its pool's free index, at `position`
+  bool exact_lowest = false;   // an exact-size slot names it (Note [exact-size table])
   Block* index_hint = nullptr; // what followed it in the index when taken out (Note [index fingers])
   FreeIndex::const_iterator position;  // its entry, to erase or replace without a search
 
@@ -151,14 +153,37 @@ struct BlockPool {
   Index::iterator lower_bound(StreamId stream, size_t size);
 
  private:
+  // One slot of the exact-size table (Note [exact-size table]). size 0: unowned.
+  struct ExactSlot {
+    StreamId stream = 0;
+    size_t size = 0;
+    Block* lowest = nullptr;  // the key's indexed block with the lowest address, or none
+    bool owns(StreamId s, size_t n) const { return size == n && stream == s; }
+  };
+  static constexpr int kExactSlotBits = 6;
+  static constexpr size_t kExactSlots = size_t{1} << kExactSlotBits;
+
   void place(Index::iterator at, Block* block);
   Index::iterator move_entry(Index::iterator at, const FreeEntry& entry);
-  static size_t recent_slot(StreamId stream, size_t size) {
-    return ((size >> 9) ^ (stream >> 4) ^ stream) & (kRecentSlots - 1);
+  ExactSlot& exact_slot(StreamId stream, size_t size) {
+    return const_cast<ExactSlot&>(std::as_const(*this).exact_slot(stream, size));
   }
+  const ExactSlot& exact_slot(StreamId stream, size_t size) const {
+    // Fibonacci hashing: sizes in arithmetic progression spread over the slots.
+    const uint64_t key = (size >> 9) ^ (stream >> 4) ^ stream;
+    return exact_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kExactSlotBits)];
+  }
+  void note_added(const FreeEntry& entry);
+  // The entry at `at` is about to go or change; `next` is std::next(at).
+  void note_removed(Index::iterator at, Index::iterator next);
+  static void set_lowest(ExactSlot& slot, Block* block);
+
   std::vector<Index::node_type> spare_nodes_;  // recycled set nodes
-  static constexpr size_t kRecentSlots = 64;
-  std::array<Block*, kRecentSlots> recent_{};  // by exact (stream, size) (Note [index fingers])
+  std::array<ExactSlot, kExactSlots> exact_{};
+
+ public:
+  // Whether every owned slot of the exact-size table is true (the walker's check).
+  bool exact_table_is_true() const;
 };
 
 inline FreeEntry entry_of(const Block* b) { return {b->stream, b->size, b->address, const_cast<Block*>(b)}; }
@@ -174,6 +199,7 @@ inline void BlockPool::take(Index::iterator it) {
   block->indexed = false;
   const auto next = std::next(it);
   block->index_hint = next == free_blocks.end() ? nullptr : next->block;
+  note_removed(it, next);
   spare_nodes_.push_back(free_blocks.extract(it));
 }
 
@@ -194,6 +220,7 @@ inline void BlockPool::rekey(Block* block) { place(block->position, block); }
 inline void BlockPool::place(Index::iterator at, Block* block) {
   const FreeEntry entry = entry_of(block);
   const FreeEntryLess less;
+  if (at->block->exact_lowest) note_removed(at, std::next(at));
   bool in_order;
   if (less(entry, *at)) {
     in_order = at == free_blocks.begin() || less(*std::prev(at), entry);
@@ -207,6 +234,25 @@ inline void BlockPool::place(Index::iterator at, Block* block) {
   else at = move_entry(at, entry);
   block->indexed = true;
   block->position = at;
+  note_added(entry);
+}
+
+inline void BlockPool::note_added(const FreeEntry& entry) {
+  ExactSlot& slot = exact_slot(entry.stream, entry.size);
+  if (slot.owns(entry.stream, entry.size) && (slot.lowest == nullptr || entry.address < slot.lowest->address))
+    set_lowest(slot, entry.block);
+}
+
+inline void BlockPool::note_removed(Index::iterator at, Index::iterator next) {
+  if (!at->block->exact_lowest) return;
+  const bool twin = next != free_blocks.end() && next->size == at->size && next->stream == at->stream;
+  set_lowest(exact_slot(at->stream, at->size), twin ? next->block : nullptr);
+}
+
+inline void BlockPool::set_lowest(ExactSlot& slot, Block* block) {
+  if (slot.lowest != nullptr) slot.lowest->exact_lowest = false;
+  slot.lowest = block;
+  if (block != nullptr) block->exact_lowest = true;
 }
 
 inline BlockPool::Index::iterator BlockPool::lower_bound(StreamId stream, size_t size) {
@@ -214,15 +260,16 @@ inline BlockPool::Index::iterator BlockPool::lower_bound(StreamId stream, size_t
 }
 
 inline BlockPool::Index::iterator BlockPool::best_fit(StreamId stream, size_t size) {
-  const Block* recent = recent_[recent_slot(stream, size)];
-  if (recent != nullptr && recent->indexed && recent->pool == this && recent->size == size &&
-      recent->stream == stream) {
-    const auto at = recent->position;  // the best fit unless a same-size block sorts before it
-    if (at == free_blocks.begin() || std::prev(at)->size != size || std::prev(at)->stream != stream) return at;
-  }
+  ExactSlot& slot = exact_slot(stream, size);
+  if (slot.owns(stream, size) && slot.lowest != nullptr) return slot.lowest->position;
   auto it = lower_bound(stream, size);
-  if (it == free_blocks.end() || it->stream != stream) return free_blocks.end();
-  return it;
+  const bool found = it != free_blocks.end() && it->stream == stream;
+  const bool exact = found && it->size == size;
+  if (exact || !slot.owns(stream, size)) {  // take the slot over (Note [exact-size table])
+    slot.stream = stream, slot.size = size;
+    set_lowest(slot, exact ? it->block : nullptr);
+  }
+  return found ? it : free_blocks.end();
 }
 
 }  // namespace amem

@@ -66,6 +66,7 @@ void CachingAllocator::check_valid_locked() const {
       require(previous == nullptr || FreeEntryLess()(*previous, e), "the free index is out of order");
       previous = &e;
     }
+    require(pool->exact_table_is_true(), "the exact-size table names a block that is not its key's best fit");
   }
   require(counts.free == indexed_free, "the free index holds blocks that are in no segment");
   require(counts.unmapped == indexed_unmapped, "the unmapped index holds blocks that are in no segment");
@@ -114,6 +115,7 @@ void CachingAllocator::check_block(const Block* b, const Block* prev, bool split
   const bool in_index = b->pool->free_blocks.count(entry_of(b)) == 1;
   require(b->indexed == in_index && (!in_index || b->position->block == b),
           "a block's free-index entry is missing, stale or points elsewhere");
+  require(b->indexed || !b->exact_lowest, "a block out of the free index is named by the exact-size table");
   const bool in_unmapped = b->pool->unmapped.count(block) == 1;
   if (b->allocated) {
     require(allocated_.find(b->address) == b, "an allocated block is not in the address map");

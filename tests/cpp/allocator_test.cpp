@@ -91,9 +91,9 @@ TEST(Allocator, EqualSizesPreferTheLowerAddress) {
   EXPECT_EQ(alloc(*a, 8 * kKiB), p[3]);
 }
 
-// Note [index fingers] (block.h): the pool remembers the last freed block of
-// each exact size, but a hint never overrides best fit. Freed in address
-// order, the remembered block is the higher one; the lower one must still win.
+// Note [index fingers] and Note [exact-size table] (block.h): neither hint
+// ever overrides best fit. Freed in address order, the last freed block is the
+// higher one; the lower one must still win.
 TEST(Allocator, RememberedBlocksNeverBeatTheLowerAddress) {
   auto a = test::make_sim();
   std::vector<uintptr_t> p;
@@ -111,6 +111,41 @@ TEST(Allocator, RememberedBlocksNeverBeatTheLowerAddress) {
   a->check_valid();
   EXPECT_EQ(alloc(*a, 8 * kKiB), p[3]);  // p[3] merged with everything after it: its start serves
   a->check_valid();
+}
+
+// Note [exact-size table]: once a size owns a slot, every change to the index
+// must keep the slot's "lowest block of this size" true: a lower block freed
+// later, the lowest taken while a twin remains, the lowest merging into a
+// bigger block, a bigger block split down to the size. check_valid compares
+// the table with a search after every step.
+TEST(Allocator, ExactSizeTableFollowsEveryChangeOfTheIndex) {
+  auto a = test::make_sim();
+  std::vector<uintptr_t> p;  // p[i] = p[0] + i * 8 KiB
+  for (int i = 0; i < 9; ++i) p.push_back(alloc(*a, 8 * kKiB));
+  auto expect_next = [&](size_t size, uintptr_t want) {
+    EXPECT_EQ(alloc(*a, size), want);
+    a->check_valid();
+  };
+  expect_next(8 * kKiB, p[8] + 8 * kKiB);  // the size now owns its slot, with no free block of its own
+  release(*a, p[5]);
+  release(*a, p[1]);  // lower, freed later
+  release(*a, p[3]);
+  a->check_valid();
+  expect_next(8 * kKiB, p[1]);  // the lowest goes; its twin p[3] succeeds it
+  expect_next(8 * kKiB, p[3]);
+  release(*a, p[3]);  // lower than p[5] again
+  a->check_valid();
+  release(*a, p[4]);  // p[3..5] merge: 24 KiB, no 8 KiB block is left
+  a->check_valid();
+  expect_next(8 * kKiB, p[3]);  // split off the 24 KiB block; the 16 KiB rest takes its entry
+  expect_next(16 * kKiB, p[4]);
+  release(*a, p[7]);  // the only free 8 KiB block
+  release(*a, p[4]);
+  release(*a, p[3]);  // merges with the 16 KiB at p[4]: 24 KiB at p[3]
+  a->check_valid();
+  expect_next(16 * kKiB, p[3]);  // split: the 8 KiB rest at p[5] is lower than p[7]
+  expect_next(8 * kKiB, p[5]);
+  expect_next(8 * kKiB, p[7]);
 }
 
 // ---------------------------------------------------------------- split and merge
