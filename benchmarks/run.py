@@ -190,7 +190,7 @@ def rows_for(samples: dict[str, list[float]], quick: bool, skipped_gpu: str | No
 # does not change the generated code), so callgrind attributes inlined code to the file it came
 # from: stats.h is the counters, stl_tree.h the free index, and so on. Matched on "file:function".
 CATEGORIES = [
-    ("free index: std::set lookup, insert, erase, rebalance", re.compile(r"stl_tree|_Rb_tree|block\.(cpp|h):|BlockPool::")),
+    ("free index: std::set lookup, insert, erase, rebalance; exact-size table", re.compile(r"stl_tree|_Rb_tree|block\.(cpp|h):|BlockPool::")),
     ("lock: AllocatorLock (futex) lock and unlock", re.compile(r"pthread_mutex|gthr|allocator_lock|atomic_base")),
     ("address map: allocated blocks by address", re.compile(r"address_map|AddressMap|hashtable|unordered_map")),
     ("stats: counters (current, peak, allocated, freed)", re.compile(r"stats\.h:")),
