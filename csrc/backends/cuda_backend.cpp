@@ -1,5 +1,5 @@
-// cuda_backend.cpp — segments in real device memory. The only file in amem
-// that calls CUDA.
+// cuda_backend.cpp — segments in real device memory. With cuda_pages.cpp
+// (expandable segments, through the driver), the only code in amem that calls CUDA.
 //
 // Design note
 // -----------
@@ -22,6 +22,7 @@
 
 #include "../core/backend.h"
 #include "../core/errors.h"
+#include "cuda_pages.h"
 #include "cuda_runtime_abi.h"
 
 namespace amem {
@@ -125,9 +126,31 @@ class CudaBackend final : public Backend {
       throw std::invalid_argument("amem: CUDA device " + std::to_string(device) +
                                   " does not exist; this process sees " + std::to_string(count) +
                                   " device(s) (indices 0.." + std::to_string(count - 1) + ")");
+    open_pages();
   }
 
   const char* name() const override { return "cuda"; }
+
+  // Expandable segments (cuda_pages.h): there when the driver and the device can map pages.
+  bool supports_expandable() const override { return pages_ != nullptr; }
+  std::string why_not_expandable() const override { return no_pages_why_; }
+
+  uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) override {
+    DeviceGuard guard(rt_, device_);
+    return pages().reserve(bytes, page_bytes);
+  }
+  void release_address_range(uintptr_t address, size_t bytes) override {
+    DeviceGuard guard(rt_, device_);
+    pages().release(address, bytes);
+  }
+  bool map_pages(uintptr_t address, size_t bytes) override {
+    DeviceGuard guard(rt_, device_);
+    return pages().map(address, bytes);
+  }
+  void unmap_pages(uintptr_t address, size_t bytes) override {
+    DeviceGuard guard(rt_, device_);
+    pages().unmap(address, bytes);
+  }
 
   uintptr_t allocate_segment(size_t bytes) override {
     DeviceGuard guard(rt_, device_);
@@ -181,8 +204,23 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  CudaPages& pages() {
+    if (pages_ == nullptr) throw BackendError("amem cuda backend: no expandable segments: " + no_pages_why_);
+    return *pages_;
+  }
+  void open_pages() {
+    DeviceGuard guard(rt_, device_);
+    try {
+      pages_ = CudaPages::open(device_, &no_pages_why_);
+    } catch (const BackendError& e) {
+      no_pages_why_ = e.what();
+    }
+  }
+
   const CudaRuntime& rt_;
   int device_;
+  std::unique_ptr<CudaPages> pages_;  // null when the driver or device cannot map pages
+  std::string no_pages_why_;
 };
 
 }  // namespace

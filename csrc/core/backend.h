@@ -5,9 +5,10 @@
 // The caching allocator decides *which* bytes serve a request; a Backend only
 // hands out and takes back whole segments, and orders work between streams
 // with events. Three implementations (csrc/backends/):
-//   cuda — real device memory through the CUDA runtime (the only file that
-//          calls CUDA; it resolves the runtime at run time, so nothing here
-//          links against CUDA);
+//   cuda — real device memory through the CUDA runtime, and expandable
+//          segments through the driver's virtual memory API (the only files
+//          that call CUDA; they resolve CUDA at run time, so nothing here
+//          links against it);
 //   host — real host memory (mmap), so CPU tests can write into blocks;
 //   sim  — addresses only, touching no memory, so a trace with an 80 GB peak
 //          replays on a small machine.
@@ -53,8 +54,13 @@ class Backend {
   // cannot do this says so in supports_expandable(); the allocator then refuses
   // the option with a clear error rather than pretending.
   virtual bool supports_expandable() const { return false; }
+  // Why not, for the error message, when supports_expandable() is false.
+  virtual std::string why_not_expandable() const { return std::string("the ") + name() + " backend cannot map pages"; }
   // `bytes` of address space with no memory behind it, or 0 if none is left.
-  virtual uintptr_t reserve_address_range(size_t bytes) { return 0; }
+  // The range is mapped and unmapped in whole pages of `page_bytes` (which
+  // divides `bytes`): a page is never split between two map_pages calls or
+  // unmapped in part.
+  virtual uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) { return 0; }
   virtual void release_address_range(uintptr_t address, size_t bytes) {}
   // Backs [address, address + bytes) with memory; false when out of memory.
   virtual bool map_pages(uintptr_t address, size_t bytes) { return false; }

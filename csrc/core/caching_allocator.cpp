@@ -13,9 +13,8 @@ namespace amem {
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options options)
     : backend_(std::move(backend)), options_(options) {
   if (options_.expandable_segments && !backend_->supports_expandable())
-    throw ConfigError(std::string("AMEM_CONF: expandable_segments:True is not supported by the ") +
-                      backend_->name() + " backend yet; it works on the host and sim backends "
-                      "(replay); leave it off for real devices");
+    throw ConfigError("AMEM_CONF: expandable_segments:True cannot be used here: " + backend_->why_not_expandable() +
+                      "; leave it off on this device");
 }
 
 CachingAllocator::~CachingAllocator() {

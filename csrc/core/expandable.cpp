@@ -52,7 +52,7 @@ Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId st
   size_t total = std::min(backend_->memory_info().total_bytes, kMaxExpandableSpan);
   size_t span = round_up(total + total / 8, page);
   if (span < size) return nullptr;
-  uintptr_t address = backend_->reserve_address_range(span);
+  uintptr_t address = backend_->reserve_address_range(span, page);
   if (address == 0) return nullptr;
   Block* block = new_segment(pool, stream, address, span, true);
   block->mapped = false;

@@ -42,7 +42,8 @@ namespace amem {
     "device (torch)")                                                                    \
   X(expandable_segments, "False",                                                        \
     "True/False: one segment per stream and pool that grows by mapping 2 MiB (small) or " \
-    "20 MiB (large) pages, instead of many fixed segments; host and sim backends (torch)") \
+    "20 MiB (large) pages, instead of many fixed segments (torch); on a GPU through "   \
+    "the driver's virtual memory API") \
   X(debug_checks, "False",                                                               \
     "True/False: run the is_valid() walker over every segment after every operation "    \
     "(slow; for tests and bug hunts) (amem)")

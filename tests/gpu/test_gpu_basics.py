@@ -103,3 +103,36 @@ def test_a_device_that_does_not_exist_gets_a_clear_error():
             print("error:", err)
     """)
     assert "error:" in proc.stdout and ("invalid device" in proc.stdout.lower() or "does not exist" in proc.stdout)
+
+
+def test_training_with_expandable_segments_gives_the_same_results():
+    native = _json(run_python(TRAIN, args=["native"]))
+    amem = _json(run_python(TRAIN, args=["amem"], env={"AMEM_CONF": "expandable_segments:True"}))
+    assert amem["losses"] == pytest.approx(native["losses"], rel=1e-6, abs=1e-7)
+    assert amem["weight_sum"] == pytest.approx(native["weight_sum"], rel=1e-9)
+
+
+def test_expandable_segments_map_pages_keep_data_and_give_memory_back():
+    out = _json(run_python("""
+        import json, amem_alloc
+        amem_alloc.enable(expandable_segments=True)
+        import torch
+        sizes = [1000, 3 << 20, 30 << 20, 7 << 20, 100 << 20]           # small and large pools, many pages
+        tensors = [torch.full((n // 4,), float(i + 1), device="cuda") for i, n in enumerate(sizes)]
+        mapped = amem_alloc.memory_stats(0)["reserved_bytes.all.current"]
+        del tensors[2]                                                  # a hole in the middle
+        more = torch.full(((40 << 20) // 4,), 9.0, device="cuda")        # maps pages past the others
+        intact = [bool((t == float(v)).all()) for t, v in zip(tensors, [1, 2, 4, 5])] + [bool((more == 9).all())]
+        segments = [s for s in amem_alloc.segments(0) if s.is_expandable]
+        del tensors, more
+        torch.cuda.empty_cache()
+        amem_alloc._C.cuda_check_valid(0)
+        final = amem_alloc.memory_stats(0)
+        print(json.dumps({"mapped": mapped, "intact": intact, "expandable_segments": len(segments),
+                          "reserved_after_empty": final["reserved_bytes.all.current"],
+                          "device_frees": final["num_device_free"]}))
+    """))
+    assert out["mapped"] >= sum([1000, 3 << 20, 30 << 20, 7 << 20, 100 << 20])
+    assert all(out["intact"]), out["intact"]
+    assert out["expandable_segments"] >= 2
+    assert out["reserved_after_empty"] == 0 and out["device_frees"] > 0

@@ -1,0 +1,77 @@
+// cuda_pages.h — expandable segments on a CUDA device: ranges of device
+// addresses reserved with the driver's virtual memory API and backed by
+// physical memory page by page.
+//
+// Design note
+// -----------
+// torch's ExpandableSegment does the same (c10/cuda/CUDACachingAllocator.cpp):
+// cuMemAddressReserve for the range, then per page cuMemCreate (a physical
+// allocation of one page) and cuMemMap, and cuMemSetAccess to make the new
+// pages readable and writable from the device; unmapping is cuMemUnmap and
+// cuMemRelease per page. The driver can only unmap whole mappings, so each
+// page is its own mapping: the core maps and unmaps whole pages (backend.h),
+// and every call here checks that it does.
+//
+// The driver's functions are resolved at run time from the libcuda the CUDA
+// runtime loaded (cuda_driver_abi.h), so nothing links against CUDA. Callers
+// hold the device current (the cuda backend's DeviceGuard). An out-of-memory
+// while mapping undoes the pages that call mapped and answers false; any
+// other driver error throws BackendError with the driver's message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_driver_abi.h"
+
+namespace amem {
+
+struct CudaDriver;
+
+class CudaPages {
+ public:
+  // Pages for `device`, or nullptr with the reason in `why` when the driver
+  // or the device cannot map pages.
+  static std::unique_ptr<CudaPages> open(int device, std::string* why);
+
+  // 0 when the device has no address space left.
+  uintptr_t reserve(size_t bytes, size_t page_bytes);
+  // Unmaps whatever is still mapped, then gives the addresses back.
+  void release(uintptr_t address, size_t bytes);
+  // False (with nothing mapped) when the device is out of memory.
+  bool map(uintptr_t address, size_t bytes);
+  void unmap(uintptr_t address, size_t bytes);
+
+  size_t mapped_pages() const { return mapped_pages_; }
+
+ private:
+  struct Page {
+    cudrv::Handle handle = 0;
+    bool mapped = false;
+  };
+  struct Range {
+    size_t bytes = 0;
+    size_t page_bytes = 0;
+    std::vector<Page> pages;
+  };
+
+  CudaPages(const CudaDriver& driver, int device, size_t granularity)
+      : driver_(driver), device_(device), granularity_(granularity) {}
+  // The range holding [address, address + bytes), which must be whole pages;
+  // sets `first` to the index of the page at `address`.
+  Range& pages_of(uintptr_t address, size_t bytes, size_t* first);
+  cudrv::Result map_page(uintptr_t address, size_t page_bytes, Page& page);
+  void unmap_page(uintptr_t address, size_t page_bytes, Page& page);
+
+  const CudaDriver& driver_;
+  int device_;
+  size_t granularity_;                // the driver's minimum for one physical allocation
+  std::map<uintptr_t, Range> ranges_;  // by first address
+  size_t mapped_pages_ = 0;
+};
+
+}  // namespace amem

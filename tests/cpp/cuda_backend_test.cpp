@@ -1,0 +1,188 @@
+// cuda_backend_test.cpp — the cuda backend, run against a fake CUDA runtime and
+// driver (tests/cpp/fake_cuda) on machines without a GPU: device checks and
+// the caller's device restored, OOM answered and CUDA's sticky error cleared,
+// other CUDA errors reported with CUDA's message, events, and expandable
+// segments through the driver's virtual memory API (whole pages, access set,
+// an OOM part-way undone, everything given back). The same code runs on a GPU
+// in tests/gpu.
+#include <gtest/gtest.h>
+
+#include "fake_cuda/fake_cuda.h"
+#include "test_support.h"
+
+extern "C" int cudaGetDevice(int* device);
+extern "C" int cudaSetDevice(int device);
+extern "C" int cudaGetLastError();
+
+namespace amem {
+namespace {
+
+using test::alloc;
+using test::release;
+using test::stat;
+
+constexpr size_t kCapacity = 200 * kMiB;
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake_cuda_reset(kCapacity);
+    ASSERT_EQ(cudaSetDevice(0), 0);
+  }
+  void TearDown() override { EXPECT_EQ(fake_cuda_counts().violations, 0u) << "a CUDA API rule was broken"; }
+
+  static std::unique_ptr<CachingAllocator> make(int device, const std::string& conf = "") {
+    return std::make_unique<CachingAllocator>(make_cuda_backend(device), Options::parse(conf));
+  }
+  // Nothing is left on the fake device: no memory, handles, mappings, ranges or events.
+  static void expect_all_given_back() {
+    const FakeCudaCounts c = fake_cuda_counts();
+    EXPECT_EQ(c.allocations, 0u);
+    EXPECT_EQ(c.handles, 0u);
+    EXPECT_EQ(c.mappings, 0u);
+    EXPECT_EQ(c.ranges, 0u);
+    EXPECT_EQ(c.events, 0u);
+    EXPECT_EQ(c.used_bytes[0] + c.used_bytes[1], 0u);
+  }
+};
+
+TEST_F(CudaBackendTest, ADeviceThatDoesNotExistIsRefusedByName) {
+  try {
+    make_cuda_backend(2);
+    FAIL() << "device 2 of 2 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA device 2 does not exist"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaBackendTest, SegmentsComeFromCudaMallocOnItsDeviceAndTheCallersDeviceIsRestored) {
+  {
+    auto a = make(1);
+    uintptr_t p = alloc(*a, 3 * kMiB);
+    EXPECT_EQ(fake_cuda_counts().allocations, 1u);
+    EXPECT_EQ(fake_cuda_counts().used_bytes[1], 20 * kMiB);  // a large segment, on device 1
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 0u);
+    int current = -1;
+    ASSERT_EQ(cudaGetDevice(&current), 0);
+    EXPECT_EQ(current, 0);
+    release(*a, p);
+    a->empty_cache();
+    EXPECT_EQ(fake_cuda_counts().allocations, 0u);
+  }
+  expect_all_given_back();
+}
+
+TEST_F(CudaBackendTest, OutOfMemoryIsAnAnswerAndLeavesNoStickyError) {
+  auto a = make(0);
+  uintptr_t p = alloc(*a, 150 * kMiB);
+  EXPECT_THROW(a->malloc(100 * kMiB, 0), OutOfMemoryError);
+  EXPECT_EQ(fake_cuda_counts().sticky_error, 0) << "cudaMalloc's OOM was left pending";
+  a->check_valid();
+  release(*a, p);
+  EXPECT_NE(alloc(*a, 100 * kMiB), 0u);  // frees the cached 150 MiB and retries
+  a->check_valid();
+}
+
+TEST_F(CudaBackendTest, OtherCudaErrorsCarryCudasMessageAndLeaveTheAllocatorValid) {
+  auto a = make(0);
+  fake_cuda_fail_next("cudaMalloc", 101);
+  try {
+    a->malloc(kMiB, 0);
+    FAIL() << "a CUDA error was swallowed";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaMalloc failed: invalid device ordinal"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cudaGetLastError(), 0);
+  a->check_valid();
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), 0);
+  EXPECT_NE(alloc(*a, kMiB), 0u);
+}
+
+TEST_F(CudaBackendTest, ABlockUsedOnABusyStreamWaitsForItsEvent) {
+  auto a = make(0);
+  const StreamId side = 0x7000;
+  uintptr_t p = alloc(*a, kMiB);
+  a->record_stream(p, side);
+  fake_cuda_set_stream_busy(side, true);
+  release(*a, p);
+  EXPECT_EQ(fake_cuda_counts().events, 1u);
+  EXPECT_NE(alloc(*a, kMiB), p);  // its event is not complete: another block serves
+  fake_cuda_set_stream_busy(side, false);
+  EXPECT_EQ(alloc(*a, kMiB), p);  // the next malloc finds the event complete
+  EXPECT_EQ(fake_cuda_counts().events, 0u);
+  EXPECT_EQ(cudaGetLastError(), 0) << "cudaEventQuery's not-ready was left pending";
+}
+
+// ---------------------------------------------------------------- expandable segments
+
+TEST_F(CudaBackendTest, ExpandableSegmentsMapWholePagesWithAccessAndGiveEverythingBack) {
+  {
+    auto a = make(0, "expandable_segments:True");
+    uintptr_t small = alloc(*a, 1000);
+    uintptr_t large = alloc(*a, 30 * kMiB);  // two 20 MiB pages
+    FakeCudaCounts c = fake_cuda_counts();
+    EXPECT_EQ(c.ranges, 2u);  // one per pool
+    EXPECT_EQ(c.mappings, 3u);  // one 2 MiB page, two 20 MiB pages: one mapping each
+    EXPECT_EQ(c.mappings_without_access, 0u);
+    EXPECT_EQ(c.used_bytes[0], 42 * kMiB);
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), int64_t(42 * kMiB));
+    release(*a, large);
+    a->empty_cache();
+    c = fake_cuda_counts();
+    EXPECT_EQ(c.mappings, 1u);  // the small page still holds a block
+    EXPECT_EQ(c.handles, 1u);
+    EXPECT_EQ(c.ranges, 1u);   // the large range had nothing mapped: given back
+    release(*a, small);
+    uintptr_t again = alloc(*a, 5 * kMiB);  // the small block's page is free; a new large range
+    EXPECT_EQ(fake_cuda_counts().mappings, 2u);
+    release(*a, again);
+  }  // the allocator goes with a page still mapped: unmapped, released, range freed
+  expect_all_given_back();
+}
+
+TEST_F(CudaBackendTest, AnOutOfMemoryPartWayThroughAMapUndoesItsPages) {
+  auto a = make(0, "expandable_segments:True");
+  uintptr_t held = alloc(*a, 150 * kMiB);  // 8 large pages: 160 MiB of 200
+  // 10 MiB are free at the end of the last page; 60 MiB more need 3 pages in one map, and
+  // the third does not fit.
+  EXPECT_THROW(a->malloc(70 * kMiB, 0), OutOfMemoryError);
+  FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings, 8u);
+  EXPECT_EQ(c.handles, 8u) << "the pages mapped before the OOM were not given back";
+  EXPECT_EQ(c.used_bytes[0], 160 * kMiB);
+  a->check_valid();
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), int64_t(160 * kMiB));
+  release(*a, held);
+  EXPECT_NE(alloc(*a, 70 * kMiB), 0u);
+  a->check_valid();
+}
+
+TEST_F(CudaBackendTest, ADriverErrorWhileMappingIsReportedAndUndone) {
+  auto a = make(0, "expandable_segments:True");
+  fake_cuda_fail_next("cuMemSetAccess", 1);
+  try {
+    a->malloc(30 * kMiB, 0);
+    FAIL() << "a driver error was swallowed";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("invalid argument"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fake_cuda_counts().mappings, 0u);
+  EXPECT_EQ(fake_cuda_counts().handles, 0u);
+  a->check_valid();
+  EXPECT_NE(alloc(*a, 30 * kMiB), 0u);
+}
+
+TEST_F(CudaBackendTest, ADeviceWithoutVirtualMemoryRefusesExpandableSegmentsWithTheReason) {
+  fake_cuda_set_vmm_supported(false);
+  try {
+    make(0, "expandable_segments:True");
+    FAIL() << "expandable segments were accepted without virtual memory support";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not support virtual memory management"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(alloc(*make(0), kMiB), 0u);  // without the option the device works as before
+}
+
+}  // namespace
+}  // namespace amem

@@ -1,0 +1,280 @@
+// fake_cuda.cpp — the fake CUDA driver (libcuda.so.1) and the state both fakes
+// share (see fake_cuda.h). Only what the cuda backend calls.
+#include "fake_cuda.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace {
+
+constexpr int kDevices = 2;
+constexpr size_t kGranularity = size_t{2} << 20;
+constexpr int kInvalidValue = 1, kOutOfMemory = 2, kInvalidDevice = 101, kNotFound = 500;
+
+struct Handle { size_t bytes; int device; int mappings; };
+struct Mapping { size_t bytes; unsigned long long handle; bool access; };
+
+struct State {
+  std::mutex mutex;
+  size_t capacity = 0;
+  size_t used[kDevices] = {};
+  bool vmm = true;
+  std::map<std::string, int> failures;               // function -> code for its next call
+  std::set<uint64_t> busy_streams;
+  std::map<unsigned long long, Handle> handles;
+  unsigned long long next_handle = 1;
+  std::map<uintptr_t, size_t> ranges;                 // reserved: first address -> bytes
+  std::map<uintptr_t, Mapping> mappings;              // mapped: first address -> mapping
+  size_t allocations = 0, events = 0, violations = 0;
+  int sticky = 0;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+// A rule was broken: count it and answer `code`.
+int violation(int code) {
+  state().violations += 1;
+  return code;
+}
+
+bool in_a_range(const State& s, uintptr_t address, size_t bytes) {
+  auto it = s.ranges.upper_bound(address);
+  if (it == s.ranges.begin()) return false;
+  --it;
+  return address >= it->first && address + bytes <= it->first + it->second;
+}
+
+bool overlaps_a_mapping(const State& s, uintptr_t address, size_t bytes) {
+  auto it = s.mappings.lower_bound(address);
+  if (it != s.mappings.end() && it->first < address + bytes) return true;
+  if (it == s.mappings.begin()) return false;
+  --it;
+  return it->first + it->second.bytes > address;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---------------------------------------------------------------- control
+
+void fake_cuda_reset(size_t capacity) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (auto& [address, bytes] : s.ranges) munmap(reinterpret_cast<void*>(address), bytes);
+  s.capacity = capacity;
+  std::memset(s.used, 0, sizeof(s.used));
+  s.vmm = true;
+  s.failures.clear();
+  s.busy_streams.clear();
+  s.handles.clear();
+  s.ranges.clear();
+  s.mappings.clear();
+  s.allocations = s.events = s.violations = 0;
+  s.sticky = 0;
+}
+
+FakeCudaCounts fake_cuda_counts() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  FakeCudaCounts c;
+  c.allocations = s.allocations;
+  c.handles = s.handles.size();
+  c.mappings = s.mappings.size();
+  for (auto& [address, m] : s.mappings) c.mappings_without_access += m.access ? 0 : 1;
+  c.ranges = s.ranges.size();
+  c.events = s.events;
+  for (int d = 0; d < kDevices; ++d) c.used_bytes[d] = s.used[d];
+  c.violations = s.violations;
+  c.sticky_error = s.sticky;
+  return c;
+}
+
+void fake_cuda_fail_next(const char* function, int code) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().failures[function] = code;
+}
+
+void fake_cuda_set_stream_busy(uint64_t stream, bool busy) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  if (busy) state().busy_streams.insert(stream);
+  else state().busy_streams.erase(stream);
+}
+
+void fake_cuda_set_vmm_supported(bool supported) { state().vmm = supported; }
+
+// ---------------------------------------------------------------- shared with the runtime
+
+bool fake_cuda_take_failure(const char* function, int* code) {
+  auto& failures = state().failures;
+  auto it = failures.find(function);
+  if (it == failures.end()) return false;
+  *code = it->second;
+  failures.erase(it);
+  return true;
+}
+
+bool fake_cuda_charge(int device, size_t bytes) {
+  State& s = state();
+  if (s.used[device] + bytes > s.capacity) return false;
+  s.used[device] += bytes;
+  return true;
+}
+
+void fake_cuda_refund(int device, size_t bytes) { state().used[device] -= bytes; }
+int fake_cuda_device_count() { return kDevices; }
+size_t fake_cuda_capacity() { return state().capacity; }
+void fake_cuda_finish_all_work() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().busy_streams.clear();
+}
+void fake_cuda_note_violation() { state().violations += 1; }
+bool fake_cuda_stream_busy(uint64_t stream) { return state().busy_streams.count(stream) != 0; }
+size_t* fake_cuda_live_counter(const char* what) {
+  return std::strcmp(what, "events") == 0 ? &state().events : &state().allocations;
+}
+int* fake_cuda_sticky_error() { return &state().sticky; }
+
+// ---------------------------------------------------------------- the driver API
+
+#define FAKE_FAILURE(name)                              \
+  do {                                                  \
+    int code_ = 0;                                      \
+    if (fake_cuda_take_failure(name, &code_)) return code_; \
+  } while (0)
+
+struct FakeLocation { int type; int id; };
+struct FakeProp { int type; int handle_types; FakeLocation location; void* win32; unsigned char flags[8]; };
+struct FakeAccess { FakeLocation location; int flags; };
+
+int cuDeviceGet(int* device, int ordinal) {
+  FAKE_FAILURE("cuDeviceGet");
+  if (ordinal < 0 || ordinal >= kDevices) return violation(kInvalidDevice);
+  *device = ordinal;
+  return 0;
+}
+
+int cuDeviceGetAttribute(int* value, int attribute, int device) {
+  FAKE_FAILURE("cuDeviceGetAttribute");
+  if (device < 0 || device >= kDevices) return violation(kInvalidDevice);
+  *value = attribute == 102 ? static_cast<int>(state().vmm) : 0;
+  return 0;
+}
+
+int cuGetErrorString(int error, const char** text) {
+  switch (error) {
+    case 0: *text = "no error"; return 0;
+    case kInvalidValue: *text = "invalid argument"; return 0;
+    case kOutOfMemory: *text = "out of memory"; return 0;
+    case kInvalidDevice: *text = "invalid device ordinal"; return 0;
+    case kNotFound: *text = "named symbol not found"; return 0;
+    default: *text = nullptr; return kInvalidValue;
+  }
+}
+
+int cuMemGetAllocationGranularity(size_t* granularity, const FakeProp* prop, int option) {
+  FAKE_FAILURE("cuMemGetAllocationGranularity");
+  if (prop == nullptr || prop->type != 1 || prop->location.type != 1) return violation(kInvalidValue);
+  *granularity = kGranularity;
+  return 0;
+}
+
+int cuMemAddressReserve(unsigned long long* address, size_t bytes, size_t alignment, unsigned long long hint,
+                        unsigned long long flags) {
+  FAKE_FAILURE("cuMemAddressReserve");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (bytes == 0 || bytes % kGranularity != 0) return violation(kInvalidValue);
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return kOutOfMemory;
+  s.ranges[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *address = reinterpret_cast<uintptr_t>(p);
+  return 0;
+}
+
+int cuMemAddressFree(unsigned long long address, size_t bytes) {
+  FAKE_FAILURE("cuMemAddressFree");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.ranges.find(address);
+  if (it == s.ranges.end() || it->second != bytes || overlaps_a_mapping(s, address, bytes))
+    return violation(kInvalidValue);
+  munmap(reinterpret_cast<void*>(address), bytes);
+  s.ranges.erase(it);
+  return 0;
+}
+
+int cuMemCreate(unsigned long long* handle, size_t bytes, const FakeProp* prop, unsigned long long flags) {
+  FAKE_FAILURE("cuMemCreate");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (prop == nullptr || prop->type != 1 || prop->location.type != 1 || prop->location.id < 0 ||
+      prop->location.id >= kDevices || bytes == 0 || bytes % kGranularity != 0)
+    return violation(kInvalidValue);
+  if (!fake_cuda_charge(prop->location.id, bytes)) return kOutOfMemory;
+  *handle = s.next_handle++;
+  s.handles[*handle] = Handle{bytes, prop->location.id, 0};
+  return 0;
+}
+
+int cuMemRelease(unsigned long long handle) {
+  FAKE_FAILURE("cuMemRelease");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.handles.find(handle);
+  if (it == s.handles.end() || it->second.mappings != 0) return violation(kInvalidValue);
+  fake_cuda_refund(it->second.device, it->second.bytes);
+  s.handles.erase(it);
+  return 0;
+}
+
+int cuMemMap(unsigned long long address, size_t bytes, size_t offset, unsigned long long handle,
+             unsigned long long flags) {
+  FAKE_FAILURE("cuMemMap");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto h = s.handles.find(handle);
+  if (h == s.handles.end() || offset != 0 || bytes != h->second.bytes || !in_a_range(s, address, bytes) ||
+      overlaps_a_mapping(s, address, bytes))
+    return violation(kInvalidValue);
+  h->second.mappings += 1;
+  s.mappings[address] = Mapping{bytes, handle, false};
+  return 0;
+}
+
+int cuMemUnmap(unsigned long long address, size_t bytes) {
+  FAKE_FAILURE("cuMemUnmap");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.mappings.find(address);
+  if (it == s.mappings.end() || it->second.bytes != bytes) return violation(kInvalidValue);  // whole mappings only
+  s.handles[it->second.handle].mappings -= 1;
+  s.mappings.erase(it);
+  return 0;
+}
+
+int cuMemSetAccess(unsigned long long address, size_t bytes, const FakeAccess* desc, size_t count) {
+  FAKE_FAILURE("cuMemSetAccess");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (desc == nullptr || count != 1 || desc->flags != 3 || desc->location.type != 1) return violation(kInvalidValue);
+  size_t covered = 0;  // every byte must be mapped
+  for (auto it = s.mappings.find(address); it != s.mappings.end() && it->first == address + covered &&
+                                           covered < bytes;
+       ++it)
+    covered += it->second.bytes;
+  if (covered != bytes) return violation(kInvalidValue);
+  for (auto it = s.mappings.find(address); it != s.mappings.end() && it->first < address + bytes; ++it)
+    it->second.access = true;
+  return 0;
+}
+
+}  // extern "C"

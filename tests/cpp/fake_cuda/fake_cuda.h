@@ -1,0 +1,57 @@
+// fake_cuda.h — a stand-in for the CUDA runtime and driver, for testing the
+// cuda backend on machines without a GPU. Not a test file itself.
+//
+// Design note
+// -----------
+// Two small shared libraries carry the sonames the cuda backend dlopens,
+// libcudart.so.13 (fake_cudart.cpp) and libcuda.so.1 (fake_cuda.cpp), and the
+// test executable links both, so the backend finds them already loaded, as it
+// finds torch's copies in a real process. They implement only what the
+// backend calls, with the rules that matter to it: a per-device capacity
+// (cudaMalloc and cuMemCreate answer out-of-memory past it, and the runtime's
+// error is sticky until cudaGetLastError), a current device per thread,
+// events that stay incomplete while their stream is marked busy, and the
+// virtual memory API's constraints (a mapping lies in a reserved range, is
+// unmapped whole, and a range is freed only when nothing is mapped in it).
+// Breaking a rule returns an error code and counts a violation, which the
+// tests assert is zero. No memory is touched: addresses come from reserved,
+// inaccessible host address space.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+struct FakeCudaCounts {
+  size_t allocations = 0;       // live cudaMalloc blocks
+  size_t handles = 0;           // live cuMemCreate handles
+  size_t mappings = 0;          // live cuMemMap mappings
+  size_t mappings_without_access = 0;  // mapped but never given to cuMemSetAccess
+  size_t ranges = 0;            // live cuMemAddressReserve ranges
+  size_t events = 0;            // live events
+  size_t used_bytes[2] = {};    // per device: cudaMalloc + cuMemCreate
+  size_t violations = 0;        // calls that broke the API's rules (see above)
+  int sticky_error = 0;         // the runtime's pending error
+};
+
+// Resets everything: 2 devices of `capacity` bytes each, virtual memory supported.
+void fake_cuda_reset(size_t capacity);
+FakeCudaCounts fake_cuda_counts();
+// The next call to `function` (e.g. "cudaMalloc", "cuMemMap") returns `code`.
+void fake_cuda_fail_next(const char* function, int code);
+void fake_cuda_set_stream_busy(uint64_t stream, bool busy);
+void fake_cuda_set_vmm_supported(bool supported);
+
+// Shared with fake_cudart.cpp (internal).
+bool fake_cuda_take_failure(const char* function, int* code);
+bool fake_cuda_charge(int device, size_t bytes);
+void fake_cuda_refund(int device, size_t bytes);
+int fake_cuda_device_count();
+size_t fake_cuda_capacity();
+void fake_cuda_finish_all_work();  // no stream is busy any more
+void fake_cuda_note_violation();
+bool fake_cuda_stream_busy(uint64_t stream);
+size_t* fake_cuda_live_counter(const char* what);  // "allocations" or "events"
+int* fake_cuda_sticky_error();
+}

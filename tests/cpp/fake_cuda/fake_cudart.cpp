@@ -1,0 +1,164 @@
+// fake_cudart.cpp — the fake CUDA runtime (libcudart.so.13; see fake_cuda.h).
+// Only what the cuda backend calls.
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "fake_cuda.h"
+
+namespace {
+
+constexpr int kInvalidValue = 1, kMemoryAllocation = 2, kInvalidDevice = 101, kNotReady = 600;
+
+struct Allocation { size_t bytes; int device; };
+struct Event { uint64_t stream = 0; bool recorded = false; };
+
+std::mutex& mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<void*, Allocation>& allocations() {
+  static std::map<void*, Allocation> a;
+  return a;
+}
+std::map<uintptr_t, Event>& events() {
+  static std::map<uintptr_t, Event> e;
+  return e;
+}
+thread_local int current_device = 0;
+uintptr_t next_event = 0x1000;
+
+// A failing call's error stays pending until cudaGetLastError, as in CUDA.
+int fail(int code) {
+  *fake_cuda_sticky_error() = code;
+  return code;
+}
+
+#define FAKE_FAILURE(name)                                    \
+  do {                                                        \
+    int code_ = 0;                                            \
+    if (fake_cuda_take_failure(name, &code_)) return fail(code_); \
+  } while (0)
+
+}  // namespace
+
+extern "C" {
+
+int cudaMalloc(void** p, size_t bytes) {
+  FAKE_FAILURE("cudaMalloc");
+  std::lock_guard<std::mutex> lock(mutex());
+  if (!fake_cuda_charge(current_device, bytes)) return fail(kMemoryAllocation);
+  void* q = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (q == MAP_FAILED) {
+    fake_cuda_refund(current_device, bytes);
+    return fail(kMemoryAllocation);
+  }
+  allocations()[q] = Allocation{bytes, current_device};
+  *fake_cuda_live_counter("allocations") += 1;
+  *p = q;
+  return 0;
+}
+
+int cudaFree(void* p) {
+  FAKE_FAILURE("cudaFree");
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = allocations().find(p);
+  if (it == allocations().end()) {
+    fake_cuda_note_violation();
+    return fail(kInvalidValue);
+  }
+  munmap(p, it->second.bytes);
+  fake_cuda_refund(it->second.device, it->second.bytes);
+  allocations().erase(it);
+  *fake_cuda_live_counter("allocations") -= 1;
+  return 0;
+}
+
+int cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  FAKE_FAILURE("cudaMemGetInfo");
+  *total_bytes = fake_cuda_capacity();
+  *free_bytes = *total_bytes - fake_cuda_counts().used_bytes[current_device];
+  return 0;
+}
+
+int cudaGetDevice(int* device) {
+  FAKE_FAILURE("cudaGetDevice");
+  *device = current_device;
+  return 0;
+}
+
+int cudaSetDevice(int device) {
+  FAKE_FAILURE("cudaSetDevice");
+  if (device < 0 || device >= fake_cuda_device_count()) return fail(kInvalidDevice);
+  current_device = device;
+  return 0;
+}
+
+int cudaGetDeviceCount(int* count) {
+  FAKE_FAILURE("cudaGetDeviceCount");
+  *count = fake_cuda_device_count();
+  return 0;
+}
+
+int cudaEventCreateWithFlags(void** event, unsigned flags) {
+  FAKE_FAILURE("cudaEventCreateWithFlags");
+  std::lock_guard<std::mutex> lock(mutex());
+  const uintptr_t id = next_event++;
+  events()[id] = Event{};
+  *fake_cuda_live_counter("events") += 1;
+  *event = reinterpret_cast<void*>(id);
+  return 0;
+}
+
+int cudaEventRecord(void* event, void* stream) {
+  FAKE_FAILURE("cudaEventRecord");
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = events().find(reinterpret_cast<uintptr_t>(event));
+  if (it == events().end()) return fail(kInvalidValue);
+  it->second = Event{reinterpret_cast<uint64_t>(stream), true};
+  return 0;
+}
+
+int cudaEventQuery(void* event) {
+  FAKE_FAILURE("cudaEventQuery");
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = events().find(reinterpret_cast<uintptr_t>(event));
+  if (it == events().end()) return fail(kInvalidValue);
+  return fake_cuda_stream_busy(it->second.stream) ? fail(kNotReady) : 0;
+}
+
+int cudaEventDestroy(void* event) {
+  FAKE_FAILURE("cudaEventDestroy");
+  std::lock_guard<std::mutex> lock(mutex());
+  if (events().erase(reinterpret_cast<uintptr_t>(event)) == 0) return fail(kInvalidValue);
+  *fake_cuda_live_counter("events") -= 1;
+  return 0;
+}
+
+int cudaDeviceSynchronize() {  // all work finishes
+  FAKE_FAILURE("cudaDeviceSynchronize");
+  fake_cuda_finish_all_work();
+  return 0;
+}
+
+int cudaGetLastError() {
+  int* sticky = fake_cuda_sticky_error();
+  const int error = *sticky;
+  *sticky = 0;
+  return error;
+}
+
+const char* cudaGetErrorString(int error) {
+  switch (error) {
+    case 0: return "no error";
+    case kInvalidValue: return "invalid argument";
+    case kMemoryAllocation: return "out of memory";
+    case kInvalidDevice: return "invalid device ordinal";
+    case kNotReady: return "device not ready";
+    default: return "unrecognized error code";
+  }
+}
+
+}  // extern "C"
