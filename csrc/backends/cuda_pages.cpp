@@ -164,18 +164,18 @@ bool CudaPages::map(uintptr_t address, size_t bytes) {
   Range& range = pages_of(address, bytes, &first);
   const size_t count = bytes / range.page_bytes;
   cudrv::Result failure = cudrv::kSuccess;
-  size_t done = 0;
-  for (; done < count && failure == cudrv::kSuccess; ++done) {
+  size_t done = 0;  // pages this call has mapped
+  while (done < count) {
     Page& page = range.pages[first + done];
     if (page.mapped) throw BackendError("amem cuda backend: a page mapped twice");
     failure = map_page(address + done * range.page_bytes, range.page_bytes, page);
+    if (failure != cudrv::kSuccess) break;  // that page holds nothing
+    ++done;
   }
   if (failure == cudrv::kSuccess) {
     const cudrv::AccessDesc access{device_memory(device_).location, cudrv::kAccessReadWrite};
     failure = driver_.set_access(address, bytes, &access, 1);
     if (failure == cudrv::kSuccess) return true;
-  } else {
-    --done;  // the page that failed holds nothing
   }
   for (size_t i = 0; i < done; ++i)  // undo this call's pages
     unmap_page(address + i * range.page_bytes, range.page_bytes, range.pages[first + i]);

@@ -151,6 +151,8 @@ struct BlockPool {
   Index::iterator best_fit(StreamId stream, size_t size);
   // The first block ordered at or after (stream, size), whatever its stream.
   Index::iterator lower_bound(StreamId stream, size_t size);
+  // Whether every owned slot of the exact-size table is true (the walker's check).
+  bool exact_table_is_true() const;
 
  private:
   // One slot of the exact-size table (Note [exact-size table]). size 0: unowned.
@@ -174,16 +176,12 @@ struct BlockPool {
     return exact_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kExactSlotBits)];
   }
   void note_added(const FreeEntry& entry);
-  // The entry at `at` is about to go or change; `next` is std::next(at).
-  void note_removed(Index::iterator at, Index::iterator next);
+  // The entry at `at` is about to go or change its key.
+  void note_removed(Index::iterator at);
   static void set_lowest(ExactSlot& slot, Block* block);
 
   std::vector<Index::node_type> spare_nodes_;  // recycled set nodes
   std::array<ExactSlot, kExactSlots> exact_{};
-
- public:
-  // Whether every owned slot of the exact-size table is true (the walker's check).
-  bool exact_table_is_true() const;
 };
 
 inline FreeEntry entry_of(const Block* b) { return {b->stream, b->size, b->address, const_cast<Block*>(b)}; }
@@ -199,7 +197,7 @@ inline void BlockPool::take(Index::iterator it) {
   block->indexed = false;
   const auto next = std::next(it);
   block->index_hint = next == free_blocks.end() ? nullptr : next->block;
-  note_removed(it, next);
+  note_removed(it);
   spare_nodes_.push_back(free_blocks.extract(it));
 }
 
@@ -220,7 +218,7 @@ inline void BlockPool::rekey(Block* block) { place(block->position, block); }
 inline void BlockPool::place(Index::iterator at, Block* block) {
   const FreeEntry entry = entry_of(block);
   const FreeEntryLess less;
-  if (at->block->exact_lowest) note_removed(at, std::next(at));
+  note_removed(at);
   bool in_order;
   if (less(entry, *at)) {
     in_order = at == free_blocks.begin() || less(*std::prev(at), entry);
@@ -243,8 +241,9 @@ inline void BlockPool::note_added(const FreeEntry& entry) {
     set_lowest(slot, entry.block);
 }
 
-inline void BlockPool::note_removed(Index::iterator at, Index::iterator next) {
-  if (!at->block->exact_lowest) return;
+inline void BlockPool::note_removed(Index::iterator at) {
+  if (!at->block->exact_lowest) return;  // only a slot's lowest block matters
+  const auto next = std::next(at);
   const bool twin = next != free_blocks.end() && next->size == at->size && next->stream == at->stream;
   set_lowest(exact_slot(at->stream, at->size), twin ? next->block : nullptr);
 }
