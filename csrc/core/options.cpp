@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
 namespace amem {
 namespace {
@@ -194,10 +194,13 @@ std::string format_divisions(const Options& o) {
   return out + "]";
 }
 
+// printf's %g, as std::ostream would print it, without iostreams: an extension built with
+// GCC 13 crashed in ostream<<double once torch 2.11 was loaded (H100, 2026-11-23), so no
+// file of the extension uses iostreams (tests/test_enable.py checks the built module).
 std::string format_double(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  char text[32];
+  int n = std::snprintf(text, sizeof text, "%g", v);
+  return std::string(text, n > 0 ? static_cast<size_t>(n) : 0);
 }
 
 }  // namespace
