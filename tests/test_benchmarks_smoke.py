@@ -19,7 +19,7 @@ def test_every_benchmark_runs_and_prints_its_ratios(tmp_path):
     for figure in ("Hot path: cached malloc+free pair, sim backend", "Hot path: cached malloc+free pair, host backend",
                    "Free holes: 64k vs 10", "Threads: throughput with 8 threads", "Recording: pair with",
                    "Pending events", "Replay throughput: the C++ replay loop", "GPU: torch.empty/del loop",
-                   "GPU: training step"):
+                   "GPU: training step", "Prediction at scale"):
         assert figure in table, f"{figure!r} missing from:\n{table}"
     ratios = re.findall(r"(\d+(?:\.\d+)?)×", table)  # holes, threads, recording, pending, replay
     assert len(ratios) >= 9 and all(float(r) > 0 for r in ratios), table

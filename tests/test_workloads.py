@@ -20,7 +20,7 @@ def _steps(name, steps, **kw):
 
 
 def test_registry():
-    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode"}
+    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode", "llama7b"}
     with pytest.raises(ValueError, match="choose one of"):
         workloads.get("bert")
 
@@ -43,6 +43,15 @@ def test_decode_grows_its_cache_every_token():
     per_step, info = _steps("decode", 4)
     assert len(per_step) == info["steps"] == 4
     assert max(per_step[-1]) > max(per_step[1])  # torch.cat makes a bigger cache each token (step 0 has the prompt)
+
+
+def test_llama_is_7b_and_runs_small_on_a_cpu():
+    from amem_alloc.workloads import llama
+
+    assert 6.7e9 < llama.LLAMA_7B.parameters < 6.8e9          # LLaMA-7B: 6.74e9
+    calls = []
+    info = llama.run(size=2, steps=1, on_step=calls.append, config=llama.LlamaConfig(1, 64, 2, 128, 100, 16))
+    assert calls == [0] and info["batch"] == 2 and info["parameters"] == llama.LlamaConfig(1, 64, 2, 128, 100, 16).parameters
 
 
 def test_size_knob_scales():
