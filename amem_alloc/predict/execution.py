@@ -1,0 +1,345 @@
+"""Fake execution: meta tensors that say "cuda", torch's own autograd engine, and a record of every
+CUDA storage's life.
+
+Design note
+-----------
+Every tensor made while a session is active is a *meta* tensor: it has shape, dtype, strides and a
+storage of a known size, but no data and no memory. Meta tensors go through torch's real
+dispatcher and its real autograd engine (the C++ one: a fake CUDA device cannot, because the
+engine asks the CUDA driver about streams and contexts), so every lifetime is torch's own:
+autograd's saved tensors and their release after each node runs, gradient accumulation and
+stealing, views sharing a storage, in-place ops, `del`, optimizer state, checkpointing.
+
+Which meta tensors are "CUDA" is kept beside them, per storage (`Storages`): a factory call or a
+`.to()/.cuda()` naming a CUDA device makes a CUDA storage, an op whose inputs include a CUDA tensor
+makes CUDA outputs. A torch-function mode (`DeviceMode`) rewrites devices to meta on the way in
+and answers `tensor.device`, `is_cuda`, `get_device()` as the user's code expects; it also applies
+CUDA's autocast policy (meta tensors have no autocast kernels: see autocast.py) and turns reads of
+values (`repr`, `tolist`, `numpy`) into DataDependentError. A torch-dispatch mode (`Recorder`),
+below autograd, sees every aten op: each new storage it returns is an allocation (its nominal
+bytes: the allocator rounds), and a weak reference to the storage reports the free when torch
+drops the last reference. CUDA-only allocations (cuBLAS workspace, attention backends) come from
+cuda_rules.py.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from . import autocast as autocast_rules
+from . import cuda_rules
+
+META = torch.device("meta")
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (_TORCH_DIR, _AMEM_DIR, os.path.dirname(os.__file__))
+
+
+class DataDependentError(RuntimeError):
+    """User code needed a tensor's value, which a prediction does not compute."""
+
+    def __init__(self, what: str, frames: tuple = ()):
+        self.what = what
+        self.filename, self.lineno = (frames[0][0], frames[0][1]) if frames else (None, None)
+        where = f"{self.filename}:{self.lineno}: " if frames else ""
+        super().__init__(f"{where}{what} needs a tensor's value, which prediction does not compute "
+                         "(no data is computed); remove it from the predicted step or guard it with "
+                         "amem's prediction flag")
+
+
+def user_frames(limit: int = 6) -> tuple:
+    """(filename, line, function) of the caller's frames outside torch and amem, innermost first."""
+    out, f = [], sys._getframe(1)
+    while f is not None and len(out) < limit:
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen"):
+            out.append((name, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+# ============================================================================ which storages are CUDA
+class Storages:
+    """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one
+    Python object per storage while any tensor holds it, so a weak reference to it fires exactly
+    when the storage dies."""
+
+    def __init__(self, on_alloc: Callable, on_free: Callable):
+        self.by_id: dict[int, tuple[int, str, int]] = {}   # id -> (key, device, nbytes)
+        self.on_alloc, self.on_free = on_alloc, on_free
+        self.next_key = itertools.count(1).__next__
+
+    def device_of(self, t: torch.Tensor) -> str | None:
+        if t.device.type != "meta":
+            return t.device.type
+        rec = self.by_id.get(id(t.untyped_storage()))
+        return rec[1] if rec else None
+
+    def key_of(self, t: torch.Tensor) -> int | None:
+        rec = self.by_id.get(id(t.untyped_storage()))
+        return rec[0] if rec else None
+
+    def see(self, t: torch.Tensor, device: str, op: str) -> None:
+        st = t.untyped_storage()
+        sid, nbytes = id(st), st.nbytes()
+        rec = self.by_id.get(sid)
+        if rec is not None:
+            if nbytes > rec[2]:   # resize_ grew it: torch allocates a new block and frees the old
+                self._died(sid, rec[0], rec[1])
+                weakref.finalize(st, self._died, sid, *self._new(sid, device, nbytes, op, t))
+            return
+        key, device = self._new(sid, device, nbytes, op, t)
+        weakref.finalize(st, self._died, sid, key, device)
+
+    def _new(self, sid: int, device: str, nbytes: int, op: str, t: torch.Tensor) -> tuple[int, str]:
+        key = self.next_key()
+        self.by_id[sid] = (key, device, nbytes)
+        if device == "cuda" and nbytes > 0:   # torch's allocator records nothing for 0 bytes
+            self.on_alloc(key, nbytes, op, t)
+        return key, device
+
+    def _died(self, sid: int, key: int, device: str) -> None:
+        rec = self.by_id.get(sid)
+        if rec is not None and rec[0] == key:
+            del self.by_id[sid]
+            if device == "cuda" and rec[2] > 0:
+                self.on_free(key)
+
+    def alloc_extra(self, nbytes: int, op: str) -> int:
+        """An allocation a CUDA kernel or library makes that no tensor shows (a workspace)."""
+        key = self.next_key()
+        self.on_alloc(key, nbytes, op, None)
+        return key
+
+
+# ============================================================================ devices
+_state = threading.local()
+
+
+def _explicit_device() -> str | None:
+    stack = getattr(_state, "devices", None)
+    return stack[-1] if stack else None
+
+
+class _Device:
+    def __init__(self, device: str | None):
+        self.device = device
+
+    def __enter__(self):
+        if not hasattr(_state, "devices"):
+            _state.devices = []
+        _state.devices.append(self.device)
+
+    def __exit__(self, *exc):
+        _state.devices.pop()
+
+
+def device_type(device: Any) -> str | None:
+    """"cuda" / "cpu" / ... for a device argument (str, int, torch.device), None for none."""
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return "cuda"
+    return torch.device(device).type
+
+
+_FACTORIES = None
+_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
+_VALUE_READS = {"__repr__", "__str__", "__format__", "tolist", "numpy", "__array__", "__dlpack__"}
+
+
+_SCALAR_DATA = {"tensor", "scalar_tensor", "as_tensor", "asarray"}
+
+
+def _is_scalar_factory(func, args, kwargs) -> bool:
+    """Whether a CPU factory call makes a tensor of at most one element."""
+    name = getattr(func, "__name__", "")
+    if name in _SCALAR_DATA:
+        return bool(args) and isinstance(args[0], (int, float, bool))
+    if name in ("zeros", "ones", "empty", "full"):
+        size = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else args[:1] if name == "full" else args
+        try:
+            n = 1
+            for d in size:
+                n *= int(d)
+            return n <= 1
+        except (TypeError, ValueError):
+            return False
+    return False
+
+
+def _factories() -> set:
+    global _FACTORIES
+    if _FACTORIES is None:
+        from torch.utils._device import _device_constructors
+        _FACTORIES = set(_device_constructors())
+    return _FACTORIES
+
+
+def _to_target(args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """(target device or None, args, kwargs with the device replaced by meta) for Tensor.to."""
+    target = kwargs.get("device")
+    if target is not None:
+        kwargs = {**kwargs, "device": META}
+        return target, args, kwargs
+    rest = list(args[1:])
+    for i, a in enumerate(rest):
+        if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
+            if isinstance(a, int) and i > 0:
+                break
+            rest[i] = META
+            return a, (args[0], *rest), kwargs
+        if isinstance(a, torch.Tensor):   # .to(other): other's device and dtype
+            return ("other", a), args, kwargs
+        if isinstance(a, torch.dtype):
+            break
+    return None, args, kwargs
+
+
+class DeviceMode(TorchFunctionMode):
+    """Rewrites devices to meta and answers device queries as CUDA for CUDA storages."""
+
+    def __init__(self, storages: Storages, session: Any):
+        super().__init__()
+        self.storages, self.session = storages, session
+        self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
+                        torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
+                        torch.Tensor.is_meta: lambda t: False}
+
+    def _type(self, t: torch.Tensor) -> str:
+        return self.storages.device_of(t) or "cpu"
+
+    def _device(self, t: torch.Tensor) -> torch.device:
+        kind = self._type(t)
+        return torch.device("cuda", 0) if kind == "cuda" else torch.device(kind)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        getter = self.getters.get(getattr(func, "__self__", None))
+        if getter is not None and getattr(func, "__name__", "") == "__get__":
+            return getter(args[0])
+        name = getattr(func, "__name__", "")
+        if name in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
+            raise DataDependentError(f"{name.strip('_')}() of a tensor", user_frames())
+        if func is torch.Tensor.get_device:
+            return 0 if self._type(args[0]) == "cuda" else -1
+        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
+            return self._to(func, args, kwargs)
+        if func is torch.Tensor.pin_memory or func is torch.Tensor.is_pinned:
+            return args[0] if func is torch.Tensor.pin_memory else False
+        if func in _factories() or (name in _LIKE and "device" in kwargs):
+            return self._factory(func, args, kwargs)
+        if autocast_rules.active():
+            return autocast_rules.call(func, name, args, kwargs, self)
+        return cuda_rules.function(func, name, args, kwargs, self)
+
+    def _factory(self, func, args, kwargs):
+        device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
+        if device == "cpu" and _is_scalar_factory(func, args, kwargs):
+            return func(*args, **kwargs)   # a CPU scalar (an optimizer's step count) stays real: it is read
+        kwargs = {**kwargs, "device": META}
+        kwargs.pop("pin_memory", None)
+        with _Device(device):
+            return func(*args, **kwargs)
+
+    def _to(self, func, args, kwargs):
+        t = args[0]
+        if func is torch.Tensor.cuda:
+            target, args, kwargs = "cuda", (t,), {"non_blocking": kwargs.get("non_blocking", False)}
+        elif func is torch.Tensor.cpu:
+            target, args, kwargs = "cpu", (t,), {}
+        else:
+            target, args, kwargs = _to_target(args, kwargs)
+            if isinstance(target, tuple):   # .to(other tensor)
+                other = target[1]
+                target = self._type(other)
+                args, kwargs = (t, other.dtype), kwargs
+        if func is not torch.Tensor.to:
+            args, kwargs = (t, META), kwargs
+        kind = device_type(target) if target is not None else None
+        source = self._type(t)
+        if t.device.type != "meta":   # a real tensor made before the session: becomes fake
+            with _Device(kind or source):
+                return torch.Tensor.to(t, *args[1:], **{**kwargs, "device": META})
+        if kind is None or kind == source:
+            return torch.Tensor.to(*args, **kwargs)
+        with _Device(kind):   # a copy across devices: torch copies even when nothing else changes
+            return torch.Tensor.to(*args, **{**kwargs, "copy": True})
+
+
+# ============================================================================ the recorder
+_DATA_OPS = None
+
+
+def _data_ops() -> set:
+    global _DATA_OPS
+    if _DATA_OPS is None:
+        aten = torch.ops.aten
+        _DATA_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default,
+                     aten.nonzero.default, aten.unique.default if hasattr(aten, "unique") else None,
+                     aten._unique2.default, aten.masked_select.default}
+        _DATA_OPS.discard(None)
+    return _DATA_OPS
+
+
+_CREATE_ON_TARGET = {"_to_copy", "to", "copy"}
+
+
+class Recorder(TorchDispatchMode):
+    """Below autograd: every op's new storages are allocations on the op's device."""
+
+    def __init__(self, storages: Storages, session: Any):
+        super().__init__()
+        self.storages, self.session = storages, session
+
+    def _device(self, func, args, kwargs) -> str:
+        explicit = _explicit_device()
+        if explicit is not None and (func.__name__.split(".")[0] in _CREATE_ON_TARGET):
+            return explicit
+        seen = None
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor):
+                kind = self.storages.device_of(a)
+                if kind == "cuda":
+                    return "cuda"
+                seen = seen or kind
+        if seen is not None:
+            return seen
+        if explicit is not None:
+            return explicit
+        return "cuda" if self.session.default_cuda() else "cpu"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _data_ops() and any(isinstance(a, torch.Tensor) and a.device.type == "meta"
+                                       for a in tree_leaves((args, kwargs))):
+            raise DataDependentError(f"{func.__name__.split('.')[0].strip('_')} (a tensor's value)",
+                                     user_frames())
+        args, kwargs = _fakeify(args, kwargs)
+        device = self._device(func, args, kwargs)
+        if device == "cuda":
+            cuda_rules.before_op(func, args, kwargs, self.session)
+        out = func(*args, **kwargs)
+        op = func.__name__
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.storages.see(t, device, op)
+        return out
+
+
+def _fakeify(args, kwargs):
+    """Real tensors made before the session (a CPU constant, a numpy array) become meta tensors."""
+    if not any(isinstance(a, torch.Tensor) and a.device.type != "meta" and a.dim() > 0
+               for a in tree_leaves((args, kwargs))):
+        return args, kwargs
+    conv = lambda a: a.to(META) if isinstance(a, torch.Tensor) and a.device.type != "meta" and a.dim() > 0 else a
+    return tree_map(conv, args), tree_map(conv, kwargs)
