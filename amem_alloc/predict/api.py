@@ -105,7 +105,9 @@ class predicting:  # noqa: N801 - used like a function in `with`
         finally:
             self.session.__exit__(exc_type, exc, tb)
         if exc_type is None:
-            self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, self.live.infos,
+            infos = dict(self.live.infos)
+            infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
+            self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
                                   self.live.markers, self.live_policy.conf, recording)
         return False
 

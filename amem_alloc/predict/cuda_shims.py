@@ -362,12 +362,12 @@ class CudaShims:
 
     # ---------------------------------------------------------------- the table
     def _table(self) -> dict[str, Any]:
-        noop = _noop
-        return {
+        noop = _noop  # each use a function object of its own (tools that index torch's functions
+        return {      # by identity, like torch._dynamo, refuse one object under two names)
             "is_available": lambda: True,
             "is_initialized": lambda: True,
-            "init": noop,
-            "_lazy_init": noop,
+            "init": noop(),
+            "_lazy_init": noop(),
             "device_count": lambda: self.device_count,
             "current_device": lambda: _DEVICE.index,
             "set_device": self.set_device,
@@ -399,14 +399,15 @@ class CudaShims:
             "_record_memory_history": self.record_memory_history,
             "_snapshot": self.snapshot,
             "_dump_snapshot": self.dump_snapshot,
-            "manual_seed": noop,
-            "manual_seed_all": noop,
-            "seed": noop,
-            "seed_all": noop,
+            "manual_seed": noop(),
+            "manual_seed_all": noop(),
+            "seed": noop(),
+            "seed_all": noop(),
         }
 
     def __enter__(self) -> "CudaShims":
-        import torch.cuda
+        import torch._dynamo  # noqa: F401 - builds its table of torch functions from the real ones now;
+        import torch.cuda     # imported later (torch does, lazily) it would meet the stand-ins
         import torch.cuda.memory
 
         table = self._table()
@@ -439,5 +440,8 @@ class CudaShims:
         self._restore()
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
+def _noop() -> Callable[..., None]:
+    def noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return noop
