@@ -1,21 +1,21 @@
-"""The bundled workloads are real torch models that run on a CPU, call on_step after each step,
-and make the allocation patterns they are there for (recorded as `amem compare` records them)."""
-import numpy as np
+"""The bundled workloads are real torch models that call on_step after each step and make the
+allocation patterns they are there for (recorded as `amem compare` records them without a GPU:
+by prediction, on fake CUDA tensors)."""
 import pytest
 
 from amem_alloc import replay, workloads
-from amem_alloc.compare.recorder import _record, program_from_allocations
 
 pytest.importorskip("torch")
 
 
 def _steps(name, steps, **kw):
-    """Per step: the allocation sizes the CPU allocator saw."""
-    events, marks, _, info = _record(workloads.get(name), 1, steps, "cpu", 0)
-    program, times, _ = program_from_allocations(events)
-    cuts = [0] + [int(np.searchsorted(np.asarray(times), m, side="right")) for m in marks]
-    ops = program.ops
-    per_step = [ops[a:b][ops[a:b]["kind"] == replay.ALLOC]["size"].tolist() for a, b in zip(cuts, cuts[1:])]
+    """Per step: the allocation sizes CUDA's caching allocator would be asked for."""
+    from amem_alloc.predict.api import predicting
+
+    with predicting(policies=[], analyse=False) as run:
+        info = workloads.get(name)(1, steps, "cuda", 0, lambda i: run.marker("step"))
+    cuts = [0] + [i for i, name in run.live.markers if name == "step"]
+    per_step = [[size for kind, _, size, _ in run.live.ops[a:b] if kind == replay.ALLOC] for a, b in zip(cuts, cuts[1:])]
     return per_step, info
 
 

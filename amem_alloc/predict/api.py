@@ -57,12 +57,13 @@ def resolve_policies(policies: Any = None) -> list[policies_mod.Policy]:
 
 
 class predicting:  # noqa: N801 - used like a function in `with`
-    """Context manager: the body runs under prediction; `.result` (a Prediction) after a clean exit."""
+    """Context manager: the body runs under prediction; `.result` (a Prediction) after a clean exit.
+    analyse=False skips the per-policy analysis (`.live.ops` is the recorded program)."""
 
     def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
                  policies: Any = None, live_policy: str = "torch", device_count: int = 1,
                  target: str = "code", session_factory: Callable[..., Any] | None = None,
-                 shims: bool = True) -> None:
+                 shims: bool = True, analyse: bool = True) -> None:
         self.gpu = resolve_gpu(gpu, capacity_gb)
         self.policies = resolve_policies(policies)
         self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
@@ -70,7 +71,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
             raise ValueError(f"device_count must be an integer >= 1, got {device_count!r}")
         self.device_count, self.target = device_count, target
         self._factory = session_factory
-        self._use_shims = shims
+        self._use_shims, self._analyse = shims, analyse
         self.live = LiveAllocator(self.live_policy.conf)
         self.session: Any = None
         self.shims: CudaShims | None = None
@@ -104,7 +105,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
                 self.shims.__exit__(exc_type, exc, tb)
         finally:
             self.session.__exit__(exc_type, exc, tb)
-        if exc_type is None:
+        if exc_type is None and self._analyse:
             infos = dict(self.live.infos)
             infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
             self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
