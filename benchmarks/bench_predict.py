@@ -89,7 +89,7 @@ def render(r: dict, quick: bool) -> str:
     verdict = (lambda ok: ("meets" if ok else "misses") if judged else "not judged (--quick)")
     which = "LLaMA-7B" if r["config"] == "7b" else "tiny LLaMA config (smoke)"
     lines = [f"| figure | value | target | verdict |", "|---|---|---|---|",
-             f"| {which} training step ({r['parameters'] / 1e9:.2f}e9 parameters, batch {r['batch']}, "
+             f"| {which} training step ({r['parameters']:.3g} parameters, batch {r['batch']}, "
              f"{r['steps']} step): prediction wall time | {r['seconds']:.1f} s (recording {r['seconds_recording']:.1f} s, "
              f"analysis of 5 policies {r['seconds_analysis']:.1f} s) | < {TARGET_S:.0f} s | "
              f"{verdict(r['seconds'] < TARGET_S)} |",

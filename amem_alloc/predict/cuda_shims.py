@@ -188,6 +188,9 @@ class FakeStream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:
+        return False
+
     def record_event(self, event: Any = None) -> "FakeEvent":
         event = event or FakeEvent()
         event.record(self)
@@ -399,22 +402,39 @@ class CudaShims:
             "_record_memory_history": self.record_memory_history,
             "_snapshot": self.snapshot,
             "_dump_snapshot": self.dump_snapshot,
+            "is_current_stream_capturing": lambda: False,
             "manual_seed": noop(),
             "manual_seed_all": noop(),
             "seed": noop(),
             "seed_all": noop(),
         }
 
+    def _accelerator_table(self) -> dict[str, Any]:
+        """torch.accelerator delegates is_available to torch.cuda (so it says yes), then asks the C++
+        runtime for streams and devices: those answer from the prediction too."""
+        t = self._table()
+        return {"current_stream": current_stream, "set_stream": set_stream, "synchronize": t["synchronize"],
+                "device_count": t["device_count"], "current_device_index": t["current_device"],
+                "current_device_idx": t["current_device"], "set_device_index": self.set_device,
+                "set_device_idx": self.set_device, "device_index": t["device"], "empty_cache": t["empty_cache"],
+                "memory_allocated": t["memory_allocated"], "max_memory_allocated": t["max_memory_allocated"],
+                "memory_reserved": t["memory_reserved"], "max_memory_reserved": t["max_memory_reserved"],
+                "memory_stats": t["memory_stats"], "reset_peak_memory_stats": t["reset_peak_memory_stats"],
+                "get_memory_info": t["mem_get_info"]}
+
     def __enter__(self) -> "CudaShims":
         import torch._dynamo  # noqa: F401 - builds its table of torch functions from the real ones now;
-        import torch.cuda     # imported later (torch does, lazily) it would meet the stand-ins
+        import torch.accelerator  # imported later (torch does, lazily) it would meet the stand-ins
+        import torch.cuda
         import torch.cuda.memory
 
         table = self._table()
+        patches = [(torch.cuda, table, False), (torch.cuda.memory, table, True),
+                   (torch.accelerator, self._accelerator_table(), True)]
         try:
-            for module in (torch.cuda, torch.cuda.memory):
-                for name, value in table.items():
-                    if module is torch.cuda.memory and not hasattr(module, name):
+            for module, names, existing_only in patches:
+                for name, value in names.items():
+                    if existing_only and not hasattr(module, name):
                         continue
                     self._saved.append((module, name, getattr(module, name, None), hasattr(module, name)))
                     setattr(module, name, value)
