@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import arg_tree_leaves, tree_leaves, tree_map
 
 from . import autocast as autocast_rules
 from . import cuda_rules
@@ -300,13 +300,14 @@ class Recorder(TorchDispatchMode):
     def __init__(self, storages: Storages, session: Any):
         super().__init__()
         self.storages, self.session = storages, session
+        self.cache = _MetaCache()
 
-    def _device(self, func, args, kwargs) -> str:
+    def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
         if explicit is not None and (func.__name__.split(".")[0] in _CREATE_ON_TARGET):
             return explicit
         seen = None
-        for a in tree_leaves((args, kwargs)):
+        for a in leaves:
             if isinstance(a, torch.Tensor):
                 kind = self.storages.device_of(a)
                 if kind == "cuda":
@@ -320,20 +321,117 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _data_ops() and any(isinstance(a, torch.Tensor) and a.device.type == "meta"
-                                       for a in tree_leaves((args, kwargs))):
+        leaves = arg_tree_leaves(*args, **kwargs)
+        real = [a for a in leaves if isinstance(a, torch.Tensor) and a.device.type != "meta"]
+        if func in _data_ops() and len(real) < sum(isinstance(a, torch.Tensor) for a in leaves):
             raise DataDependentError(f"{func.__name__.split('.')[0].strip('_')} (a tensor's value)",
                                      user_frames())
-        args, kwargs = _fakeify(args, kwargs)
-        device = self._device(func, args, kwargs)
+        if any(a.dim() > 0 for a in real):
+            args, kwargs = _fakeify(args, kwargs)
+            leaves = arg_tree_leaves(*args, **kwargs)
+        device = self._device(func, leaves)
         if device == "cuda":
             cuda_rules.before_op(func, args, kwargs, self.session)
-        out = func(*args, **kwargs)
+        out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
         op = func.__name__
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.storages.see(t, device, op)
+        if isinstance(out, torch.Tensor):
+            self.storages.see(out, device, op)
+        else:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.storages.see(t, device, op)
         return out
+
+
+class _MetaCache:
+    """Output metadata of functional ops by input metadata. Many meta kernels are Python (torch's
+    refs: about 2 ms an op); a model repeats the same shapes layer after layer, so an op that
+    returns fresh tensors (no view, no in-place, no out=) is run once per input signature and
+    afterwards its outputs are made with empty_strided (a few microseconds)."""
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.functional: dict = {}
+
+    def _is_functional(self, func) -> bool:
+        hit = self.functional.get(func)
+        if hit is None:
+            schema = func._schema
+            hit = (not any(a.alias_info is not None for a in schema.arguments)
+                   and not any(r.alias_info is not None for r in schema.returns)
+                   and all(str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns)
+                   and not schema.is_mutable and func.__name__.split(".")[0] not in _NO_CACHE)
+            self.functional[func] = hit
+        return hit
+
+    def run(self, func, args, kwargs, leaves):
+        if not self._is_functional(func):
+            return func(*args, **kwargs)
+        try:
+            key = (func, _signature(leaves))
+        except _Unhashable:
+            return func(*args, **kwargs)
+        meta = self.entries.get(key)
+        if meta is not None:
+            return _make(meta)
+        out = func(*args, **kwargs)
+        meta = _describe(out)
+        if meta is not None and _aliases(out, leaves):   # a view without an alias annotation
+            self.functional[func], meta = False, None    # (_unsafe_view): never cached
+        if meta is not None:
+            self.entries[key] = meta
+        return out
+
+
+_NO_CACHE = {"_local_scalar_dense", "lift_fresh", "lift", "detach", "alias"}
+
+
+class _Unhashable(Exception):
+    pass
+
+
+def _signature(leaves) -> tuple:
+    out = []
+    for a in leaves:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.requires_grad))
+        elif isinstance(a, (int, float, bool, str, torch.dtype, torch.device, torch.layout,
+                            torch.memory_format, type(None))):
+            out.append((type(a), a))
+        else:
+            raise _Unhashable
+    return tuple(out)
+
+
+def _describe(out):
+    """(is a tuple, [(shape, stride, dtype)]) of fresh dense outputs, or None (not cacheable)."""
+    tensors = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+    if tensors is None or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    descs = []
+    for t in tensors:
+        if t.storage_offset() != 0 or t.untyped_storage().nbytes() != _extent(t):
+            return None
+        descs.append((tuple(t.shape), t.stride(), t.dtype))
+    return (isinstance(out, torch.Tensor), type(out), descs)
+
+
+def _aliases(out, leaves) -> bool:
+    inputs = {a.untyped_storage()._cdata for a in leaves if isinstance(a, torch.Tensor)}
+    outs = [out] if isinstance(out, torch.Tensor) else out
+    return any(t.untyped_storage()._cdata in inputs for t in outs)
+
+
+def _extent(t) -> int:
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _make(meta):
+    single, kind, descs = meta
+    made = [torch.empty_strided(shape, stride, dtype=dtype, device=META) for shape, stride, dtype in descs]
+    return made[0] if single else kind(made)
 
 
 def _fakeify(args, kwargs):

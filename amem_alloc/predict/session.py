@@ -16,8 +16,9 @@ from the Tracer's classifier (provenance/classify.py), which knows which storage
 parameters, .grad and optimizer state.
 
 What the session patches while active (restored on exit): autocast's "is CUDA available" check
-and `torch.cuda.is_bf16_supported` (so `torch.autocast("cuda")` stays on), and
-`torch.clear_autocast_cache` (to drop the emulated cast cache where torch drops its own).
+and `torch.cuda.is_bf16_supported` (so `torch.autocast("cuda")` stays on),
+`torch.clear_autocast_cache` (to drop the emulated cast cache where torch drops its own), and
+torch.nn.init's in-place initializers (they only write values; on fake tensors they do nothing).
 """
 from __future__ import annotations
 
@@ -91,6 +92,17 @@ class _Modules:
     @property
     def current(self) -> str | None:
         return self.stack[-1] if self.stack else None
+
+
+def _value_only(fn):
+    def init(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor):
+            with torch._C.DisableTorchFunction():   # the device as it is, not as the session shows it
+                if tensor.device.type == "meta":
+                    return tensor
+        return fn(tensor, *args, **kwargs)
+    init.__name__ = fn.__name__
+    return init
 
 
 class FakeCudaSession:
@@ -259,6 +271,16 @@ class FakeCudaSession:
             autocast_rules.clear_cache()
             orig_clear()
         self._set(torch, "clear_autocast_cache", clear)
+        self._patch_init()
+
+    def _patch_init(self) -> None:
+        """torch.nn.init's in-place initializers only write values (some loop on them, e.g.
+        trunc_normal_'s rejection sampling): on a fake tensor they return it unchanged."""
+        import torch.nn.init as init
+        for name in dir(init):
+            fn = getattr(init, name)
+            if name.endswith("_") and not name.startswith("_") and callable(fn):
+                self._set(init, name, _value_only(fn))
         self._default_cuda = False
 
     def _set(self, obj, name, value) -> None:
