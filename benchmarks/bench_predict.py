@@ -124,7 +124,10 @@ def write_results(table: str, r: dict, path: Path = RESULTS) -> None:
     body = "\n".join([BEGIN, "## Prediction at scale", "",
                       f"Measured with `python benchmarks/bench_predict.py --write` on {_machine()}, torch "
                       f"{torch.__version__}, no GPU, {time.strftime('%Y-%m-%d')}. The prediction runs in a child "
-                      "process; its peak RSS is getrusage(RUSAGE_SELF).ru_maxrss read in that child at the end.",
+                      "process; its peak RSS is getrusage(RUSAGE_SELF).ru_maxrss read in that child at the end. The wall time "
+                      "is the whole amem_alloc.predict() call: starting the session (importing torch._dynamo and the "
+                      "engine, a few seconds), building the model and running the step on fake tensors (recording), "
+                      "and the analysis.",
                       "", table, END])
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)

@@ -84,11 +84,13 @@ def test_trace_opens_in_torch_memory_viz_and_in_amem(tmp_path):
 
 
 def test_context_manager_form_and_errors_pass_through():
+    assert not amem_alloc.predict.is_predicting()
     with amem_alloc.predicting(gpu="L4", policies=["torch"], session_factory=DoubleSession) as run:
+        assert amem_alloc.predict.is_predicting()
         DoubleSession.last.alloc(4 * MiB, "activation")
         run.marker("step")
     assert run.result.row("torch").peak_allocated == 4 * MiB and run.result.markers == [(1, "step")]
-    assert run.result.gpu.key == "L4"
+    assert run.result.gpu.key == "L4" and not amem_alloc.predict.is_predicting()
     with pytest.raises(ValueError, match="choose one of"):
         amem_alloc.predict(_cache_then_bigger, gpu="H1000", session_factory=DoubleSession)
     with pytest.raises(ValueError, match="not both"):

@@ -16,7 +16,7 @@ import importlib
 import sys
 import types
 
-_EXPORTS = {"predict": ".api", "predicting": ".api", "resolve_gpu": ".api", "resolve_policies": ".api",
+_EXPORTS = {"predict": ".api", "predicting": ".api", "is_predicting": ".api", "resolve_gpu": ".api", "resolve_policies": ".api",
             "GPUS": ".gpus", "Gpu": ".gpus", "NOTE": ".outcome", "Prediction": ".outcome"}
 
 

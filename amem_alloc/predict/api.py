@@ -29,6 +29,15 @@ from .cuda_shims import CudaShims, LiveAllocator
 from .outcome import Prediction, analyse
 
 
+_active = [0]  # predictions running (nested ones count once each)
+
+
+def is_predicting() -> bool:
+    """True while code runs under prediction: guard what needs real values with it, e.g.
+    `if not amem_alloc.predict.is_predicting(): print(loss.item())`."""
+    return _active[0] > 0
+
+
 def engine() -> tuple[type, type]:
     """(FakeCudaSession, DataDependentError) of the fake-execution engine."""
     try:
@@ -96,10 +105,12 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.session.__exit__(None, None, None)
             raise
         self._started = time.perf_counter()
+        _active[0] += 1
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         recording = time.perf_counter() - self._started
+        _active[0] -= 1
         try:
             if self.shims is not None:
                 self.shims.__exit__(exc_type, exc, tb)

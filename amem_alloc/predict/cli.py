@@ -97,7 +97,7 @@ def _data_dependent_line(err: BaseException) -> str:
     where = [getattr(err, a, None) for a in ("filename", "lineno")]
     if where[0] and where[1] and f"{where[0]}:{where[1]}" not in text and str(where[0]) not in text:
         text = f"{where[0]}:{where[1]}: {text}"
-    return ("amem predict: stopped, the code needs a real value, which a prediction does not have: " + text)
+    return "amem predict: " + text
 
 
 def predict_command(args: argparse.Namespace) -> int:
