@@ -38,7 +38,7 @@ from .gpus import Gpu
 
 MiB = 1 << 20
 STEP = 2 * MiB          # min_capacity's resolution: the small pool's segment size
-NOTE = ("PREDICTION without a GPU: the script ran on fake CUDA tensors (no compute); the figures are what "
+NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute); the figures are what "
         "each allocator policy does with the allocations CUDA would have received.")
 
 
@@ -242,6 +242,9 @@ def format_text(p: Prediction, top: int = 8) -> str:
     ctx = f"context ~{format_bytes(g.context)} ({g.context_source})" if g.context else "no context taken"
     lines = [f"amem predict: {p.target} on {g.name} ({format_bytes(g.total_memory)}; {ctx}; "
              f"usable {format_bytes(g.usable)})", NOTE, ""]
+    if not any(op[0] == replay.ALLOC for op in p.ops):
+        lines += ["No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
+                  "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
     body = []
     for r in p.rows:
         fits = "yes" if r.fits else "NO"
