@@ -39,3 +39,18 @@ def test_bench_stacks_quick_prints_its_ratios():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| on+stacks |" in out.stdout and "x |" in out.stdout
+
+
+def test_bench_predict_gpu_skips_cleanly_without_a_gpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
+        import pytest
+
+        pytest.skip("a GPU machine: the script runs for real there")
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_predict_gpu.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "skipped: no CUDA device", (out.stdout, out.stderr)
