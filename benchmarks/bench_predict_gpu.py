@@ -7,8 +7,9 @@ reserved, predicted vs real, and the error.
 Writes OUT_DIR/predict_vs_real.json and OUT_DIR/predict_vs_real.md. Without a CUDA device it
 prints "skipped: no CUDA device" and exits 0 (so CI can smoke it). Cases: the bundled workloads
 (gpt, mlp, mlp-checkpoint, decode at size 1 with 3 steps; a LLaMA-shaped model of 0.5e9
-parameters, 2 steps, that fits an 80 GB card), plus the lm_medium scripts when the engine's
-`tests/predict_models` provides `gpu_cases()` (name -> (callable, args)).
+parameters, 2 steps, that fits an 80 GB card), plus the five lm_medium scripts of the shared real
+traces (tests/predict_models/lm_medium.py; `gpu_cases()` there, if defined, overrides the list).
+Peaks are over the whole run, predicted and real alike (not the traces' recorded window).
 """
 from __future__ import annotations
 
@@ -34,12 +35,17 @@ def _llama_mid():
 
 
 def _extra_cases() -> dict:
+    """The five lm_medium scripts (tests/predict_models/lm_medium.py: the documented script of the
+    shared real traces), whole run with its 5 warm-up steps, autocast as each trace was made."""
     try:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from predict_models import gpu_cases  # type: ignore[import-not-found]
+        sys.path.insert(0, str(ROOT / "tests" / "predict_models"))
+        import lm_medium  # type: ignore[import-not-found]
     except ImportError:
         return {}
-    return dict(gpu_cases())
+    if hasattr(lm_medium, "gpu_cases"):
+        return dict(lm_medium.gpu_cases())
+    return {f"lm_medium_ctx{ctx}_{mode}": (lm_medium.run, (ctx, mode, "cuda", 5, autocast))
+            for (ctx, mode), autocast in lm_medium.TRACES.items()}
 
 
 def case(name: str):
