@@ -56,11 +56,12 @@ def child(config: str, steps: int, batch: int) -> dict:
     began = time.perf_counter()
     p = amem_alloc.predict(llama.run, batch, steps, "cuda", 0, None, cfg, gpu="H100-80GB")
     seconds = time.perf_counter() - began
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    maxrss = usage.ru_maxrss * 1024
     torch_row = p.row("torch")
     return {"config": config, "parameters": cfg.parameters, "steps": steps, "batch": batch,
             "seconds": seconds, "seconds_recording": p.seconds["recording"], "seconds_analysis": p.seconds["analysis"],
-            "import_seconds": imported - started, "rss_after_import": rss_imported, "maxrss": maxrss,
+            "import_seconds": imported - started, "cpu_seconds": usage.ru_utime + usage.ru_stime, "rss_after_import": rss_imported, "maxrss": maxrss,
             "ops": len(p.ops), "allocations": sum(1 for op in p.ops if op[0] == 0),
             "peak_allocated": torch_row.peak_allocated, "peak_reserved": torch_row.peak_reserved,
             "min_capacity": torch_row.min_capacity, "fits_h100": torch_row.fits,
@@ -68,14 +69,17 @@ def child(config: str, steps: int, batch: int) -> dict:
 
 
 def measure(quick: bool) -> dict:
-    """Spawns the child; its result, or {"error": ...}."""
+    """Spawns the child; its result (with the load average before and after), or {"error": ...}."""
+    load_before = os.getloadavg()[0]
     args = [sys.executable, str(Path(__file__).resolve()), "--child", "--config", "tiny" if quick else "7b"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800, check=False)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "stderr": proc.stderr[-4000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load"] = [load_before, os.getloadavg()[0]]
+    return out
 
 
 def _gib(n: int) -> str:
@@ -91,8 +95,9 @@ def render(r: dict, quick: bool) -> str:
     lines = [f"| figure | value | target | verdict |", "|---|---|---|---|",
              f"| {which} training step ({r['parameters']:.3g} parameters, batch {r['batch']}, "
              f"{r['steps']} step): prediction wall time | {r['seconds']:.1f} s (recording {r['seconds_recording']:.1f} s, "
-             f"analysis of 5 policies {r['seconds_analysis']:.1f} s) | < {TARGET_S:.0f} s | "
-             f"{verdict(r['seconds'] < TARGET_S)} |",
+             f"analysis of 5 policies {r['seconds_analysis']:.1f} s); CPU time of the whole child process "
+             f"{r['cpu_seconds']:.1f} s; load average {r['load'][0]:.1f} before, {r['load'][1]:.1f} after, on "
+             f"{os.cpu_count()} cores | < {TARGET_S:.0f} s | {verdict(r['seconds'] < TARGET_S)} |",
              f"| peak resident memory of the predicting process | {_gib(r['maxrss'])} (after importing torch and "
              f"amem: {_gib(r['rss_after_import'])}) | < 4 GiB | {verdict(r['maxrss'] < TARGET_RSS)} |",
              f"| allocator calls recorded | {r['ops']} ({r['allocations']} allocations) | — | — |",

@@ -42,6 +42,9 @@ def test_device_questions_answer_from_the_chosen_card():
         torch.cuda.manual_seed_all(1)
         with pytest.raises(AssertionError, match="Invalid device id 1"):
             torch.cuda.get_device_properties(1)
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        with pytest.raises(ValueError, match="Invalid fraction"):
+            torch.cuda.set_per_process_memory_fraction(1.5)
         free, total = torch.cuda.mem_get_info()
         seen["free"], seen["total"] = free, total
 

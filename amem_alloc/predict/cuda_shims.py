@@ -25,7 +25,8 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
 * traces: _record_memory_history starts or stops a record window, _snapshot returns and
   _dump_snapshot writes the predicted trace (torch's snapshot format, user frames from the
   engine's AllocInfo) — replayed from the program so far on a fresh core with its ring on;
-* manual_seed / manual_seed_all / seed / seed_all: no-ops (fake tensors hold no values).
+* manual_seed / manual_seed_all / seed / seed_all: no-ops (fake tensors hold no values);
+  set_per_process_memory_fraction is checked as torch checks it, then only noted.
 
 A `device` argument is accepted everywhere torch takes one; an index outside device_count raises
 like torch does. The core is unlimited, so a script never sees an out-of-memory error while it
@@ -299,6 +300,13 @@ class CudaShims:
     def synchronize(self, device: Any = None) -> None:
         self._check(device)
 
+    def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
+        """Checked like torch's, then only noted: `fits` is judged against the card's usable memory."""
+        self._check(device)
+        if not isinstance(fraction, float) or not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.memory_fraction = fraction
+
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         self._check(device)
         reserved = self.live.stats().get("reserved_bytes.all.current", 0)
@@ -403,6 +411,7 @@ class CudaShims:
             "_snapshot": self.snapshot,
             "_dump_snapshot": self.dump_snapshot,
             "is_current_stream_capturing": lambda: False,
+            "set_per_process_memory_fraction": self.set_per_process_memory_fraction,
             "manual_seed": noop(),
             "manual_seed_all": noop(),
             "seed": noop(),
