@@ -9,9 +9,9 @@ before autograd records the op. Here the same casts are made at the torch-functi
 the same lists:
 
 * lower precision (matmul family, linear, convolutions, einsum, attention): floating CUDA
-  arguments not already in the autocast dtype are cast with `.to(dtype)`; a leaf that requires
-  grad (a parameter) is cast once and cached until the outermost autocast exits, as
-  `cached_cast` does; other tensors are cast every time.
+  arguments not already in the autocast dtype are cast with `.to(dtype)`; a float32 leaf that
+  requires grad (a parameter), not a view, is cast once and cached until the outermost autocast
+  exits, as `cached_cast` does (never in inference mode); other tensors are cast every time.
 * fp32: lower-precision floating CUDA arguments are cast to float32.
 * fp32 with an optional dtype (softmax, log_softmax, sum, prod, cumsum, ...): the op is called
   with dtype=float32 when its first argument is a floating CUDA tensor (no copy: the kernel
@@ -68,7 +68,9 @@ def _eligible(t, mode) -> bool:
 def _cast(t, dtype, mode):
     if not _eligible(t, mode) or t.dtype == dtype or t.dtype == torch.float64:
         return t
-    cacheable = t.is_leaf and t.requires_grad and dtype != torch.float32
+    cacheable = (t.is_leaf and t.requires_grad and dtype != torch.float32 and t.dtype == torch.float32
+                 and not t._is_view() and torch.is_autocast_cache_enabled()
+                 and not torch.is_inference_mode_enabled())   # torch >= 2.9 never caches in inference mode
     if cacheable:
         hit = _cache.get(id(t))
         if hit is not None and hit[0]() is t:

@@ -7,7 +7,8 @@ allocations need nothing here. The exceptions, each taken from torch's CUDA sour
 
 * cuBLAS workspace (aten/src/ATen/cuda/CublasHandlePool.cpp): the first cuBLAS call on a stream
   allocates a workspace through the caching allocator and keeps it for the process's life, one
-  per (handle, stream). Its size is CUBLAS_WORKSPACE_CONFIG's sum of ":SIZE:COUNT" sizes (KiB),
+  per (handle, stream); handles are per thread, so backward (the autograd engine's device
+  thread) has its own. Its size is CUBLAS_WORKSPACE_CONFIG's sum of ":SIZE:COUNT" sizes (KiB),
   else 32 MiB on compute capability 9.x/10.x/11.x/12.x, else 4096 KiB * 2 + 16 KiB * 8.
   cuBLASLt calls use the same workspace.
 * scaled_dot_product_attention: the backend CUDA would pick (sdp_utils.cpp: flash, then memory-
@@ -38,11 +39,13 @@ def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
     return sum(int(size) * 1024 for size, _ in sizes) if sizes else default
 
 
-def before_op(func, args, kwargs, session) -> None:
-    """Called for every CUDA op before it runs: library allocations the op triggers."""
-    name = func._opname if hasattr(func, "_opname") else func.__name__.split(".")[0]
+def before_op(func, args, kwargs, session) -> list:
+    """Called for every CUDA op before it runs: allocations the CUDA kernel makes that its meta
+    kernel does not show. Returns the keys of the ones to free when the op has run."""
+    name, _, overload = func.__name__.partition(".")
     if name in _BLAS_OPS:
         session._cublas_workspace()
+    return []
 
 
 # ============================================================================ attention

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import arg_tree_leaves, tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import autocast as autocast_rules
 from . import cuda_rules
@@ -75,6 +75,7 @@ class Storages:
 
     def __init__(self, on_alloc: Callable, on_free: Callable):
         self.by_id: dict[int, tuple[int, str, int]] = {}   # id -> (key, device, nbytes)
+        self.refs: dict[int, weakref.ref] = {}              # id -> the weak reference that reports the free
         self.on_alloc, self.on_free = on_alloc, on_free
         self.next_key = itertools.count(1).__next__
 
@@ -95,10 +96,11 @@ class Storages:
         if rec is not None:
             if nbytes > rec[2]:   # resize_ grew it: torch allocates a new block and frees the old
                 self._died(sid, rec[0], rec[1])
-                weakref.finalize(st, self._died, sid, *self._new(sid, device, nbytes, op, t))
+                key, device = self._new(sid, device, nbytes, op, t)
+                self.refs[sid] = weakref.ref(st, lambda _, sid=sid, key=key, device=device: self._died(sid, key, device))
             return
         key, device = self._new(sid, device, nbytes, op, t)
-        weakref.finalize(st, self._died, sid, key, device)
+        self.refs[sid] = weakref.ref(st, lambda _, sid=sid, key=key, device=device: self._died(sid, key, device))
 
     def _new(self, sid: int, device: str, nbytes: int, op: str, t: torch.Tensor) -> tuple[int, str]:
         key = self.next_key()
@@ -111,6 +113,7 @@ class Storages:
         rec = self.by_id.get(sid)
         if rec is not None and rec[0] == key:
             del self.by_id[sid]
+            self.refs.pop(sid, None)
             if device == "cuda" and rec[2] > 0:
                 self.on_free(key)
 
@@ -128,6 +131,25 @@ _state = threading.local()
 def _explicit_device() -> str | None:
     stack = getattr(_state, "devices", None)
     return stack[-1] if stack else None
+
+
+def _implicit_device() -> str | None:
+    """The device of the tensors of the torch function running now (None outside one)."""
+    stack = getattr(_state, "implicit", None)
+    return stack[-1] if stack else None
+
+
+class _Implicit:
+    def __init__(self, device: str | None):
+        self.device = device
+
+    def __enter__(self):
+        if not hasattr(_state, "implicit"):
+            _state.implicit = []
+        _state.implicit.append(self.device)
+
+    def __exit__(self, *exc):
+        _state.implicit.pop()
 
 
 class _Device:
@@ -208,9 +230,10 @@ def _to_target(args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
 class DeviceMode(TorchFunctionMode):
     """Rewrites devices to meta and answers device queries as CUDA for CUDA storages."""
 
-    def __init__(self, storages: Storages, session: Any):
+    def __init__(self, storages: Storages, session: Any, spoof: bool = True):
         super().__init__()
         self.storages, self.session = storages, session
+        self.spoof = spoof   # answer device queries as CUDA (off inside backward: see session.py)
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: False}
@@ -226,7 +249,7 @@ class DeviceMode(TorchFunctionMode):
         kwargs = kwargs or {}
         getter = self.getters.get(getattr(func, "__self__", None))
         if getter is not None and getattr(func, "__name__", "") == "__get__":
-            return getter(args[0])
+            return getter(args[0]) if self.spoof else func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
             raise DataDependentError(f"{name.strip('_')}() of a tensor", user_frames())
@@ -238,9 +261,20 @@ class DeviceMode(TorchFunctionMode):
             return args[0] if func is torch.Tensor.pin_memory else False
         if func in _factories() or (name in _LIKE and "device" in kwargs):
             return self._factory(func, args, kwargs)
-        if autocast_rules.active():
-            return autocast_rules.call(func, name, args, kwargs, self)
-        return cuda_rules.function(func, name, args, kwargs, self)
+        with _Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
+            if autocast_rules.active():                      # from nothing (a wrapped scalar)
+                return autocast_rules.call(func, name, args, kwargs, self)
+            return cuda_rules.function(func, name, args, kwargs, self)
+
+    def _call_device(self, args, kwargs) -> str | None:
+        seen = None
+        for a in _leaves(args, kwargs):
+            if isinstance(a, torch.Tensor):
+                kind = self.storages.device_of(a)
+                if kind == "cuda":
+                    return kind
+                seen = seen or kind
+        return seen
 
     def _factory(self, func, args, kwargs):
         device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
@@ -317,21 +351,31 @@ class Recorder(TorchDispatchMode):
             return seen
         if explicit is not None:
             return explicit
+        implicit = _implicit_device()
+        if implicit is not None:
+            return implicit
+        if torch._C._current_graph_task_id() != -1:   # made by the engine (zeros for a missing
+            return "cuda"                              # gradient) on the graph's device
         return "cuda" if self.session.default_cuda() else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        leaves = arg_tree_leaves(*args, **kwargs)
+        leaves = _leaves(args, kwargs)
         real = [a for a in leaves if isinstance(a, torch.Tensor) and a.device.type != "meta"]
         if func in _data_ops() and len(real) < sum(isinstance(a, torch.Tensor) for a in leaves):
             raise DataDependentError(f"{func.__name__.split('.')[0].strip('_')} (a tensor's value)",
                                      user_frames())
         if any(a.dim() > 0 for a in real):
             args, kwargs = _fakeify(args, kwargs)
-            leaves = arg_tree_leaves(*args, **kwargs)
+            leaves = _leaves(args, kwargs)
         device = self._device(func, leaves)
-        if device == "cuda":
-            cuda_rules.before_op(func, args, kwargs, self.session)
+        extra = cuda_rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
+        if _decomposes(func):   # with autograd off, composite ops reach the mode whole:
+            with self:          # open them as CUDA would, so their inner allocations show
+                out = func.decompose(*args, **kwargs)
+            for key in extra:
+                self.storages.on_free(key)
+            return out
         out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
         op = func.__name__
         if isinstance(out, torch.Tensor):
@@ -340,7 +384,34 @@ class Recorder(TorchDispatchMode):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.storages.see(t, device, op)
+        for key in extra:   # the kernel's own temporaries die with the kernel
+            self.storages.on_free(key)
         return out
+
+
+_DECOMPOSES: dict = {}
+
+
+def _decomposes(func) -> bool:
+    """Whether CUDA runs `func` as its CompositeImplicitAutograd decomposition (no CUDA kernel)."""
+    hit = _DECOMPOSES.get(func)
+    if hit is None:
+        name = func.name()
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        hit = has(name, "CompositeImplicitAutograd") and not has(name, "CUDA")
+        _DECOMPOSES[func] = hit
+    return hit
+
+
+def _leaves(args, kwargs) -> list:
+    """The arguments of an aten op, with lists and tuples of them (aten's only nesting) opened."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, (list, tuple)):
+            out.extend(a)
+        else:
+            out.append(a)
+    return out
 
 
 class _MetaCache:

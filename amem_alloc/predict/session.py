@@ -17,8 +17,10 @@ parameters, .grad and optimizer state.
 
 What the session patches while active (restored on exit): autocast's "is CUDA available" check
 and `torch.cuda.is_bf16_supported` (so `torch.autocast("cuda")` stays on),
-`torch.clear_autocast_cache` (to drop the emulated cast cache where torch drops its own), and
-torch.nn.init's in-place initializers (they only write values; on fake tensors they do nothing).
+`torch.clear_autocast_cache` (to drop the emulated cast cache where torch drops its own),
+torch.nn.init's in-place initializers (they only write values; on fake tensors they do nothing),
+and `torch.autograd._engine_run_backward` (so code that runs inside backward, such as
+checkpoint recomputation, runs under the session's device and autocast handling).
 """
 from __future__ import annotations
 
@@ -121,10 +123,11 @@ class FakeCudaSession:
         self.know = classify.Knowledge()
         self.storages = Storages(self._on_alloc, self._on_free)
         self.modules = _Modules()
-        self._workspaces: dict[int, int] = {}   # stream -> key
+        self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self._patches: list = []
         self._modes: list = []
         self._in_backward = False
+        self._stream_id = None
         self._phase_override: str | None = None
         self._default_cuda = False
 
@@ -170,11 +173,14 @@ class FakeCudaSession:
         return self._default_cuda
 
     def stream(self) -> int:
-        try:
-            from .cuda_shims import current_stream_id
-            return int(current_stream_id())
-        except Exception:
-            return 0
+        """The current stream's id as torch.cuda under prediction tells it (0 without its shims)."""
+        if self._stream_id is None:
+            try:
+                from .cuda_shims import current_stream_id
+                self._stream_id = current_stream_id
+            except ImportError:
+                self._stream_id = lambda: 0
+        return int(self._stream_id())
 
     def phase(self) -> str:
         if self._phase_override:
@@ -210,9 +216,11 @@ class FakeCudaSession:
             lst.on_free(key)
 
     def _cublas_workspace(self) -> None:
-        stream = self.stream()
-        if stream not in self._workspaces:
-            self._workspaces[stream] = self.storages.alloc_extra(
+        """torch keeps one workspace per (cuBLAS handle, stream), and handles are per thread:
+        backward runs on the autograd engine's device thread, so it gets a workspace of its own."""
+        where = ("autograd" if torch._C._current_graph_task_id() != -1 else "main", self.stream())
+        if where not in self._workspaces:
+            self._workspaces[where] = self.storages.alloc_extra(
                 cuda_rules.cublas_workspace_bytes(self.capability), "cublas_workspace")
 
     # ------------------------------------------------------------------ what storages are
@@ -272,6 +280,16 @@ class FakeCudaSession:
             orig_clear()
         self._set(torch, "clear_autocast_cache", clear)
         self._patch_init()
+        orig_run = torch.autograd._engine_run_backward
+
+        def run_backward(*args, **kwargs):
+            # backward() is a torch function: the mode runs it with itself popped. Push a mode
+            # again so that checkpoint recomputation in backward gets CUDA's autocast and kernels;
+            # it leaves devices as they are, as the checkpoint saw them in forward (from inside an
+            # op, where the mode is popped).
+            with DeviceMode(self.storages, self, spoof=False):
+                return orig_run(*args, **kwargs)
+        self._set(torch.autograd, "_engine_run_backward", run_backward)
 
     def _patch_init(self) -> None:
         """torch.nn.init's in-place initializers only write values (some loop on them, e.g.

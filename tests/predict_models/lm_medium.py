@@ -30,7 +30,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    x = x - torch.max(x, dim=dim, keepdim=True)[0]
+    x_max = torch.max(x, dim=dim, keepdim=True)[0]
+    x = x - x_max
     return x - torch.log(torch.sum(torch.exp(x), dim=dim, keepdim=True))
 
 
@@ -71,7 +72,8 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         x = x.to(torch.float32)
         rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * (x * rms)).to(dtype)
+        x = x * rms
+        return (self.weight * x).to(dtype)
 
 
 class Rotary(nn.Module):
@@ -88,7 +90,9 @@ class Rotary(nn.Module):
         pairs = x.reshape(*x.shape[:-1], half, 2)                 # "... (half_d xy) -> xy ... half_d"
         x1, x2 = pairs.permute(-1, *range(pairs.dim() - 1)).unbind(0)
         cos, sin = self._freq_cis_cache[:, : x.size(-2), :].unbind(0)
-        return torch.concat((cos * x1 - sin * x2, sin * x1 + cos * x2), dim=-1)
+        x1_rot = cos * x1 - sin * x2
+        x2_rot = sin * x1 + cos * x2
+        return torch.concat((x1_rot, x2_rot), dim=-1)
 
 
 def attention(q, k, v, mask):
@@ -112,12 +116,17 @@ class SelfAttention(nn.Module):
     def forward(self, x):
         b, seq, d = x.shape
         q, k, v = (self._split(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self.positional_encoder(q), self.positional_encoder(k)
+        q = self.positional_encoder(q)   # one at a time: q_proj's output dies as q is rebound
+        k = self.positional_encoder(k)
         iota = torch.arange(seq, device=x.device)
         mask = (iota.reshape(seq, 1) >= iota.reshape(1, seq))[None, None]
         out = attention(q, k, v, mask)
         out = out.transpose(1, 2).reshape(b, seq, d).contiguous()   # einops copies here
         return self.output_proj(out)
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
 
 
 class SwiGLU(nn.Module):
@@ -126,8 +135,7 @@ class SwiGLU(nn.Module):
         self.w1, self.w2, self.w3 = Linear(d_model, d_ff), Linear(d_ff, d_model), Linear(d_model, d_ff)
 
     def forward(self, x):
-        a = self.w1(x)
-        return self.w2(a * torch.sigmoid(a) * self.w3(x))
+        return self.w2(silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
@@ -136,9 +144,11 @@ class Block(nn.Module):
         self.attn, self.ffn = SelfAttention(d_model, heads, rope), SwiGLU(d_model, d_ff)
         self.ln1, self.ln2 = RMSNorm(d_model), RMSNorm(d_model)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ffn(self.ln2(x))
+    def forward(self, x):   # every local lives until the block returns, as in the original
+        x_attn = self.attn(self.ln1(x))
+        attn_out = x + x_attn
+        x_ffn = self.ffn(self.ln2(attn_out))
+        return attn_out + x_ffn
 
 
 class TransformerLM(nn.Module):
@@ -153,10 +163,12 @@ class TransformerLM(nn.Module):
         self.lm_head = Linear(d_model, vocab_size)
 
     def forward(self, ids):
-        x = self.token_embeddings(ids)
+        embedded = self.token_embeddings(ids)   # kept alive through the forward, as in the original
+        x = embedded
         for layer in self.layers:
             x = layer(x)
-        return self.lm_head(self.ln_final(x))
+        x = self.ln_final(x)
+        return self.lm_head(x)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -185,10 +197,12 @@ class AdamW(torch.optim.Optimizer):
 
 
 # ============================================================================ the profiled script
-def run(ctx: int, mode: str, device: str = "cuda", warmup: int = 5,
+def run(ctx: int, mode: str, device: str = "cuda", warmup: int = 5, autocast: bool = False,
         record: Callable[[], None] = lambda: None, synchronize: Callable[[], None] = lambda: None) -> None:
     """nsys_profile.memory_profile for "medium" at context `ctx`: `record()` is called where the
-    script starts torch's memory history (after reset_peak_memory_stats)."""
+    script starts torch's memory history (after reset_peak_memory_stats). `autocast`: the
+    script's --autocast (bfloat16 autocast around each forward pass and loss)."""
+    amp = lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast)
     model = TransformerLM(context_length=ctx, **MEDIUM)
     model.to(device)
     optimizer = AdamW(model.parameters())
@@ -199,18 +213,21 @@ def run(ctx: int, mode: str, device: str = "cuda", warmup: int = 5,
         model.eval()
         with torch.inference_mode():
             for i in range(warmup):
-                model(warm_in[i])
+                with amp():
+                    model(warm_in[i])
             synchronize()
             record()
-            model(exec_in[0])
-            synchronize()
+            with amp():
+                model(exec_in[0])
+                synchronize()
         return
     warm_t = torch.randint(0, vocab, (warmup, BATCH, ctx), dtype=torch.long, device=device)
     exec_t = torch.randint(0, vocab, (1, BATCH, ctx), dtype=torch.long, device=device)
     model.train()
     for i in range(warmup):
-        output = model(warm_in[i])
-        loss = cross_entropy(output, warm_t[i])
+        with amp():
+            output = model(warm_in[i])
+            loss = cross_entropy(output, warm_t[i])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -218,27 +235,45 @@ def run(ctx: int, mode: str, device: str = "cuda", warmup: int = 5,
     del output, loss
     optimizer.zero_grad(set_to_none=True)
     record()
-    output = model(exec_in[0])
-    loss = cross_entropy(output, exec_t[0])
+    with amp():
+        output = model(exec_in[0])
+        loss = cross_entropy(output, exec_t[0])
     loss.backward()
     optimizer.step()
     synchronize()
 
 
-def predict(ctx: int, mode: str, warmup: int = 5, capability=(9, 0)):
+# The five traces: (context, mode) -> whether the script ran with --autocast true. The README says
+# float32 throughout, but lm_medium_ctx512_inference's trace shows bfloat16 autocast: every
+# projection allocates a bf16 copy of its input (4 MiB), a bf16 copy of its weight (2 MiB, freed
+# at once: inference mode never caches casts) and a bf16 output (4 MiB), where a float32 run
+# allocates one 8 MiB output. The other four allocate float32 outputs only.
+TRACES = {(128, "inference"): False, (256, "inference"): False, (512, "inference"): True,
+          (128, "training"): False, (256, "training"): False}
+
+
+# The GPU that made the traces was not a Hopper: each trace holds cuBLAS workspaces of 8,519,680
+# bytes (4096 KiB * 2 + 16 KiB * 8, torch's default below compute capability 9), not 32 MiB.
+# Training traces hold two (the forward's thread and the autograd engine's device thread).
+CAPABILITY = (8, 0)
+
+
+def predict(ctx: int, mode: str, warmup: int = 5, capability=CAPABILITY, autocast: bool | None = None):
     """(FakeCudaSession after the run, index of the first op of the recorded step)."""
     from amem_alloc.predict.session import FakeCudaSession
+    autocast = TRACES.get((ctx, mode), False) if autocast is None else autocast
     with FakeCudaSession(capability=capability, frames=False) as session:
-        run(ctx, mode, warmup=warmup, record=lambda: session.marker("record"))
+        run(ctx, mode, warmup=warmup, autocast=autocast, record=lambda: session.marker("record"))
     start = next(i for i, name in session.markers if name == "record")
     return session, start
 
 
-def run_on_gpu(ctx: int, mode: str, dump: str, warmup: int = 5) -> None:
+def run_on_gpu(ctx: int, mode: str, dump: str, warmup: int = 5, autocast: bool | None = None) -> None:
     def record():
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    run(ctx, mode, warmup=warmup, record=record, synchronize=torch.cuda.synchronize)
+    autocast = TRACES.get((ctx, mode), False) if autocast is None else autocast
+    run(ctx, mode, warmup=warmup, autocast=autocast, record=record, synchronize=torch.cuda.synchronize)
     torch.cuda.memory._dump_snapshot(dump)
     torch.cuda.memory._record_memory_history(enabled=None)
 
@@ -248,9 +283,11 @@ if __name__ == "__main__":
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--mode", choices=("training", "inference"), default="training")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--autocast", choices=("auto", "true", "false"), default="auto",
+                    help="bfloat16 autocast (auto: as the trace of this context and mode was made)")
     ap.add_argument("--dump", required=True, help="where to write torch's memory snapshot")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
         raise SystemExit(0)
-    run_on_gpu(a.ctx, a.mode, a.dump, a.warmup)
+    run_on_gpu(a.ctx, a.mode, a.dump, a.warmup, None if a.autocast == "auto" else a.autocast == "true")
