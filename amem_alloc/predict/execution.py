@@ -78,6 +78,7 @@ class Storages:
         self.refs: dict[int, weakref.ref] = {}              # id -> the weak reference that reports the free
         self.on_alloc, self.on_free = on_alloc, on_free
         self.next_key = itertools.count(1).__next__
+        self.last_key = None   # the newest storage's key
 
     def device_of(self, t: torch.Tensor) -> str | None:
         if t.device.type != "meta":
@@ -104,6 +105,7 @@ class Storages:
 
     def _new(self, sid: int, device: str, nbytes: int, op: str, t: torch.Tensor) -> tuple[int, str]:
         key = self.next_key()
+        self.last_key = key
         self.by_id[sid] = (key, device, nbytes)
         if device == "cuda" and nbytes > 0:   # torch's allocator records nothing for 0 bytes
             self.on_alloc(key, nbytes, op, t)
@@ -335,6 +337,12 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.storages, self.session = storages, session
         self.cache = _MetaCache()
+        self._last_op, self._last_key = None, None
+
+    def _fresh_zeros(self, t) -> bool:
+        """Whether `t` is the zeros tensor the previous op just made (a formula's local result)."""
+        return (self._last_op in _ZEROS and torch._C._current_graph_task_id() != -1
+                and isinstance(t, torch.Tensor) and self.storages.key_of(t) == self.storages.last_key)
 
     def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
@@ -376,8 +384,16 @@ class Recorder(TorchDispatchMode):
             for key in extra:
                 self.storages.on_free(key)
             return out
-        out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
+        inplace = _INPLACE_ON_FRESH.get(func.__name__) if device == "cuda" else None
+        if inplace is not None and self._fresh_zeros(args[0]):
+            out = inplace(*args, **kwargs)   # see _INPLACE_ON_FRESH
+        elif func is _ADD and device == "cuda" and not kwargs and len(args) == 2 and _accumulates(*args):
+            a, b = args                      # see _accumulates
+            out = a.add_(b) if _target(a) else b.add_(a)
+        else:
+            out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
         op = func.__name__
+        self._last_op = op
         if isinstance(out, torch.Tensor):
             self.storages.see(out, device, op)
         else:
@@ -412,6 +428,40 @@ def _leaves(args, kwargs) -> list:
         else:
             out.append(a)
     return out
+
+
+# Backward formulas (FunctionsManual.cpp) take out-of-place, "composite compliant" branches when
+# any tensor is subclass-like, and meta tensors count as subclass-like (kTensorSubclassLike holds
+# the Meta backend bit). Where the out-of-place op only fills a zeros tensor the formula has just
+# made (gather's backward: new_zeros(...).scatter_add_; index's: new_zeros(...).index_put_ with
+# accumulate; a max/min over a dim: zeros(...).scatter_), CUDA runs the in-place op on it: so does this.
+_ZEROS = {"new_zeros.default", "zeros.default", "zeros_like.default"}
+_INPLACE_ON_FRESH = {"scatter_add.default": torch.ops.aten.scatter_add_.default,
+                     "scatter.src": torch.ops.aten.scatter_.src,      # max/min(dim)'s backward
+                     "scatter.value": torch.ops.aten.scatter_.value,
+                     "index_put.default": torch.ops.aten.index_put_.default}
+
+
+# The autograd engine sums the gradients that reach one input (InputBuffer::accumulate) in place
+# when the buffer holds the only reference to a dense gradient; for meta tensors (subclass-like)
+# it always adds out of place. In backward, an add of two same-shaped dense tensors one of which
+# nothing else holds is taken to be that accumulation, and made in place as on CUDA.
+_ADD = torch.ops.aten.add.Tensor
+_SOLE_USES = (4, 2)   # (tensor, storage) use counts of a tensor held only by its caller, as seen here
+
+
+def _sole(t) -> bool:
+    return (t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)) == _SOLE_USES
+
+
+def _target(t) -> bool:
+    """Whether the engine would add into `t` (dense, and nothing else holds it)."""
+    return t.is_contiguous() and _sole(t)
+
+
+def _accumulates(a, b) -> bool:
+    return (torch._C._current_graph_task_id() != -1 and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.shape == b.shape and a.dtype == b.dtype and (_target(a) or _target(b)))
 
 
 class _MetaCache:

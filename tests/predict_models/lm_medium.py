@@ -268,6 +268,24 @@ def predict(ctx: int, mode: str, warmup: int = 5, capability=CAPABILITY, autocas
     return session, start
 
 
+def predicted_peaks(ctx: int, mode: str, warmup: int = 5, capability=CAPABILITY) -> dict:
+    """Peak allocated / reserved of the recorded step under the torch policy, predicted."""
+    from amem_alloc import replay
+    session, start = predict(ctx, mode, warmup=warmup, capability=capability)
+    run = replay.run(replay.Program(replay.pack(session.ops), prologue=start), "")
+    return {"peak_allocated": run.peak_allocated, "peak_reserved": run.peak_reserved}
+
+
+def measured_peaks(ctx: int, mode: str, warmup: int = 5, autocast: bool | None = None) -> dict:
+    """The same figures on the real CUDA device (torch's own counters after reset_peak_memory_stats)."""
+    autocast = TRACES.get((ctx, mode), False) if autocast is None else autocast
+    run(ctx, mode, warmup=warmup, autocast=autocast, record=torch.cuda.reset_peak_memory_stats,
+        synchronize=torch.cuda.synchronize)
+    out = {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+    torch.cuda.empty_cache()
+    return out
+
+
 def run_on_gpu(ctx: int, mode: str, dump: str, warmup: int = 5, autocast: bool | None = None) -> None:
     def record():
         torch.cuda.reset_peak_memory_stats()
