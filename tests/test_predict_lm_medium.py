@@ -17,6 +17,7 @@ allocations that grow with the count; the full figures are in benchmarks/RESULTS
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -34,6 +35,7 @@ TRACES = Path("/work/shared/traces")
 CASES = [(128, "inference"), (256, "inference"), (512, "inference"), (128, "training"), (256, "training")]
 
 
+@functools.lru_cache(maxsize=None)
 def figures(ctx: int, mode: str, warmup: int = 1) -> dict:
     session, start = lm_medium.predict(ctx, mode, warmup=warmup)
     predicted = replay.run(replay.Program(replay.pack(session.ops), prologue=start), "")
