@@ -455,8 +455,18 @@ def _sole(t) -> bool:
 
 
 def _target(t) -> bool:
-    """Whether the engine would add into `t` (dense, and nothing else holds it)."""
-    return t.is_contiguous() and _sole(t)
+    """Whether the engine would add into `t` (non-overlapping and dense, and nothing else holds it)."""
+    return _dense(t) and _sole(t)
+
+
+def _dense(t) -> bool:
+    """is_non_overlapping_and_dense: the elements fill their extent exactly, in some dim order."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _accumulates(a, b) -> bool:
