@@ -64,8 +64,12 @@ def exit_status(code) -> int:
     return 1
 
 
-def run(target: str, args: list[str], module: bool = False) -> int:
-    """Runs the script or module as __main__; returns its exit status (its traceback printed)."""
+def run(target: str, args: list[str], module: bool = False, reraise: tuple = ()) -> int:
+    """Runs the script or module as __main__; returns its exit status (its traceback printed).
+
+    Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
+    torch.OutOfMemoryError as the run's OOM).
+    """
     sys.argv = [target, *args]
     try:
         if module:
@@ -75,6 +79,8 @@ def run(target: str, args: list[str], module: bool = False) -> int:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as done:
         return exit_status(done.code)
+    except reraise:
+        raise
     except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
         traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
         return 130 if isinstance(err, KeyboardInterrupt) else 1
