@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -32,12 +31,34 @@ from .. import replay
 METHOD = "prediction: fake CUDA tensors (amem_alloc.predict), the allocations CUDA's caching allocator would receive"
 
 
-def _run_script(argv: list[str], on_step=None) -> dict:
+SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
+
+
+def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
+    """Runs the user's script as Python would (user_script.run); a step is an optimizer.step().
+
+    ScriptFailed if it exits non-zero; its traceback is on stderr by then.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from .. import user_script
+
     script, rest = argv[0], argv[1:]
-    sys.argv = [script, *rest]
-    sys.path.insert(0, str(Path(script).resolve().parent))
-    runpy.run_path(script, run_name="__main__")
-    return {"script": script, "args": rest}
+    steps = [0]
+
+    def count(optimizer, args, kwargs) -> None:
+        steps[0] += 1
+        if on_step is not None:
+            on_step(steps[0])
+
+    hook = register_optimizer_step_post_hook(count)
+    try:
+        status = user_script.run(script, rest, reraise=reraise)
+    finally:
+        hook.remove()
+    if status != 0:
+        raise user_script.ScriptFailed(script, status)
+    return {"script": script, "args": rest, "optimizer_steps": steps[0]}
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
@@ -45,12 +66,12 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     import torch
 
     from .. import workloads
-    from ..predict.api import predicting
+    from ..predict.api import engine, predicting
 
     started = time.perf_counter()
     with predicting(policies=[], target=workload or script[0], analyse=False) as run:
         if script:
-            info = _run_script(script)
+            info = _run_script(script, lambda i: run.marker("step"), reraise=(engine()[1],))  # a value read is prediction's limit, not the script's error
         else:
             info = workloads.get(workload)(size, steps, "cuda", 0, lambda i: run.marker("step"))
     seconds = time.perf_counter() - started
@@ -77,11 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     from ..predict.api import engine
 
     args.out.mkdir(parents=True, exist_ok=True)
+    from ..user_script import ScriptFailed
+
     try:
         meta = record(args.out, args.workload, args.size, args.steps, args.script)
     except engine()[1] as err:  # DataDependentError: the parent shows this last line
         print(f"cannot predict this code: {str(err).splitlines()[0]}", file=sys.stderr)
         return 3
+    except ScriptFailed as failed:  # the script's own error: its traceback is on stderr already
+        (args.out / SCRIPT_FAILED).write_text(json.dumps({"script": failed.script, "status": failed.status}))
+        return failed.status or 1
     print(json.dumps({k: meta[k] for k in ("ops", "steps", "record_seconds")}))
     return 0
 
