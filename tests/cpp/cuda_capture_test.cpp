@@ -1,0 +1,99 @@
+// cuda_capture_test.cpp — the allocator on the cuda backend against the rules
+// real CUDA enforces around graph capture, events and errors (the fake CUDA in
+// tests/cpp/fake_cuda refuses what CUDA refuses): device calls during a
+// global-mode capture, private pools and their release, record_stream across
+// devices, failed captures, and synchronization.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "fake_cuda/fake_cuda.h"
+#include "test_support.h"
+
+extern "C" int cudaSetDevice(int device);
+extern "C" int cudaGetLastError();
+extern "C" int cudaStreamBeginCapture(void* stream, int mode);
+extern "C" int cudaStreamEndCapture(void* stream, void** graph);
+extern "C" int cudaMalloc(void** p, size_t bytes);
+
+namespace amem {
+namespace {
+
+using test::alloc;
+using test::release;
+using test::stat;
+
+constexpr size_t kCapacity = 200 * kMiB;
+constexpr int kGlobal = 0, kThreadLocal = 1, kRelaxed = 2;  // cudaStreamCaptureMode
+constexpr StreamId kCaptureStream = 0x5000;
+constexpr PoolId kGraphPool{1, 0};
+
+void* as_stream(StreamId s) { return reinterpret_cast<void*>(s); }
+
+// torch's filter for a graph's pool: the stream is capturing (create_allocate_filter).
+bool capturing_filter(StreamId s) { return fake_cuda_stream_capturing(s); }
+
+class CudaCaptureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake_cuda_reset(kCapacity);
+    ASSERT_EQ(cudaSetDevice(0), 0);
+  }
+  void TearDown() override {
+    const FakeCudaCounts c = fake_cuda_counts();
+    EXPECT_EQ(c.violations, 0u) << "a CUDA API rule was broken";
+    EXPECT_EQ(c.capture_refusals, 0u) << "a call was refused because a stream was capturing";
+    EXPECT_EQ(c.invalidated_captures, 0u) << "a capture was invalidated";
+  }
+  static std::unique_ptr<CachingAllocator> make(const std::string& conf = "") {
+    return std::make_unique<CachingAllocator>(make_cuda_backend(0), Options::parse(conf));
+  }
+  // What torch.cuda.graph does around its body: the pool scope opens before the capture begins.
+  static void begin_capture(CachingAllocator& a, int mode = kGlobal) {
+    a.begin_allocate_to_pool(kGraphPool, capturing_filter);
+    ASSERT_EQ(cudaStreamBeginCapture(as_stream(kCaptureStream), mode), 0);
+  }
+  static int end_capture(CachingAllocator& a) {
+    void* graph = nullptr;
+    const int code = cudaStreamEndCapture(as_stream(kCaptureStream), &graph);
+    if (code == 0) a.end_allocate_to_pool(kGraphPool);  // torch skips it when the capture failed
+    cudaGetLastError();
+    return code;
+  }
+};
+
+// ---------------------------------------------------------------- capture modes (Note [capture mode])
+
+TEST_F(CudaCaptureTest, AFirstAllocationInAGlobalCaptureGetsASegmentWithoutInvalidatingIt) {
+  for (int mode : {kGlobal, kThreadLocal, kRelaxed}) {
+    auto a = make();
+    begin_capture(*a, mode);
+    uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);  // the private pool is empty: cudaMalloc
+    EXPECT_EQ(fake_cuda_counts().allocations, 1u);
+    release(*a, p);
+    EXPECT_EQ(end_capture(*a), 0) << "mode " << mode;
+    a->release_pool(kGraphPool);
+  }
+}
+
+TEST_F(CudaCaptureTest, AnotherThreadsGlobalCaptureSurvivesThisThreadsSegments) {
+  auto a = make();
+  std::thread([] { ASSERT_EQ(cudaStreamBeginCapture(as_stream(kCaptureStream), kGlobal), 0); }).join();
+  uintptr_t p = alloc(*a, 3 * kMiB);  // this thread, the shared pool: cudaMalloc
+  release(*a, p);
+  void* graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(as_stream(kCaptureStream), &graph), 0);
+}
+
+TEST_F(CudaCaptureTest, TheFakeRefusesCudaMallocInAGlobalCaptureAsCudaDoes) {
+  ASSERT_EQ(cudaStreamBeginCapture(as_stream(kCaptureStream), kGlobal), 0);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, kMiB), 900);  // cudaErrorStreamCaptureUnsupported
+  void* graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(as_stream(kCaptureStream), &graph), 901);  // invalidated
+  EXPECT_EQ(cudaGetLastError(), 901);
+  fake_cuda_reset(kCapacity);  // the refusal was this test's point
+}
+
+}  // namespace
+}  // namespace amem
