@@ -85,8 +85,9 @@ class CachingAllocator {
   // CUDA graph capture and MemPool).
   void begin_allocate_to_pool(PoolId id, std::function<bool(StreamId)> filter);
   void end_allocate_to_pool(PoolId id);
-  // The pool's owner is done with it: its cached memory goes back now, and the
-  // pool disappears once its last block is freed and released.
+  // The pool's owner is done with it: its cached memory goes back at the next
+  // empty_cache or out-of-memory retry (Note [lazy pool release]), and the pool
+  // disappears once its last block is freed and released.
   void release_pool(PoolId id);
   size_t private_pool_count() const;
 

@@ -8,8 +8,15 @@
 // with the pool's id and a stream filter), and every request on a stream that
 // passes the filter is served from that pool's own small and large pools, never
 // from the shared ones; blocks freed later return to the private pool. When the
-// graph is destroyed torch calls release_pool; the pool's cached segments go
-// back then, and the pool itself once its last block is freed.
+// graph is destroyed torch calls release_pool.
+//
+// Note [lazy pool release]: torch calls release_pool *before* it destroys the
+// graph's executable, without synchronizing, so a replay of the graph may
+// still be running on the device. release_pool therefore gives nothing back:
+// it only marks the pool freeable (no users left). Its cached segments go back
+// at the next release of cached memory (empty_cache, or an out-of-memory
+// retry), as the native allocator does (graph_pools_freeable), and the pool
+// itself once its last block has been freed and released.
 //
 // While a scope is open (capturing()) the device cannot be queried or
 // synchronized, so, as torch does, malloc skips event processing and never
@@ -42,9 +49,7 @@ void CachingAllocator::release_pool(PoolId id) {
   Guard guard(*this);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end()) return;  // never used, or already gone
-  if (--it->second->users > 0) return;
-  release_freeable_private_pools();
-  if (options_.debug_checks) check_valid_locked();
+  if (it->second->users > 0) it->second->users -= 1;  // at 0, freeable: Note [lazy pool release]
 }
 
 size_t CachingAllocator::private_pool_count() const {

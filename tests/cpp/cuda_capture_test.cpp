@@ -95,5 +95,23 @@ TEST_F(CudaCaptureTest, TheFakeRefusesCudaMallocInAGlobalCaptureAsCudaDoes) {
   fake_cuda_reset(kCapacity);  // the refusal was this test's point
 }
 
+// ---------------------------------------------------------------- releasing a graph's pool (Note [lazy pool release])
+
+TEST_F(CudaCaptureTest, ReleasingAGraphsPoolGivesNothingBackWhileAReplayMayRun) {
+  auto a = make();
+  begin_capture(*a);
+  uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);
+  release(*a, p);
+  ASSERT_EQ(end_capture(*a), 0);
+  fake_cuda_set_stream_busy(kCaptureStream, true);  // a replay of the graph is running
+  a->release_pool(kGraphPool);                     // torch: before cudaGraphExecDestroy, no sync
+  EXPECT_EQ(fake_cuda_counts().allocations, 1u) << "the pool's memory went back under a running replay";
+  EXPECT_EQ(a->private_pool_count(), 1u);
+  a->empty_cache();                                // the next release gives it back
+  EXPECT_EQ(fake_cuda_counts().allocations, 0u);
+  EXPECT_EQ(a->private_pool_count(), 0u);
+  a->check_valid();
+}
+
 }  // namespace
 }  // namespace amem

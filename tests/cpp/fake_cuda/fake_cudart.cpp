@@ -80,6 +80,7 @@ int cudaFree(void* p) {
     return fail(kInvalidValue);
   }
   munmap(p, it->second.bytes);
+  fake_cuda_finish_all_work();  // cudaFree synchronizes the device
   fake_cuda_refund(it->second.device, it->second.bytes);
   allocations().erase(it);
   *fake_cuda_live_counter("allocations") -= 1;
