@@ -93,7 +93,8 @@ Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, 
 Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size_t rounded,
                                           bool is_retry) {
   if (is_retry) stats_.num_alloc_retries += 1;
-  if (options_.expandable_segments) return allocate_expandable(pool, stream, rounded);
+  // Private pools never expand (Note [private pools]): as in torch, a graph's pool gets plain segments.
+  if (options_.expandable_segments && pool.owner == kDefaultPool) return allocate_expandable(pool, stream, rounded);
   size_t size = segment_size_for(rounded);
   int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;

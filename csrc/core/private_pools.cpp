@@ -18,6 +18,11 @@
 // retry), as the native allocator does (graph_pools_freeable), and the pool
 // itself once its last block has been freed and released.
 //
+// A private pool never uses expandable segments, whatever the option says:
+// torch's native allocator gives them plain segments only, so a capture never
+// maps pages (a virtual memory call) and no pool reserves its own range of
+// addresses the size of the device per stream.
+//
 // While a scope is open (capturing()) the device cannot be queried or
 // synchronized, so, as torch does, malloc skips event processing and never
 // releases cached memory to retry, and a free of a block used on other streams

@@ -95,6 +95,25 @@ TEST_F(CudaCaptureTest, TheFakeRefusesCudaMallocInAGlobalCaptureAsCudaDoes) {
   fake_cuda_reset(kCapacity);  // the refusal was this test's point
 }
 
+TEST_F(CudaCaptureTest, AGraphsPoolGetsPlainSegmentsEvenWithExpandableSegments) {
+  auto a = make("expandable_segments:True");
+  begin_capture(*a);
+  uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);
+  uintptr_t q = alloc(*a, 1000, kCaptureStream);
+  EXPECT_EQ(fake_cuda_counts().allocations, 2u);  // one large and one small segment, by cudaMalloc
+  EXPECT_EQ(fake_cuda_counts().ranges, 0u) << "a private pool reserved a range of addresses";
+  EXPECT_EQ(fake_cuda_counts().mappings, 0u);
+  release(*a, p);
+  release(*a, q);
+  ASSERT_EQ(end_capture(*a), 0);
+  uintptr_t r = alloc(*a, 3 * kMiB);              // the shared pool still expands
+  EXPECT_EQ(fake_cuda_counts().ranges, 1u);
+  release(*a, r);
+  a->release_pool(kGraphPool);
+  a->empty_cache();
+  a->check_valid();
+}
+
 // ---------------------------------------------------------------- releasing a graph's pool (Note [lazy pool release])
 
 TEST_F(CudaCaptureTest, ReleasingAGraphsPoolGivesNothingBackWhileAReplayMayRun) {
