@@ -216,6 +216,8 @@ void CachingAllocator::free(uintptr_t address) {
     stats_.num_invalid_frees += 1;
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
+  StreamEvents events;  // recorded first: if the device refuses, nothing has changed yet
+  if (!block->stream_uses.empty() && !capturing()) events = record_stream_events(block);
   allocated_.erase(address);
   block->allocated = false;
 
@@ -233,7 +235,7 @@ void CachingAllocator::free(uintptr_t address) {
     block->pending_events += 1;
     deferred_.push_back(block);
   } else {
-    insert_events(block);  // Note [record_stream]
+    insert_events(block, std::move(events));  // Note [record_stream]
   }
   if (options_.debug_checks) check_valid_locked();
 }
@@ -307,9 +309,22 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
-void CachingAllocator::insert_events(Block* block) {
-  for (StreamId s : block->stream_uses) {
-    pending_[s].emplace_back(backend_->record_event(s), block);
+// An event on each stream that used `block`, all or none: a failure destroys
+// those already recorded and rethrows, with nothing else changed.
+CachingAllocator::StreamEvents CachingAllocator::record_stream_events(const Block* block) {
+  StreamEvents events;
+  try {
+    for (StreamId s : block->stream_uses) events.emplace_back(s, backend_->record_event(s));
+  } catch (...) {
+    for (auto& [stream, event] : events) backend_->destroy_event(event);
+    throw;
+  }
+  return events;
+}
+
+void CachingAllocator::insert_events(Block* block, StreamEvents events) {
+  for (auto& [stream, event] : events) {
+    pending_[stream].emplace_back(event, block);
     block->pending_events += 1;
   }
   block->stream_uses.clear();

@@ -150,7 +150,9 @@ class CachingAllocator {
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
   size_t merge_into(Block* dst, Block* src, BlockPool& pool);
-  void insert_events(Block* block);
+  using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
+  StreamEvents record_stream_events(const Block* block);  // all or nothing
+  void insert_events(Block* block, StreamEvents events);
   void process_events();
   void synchronize_and_free_events();
 

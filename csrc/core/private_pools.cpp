@@ -96,12 +96,14 @@ void CachingAllocator::release_freeable_private_pools() {
   }
 }
 
+// One block at a time, so a device error leaves the rest deferred, intact.
 void CachingAllocator::insert_deferred_events() {
-  std::vector<Block*> blocks;
-  blocks.swap(deferred_);
-  for (Block* b : blocks) {
+  while (!deferred_.empty()) {
+    Block* b = deferred_.back();
+    StreamEvents events = record_stream_events(b);  // may throw: b stays deferred
+    deferred_.pop_back();
     b->pending_events -= 1;  // the token that kept it pending during capture
-    insert_events(b);
+    insert_events(b, std::move(events));
     if (b->pending_events == 0) free_block(b);
   }
 }

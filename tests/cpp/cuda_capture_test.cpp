@@ -114,6 +114,40 @@ TEST_F(CudaCaptureTest, AGraphsPoolGetsPlainSegmentsEvenWithExpandableSegments) 
   a->check_valid();
 }
 
+// ---------------------------------------------------------------- record_stream and a failing free
+
+TEST_F(CudaCaptureTest, RecordStreamWithAStreamOfAnotherDeviceRecordsTheEventThere) {
+  auto a = make();
+  const StreamId other_device_stream = 0x7100;
+  fake_cuda_set_stream_device(other_device_stream, 1);
+  uintptr_t p = alloc(*a, kMiB);
+  a->record_stream(p, other_device_stream);
+  fake_cuda_set_stream_busy(other_device_stream, true);
+  ASSERT_NO_THROW(a->free(p)) << "the event was made on the block's device, not the stream's";
+  EXPECT_EQ(fake_cuda_counts().events, 1u);
+  EXPECT_NE(alloc(*a, kMiB), p);  // pending on the busy stream
+  fake_cuda_set_stream_busy(other_device_stream, false);
+  EXPECT_EQ(alloc(*a, kMiB), p);
+  a->check_valid();
+}
+
+TEST_F(CudaCaptureTest, AFreeTheDeviceRefusesLeavesTheBlockAllocatedAndTheStateWhole) {
+  auto a = make();
+  uintptr_t p = alloc(*a, kMiB);
+  a->record_stream(p, 0x7000);
+  a->record_stream(p, 0x7001);
+  const std::string before = a->stats_json();
+  fake_cuda_fail_after("cudaEventRecord", 1, 999);  // the second stream's event
+  EXPECT_THROW(a->free(p), BackendError);
+  a->check_valid();
+  EXPECT_EQ(a->stats_json(), before) << "stats changed by a free that failed";
+  EXPECT_EQ(fake_cuda_counts().events, 0u) << "an event of the failed free was left behind";
+  EXPECT_EQ(a->block_info(p).address, p) << "the block was lost";
+  release(*a, p);  // the device works again: the free goes through
+  a->check_valid();
+  EXPECT_EQ(stat(*a, "allocated_bytes.all.current"), 0);
+}
+
 // ---------------------------------------------------------------- releasing a graph's pool (Note [lazy pool release])
 
 TEST_F(CudaCaptureTest, ReleasingAGraphsPoolGivesNothingBackWhileAReplayMayRun) {

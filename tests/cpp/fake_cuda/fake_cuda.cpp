@@ -27,7 +27,7 @@ struct State {
   size_t capacity = 0;
   size_t used[kDevices] = {};
   bool vmm = true;
-  std::map<std::string, int> failures;               // function -> code for its next call
+  std::map<std::string, std::pair<int, int>> failures;  // function -> {calls to let through, code}
   std::set<uint64_t> busy_streams;
   std::map<unsigned long long, Handle> handles;
   unsigned long long next_handle = 1;
@@ -128,7 +128,12 @@ FakeCudaCounts fake_cuda_counts() {
 
 void fake_cuda_fail_next(const char* function, int code) {
   std::lock_guard<std::mutex> lock(state().mutex);
-  state().failures[function] = code;
+  state().failures[function] = {0, code};
+}
+
+void fake_cuda_fail_after(const char* function, int skip, int code) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().failures[function] = {skip, code};
 }
 
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy) {
@@ -152,7 +157,11 @@ bool fake_cuda_take_failure(const char* function, int* code) {
   auto& failures = state().failures;
   auto it = failures.find(function);
   if (it == failures.end()) return false;
-  *code = it->second;
+  if (it->second.first > 0) {
+    it->second.first -= 1;
+    return false;
+  }
+  *code = it->second.second;
   failures.erase(it);
   return true;
 }

@@ -53,6 +53,8 @@ void fake_cuda_reset(size_t capacity);
 FakeCudaCounts fake_cuda_counts();
 // The next call to `function` (e.g. "cudaMalloc", "cuMemMap") returns `code`.
 void fake_cuda_fail_next(const char* function, int code);
+// The call to `function` after the next `skip` ones returns `code`.
+void fake_cuda_fail_after(const char* function, int skip, int code);
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy);
 void fake_cuda_set_vmm_supported(bool supported);
 // Stream `stream` belongs to `device` (cudaStreamGetDevice; default: device 0).
