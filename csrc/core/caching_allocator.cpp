@@ -43,6 +43,7 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
+  if (capturing()) drop_failed_captures();
   if (!pending_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
   BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
@@ -81,7 +82,7 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
 // No cached block fits: get a new segment, freeing cached memory to make room
 // if the backend refuses (torch: the alloc_block / release_* chain in malloc).
 Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
+  if (fraction_set_ && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
   if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
   if (release_available_cached_blocks(pool, stream, rounded))
     if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
@@ -346,11 +347,13 @@ void CachingAllocator::process_events() {
   }
 }
 
+// Waits for each pending event, not for the whole device: only what is
+// pending is waited for, and with nothing pending nothing waits (torch does the same).
 void CachingAllocator::synchronize_and_free_events() {
-  backend_->synchronize();
   stats_.num_sync_all_streams += 1;
   for (auto& [stream, queue] : pending_) {
     for (auto& [event, block] : queue) {
+      backend_->wait_event(event);
       backend_->destroy_event(event);
       if (--block->pending_events == 0) free_block(block);
     }
@@ -362,17 +365,22 @@ void CachingAllocator::synchronize_and_free_events() {
 
 void CachingAllocator::empty_cache() {
   Guard guard(*this);
+  if (capturing()) drop_failed_captures();
   stats_.num_empty_cache += 1;
   if (trace_.on()) trace_.record(TraceAction::k_empty_cache, 0, 0, 0, 0, 0);
   release_cached_blocks();
   if (options_.debug_checks) check_valid_locked();
 }
 
-// Frees every cached whole segment (torch: release_cached_blocks).
+// Frees every cached whole segment (torch: release_cached_blocks). While a
+// capture is under way nothing may wait for the device: the shared pools keep
+// their memory, and only pools no graph uses any more give theirs back.
 bool CachingAllocator::release_cached_blocks() {
-  synchronize_and_free_events();
-  release_pool_segments(large_);
-  release_pool_segments(small_);
+  if (!capturing()) {
+    synchronize_and_free_events();
+    release_pool_segments(large_);
+    release_pool_segments(small_);
+  }
   release_freeable_private_pools();
   return true;
 }
@@ -384,7 +392,8 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
     if (b->segment->expandable) expandable.push_back(b);
     else if (!b->is_split()) whole.push_back(b);
   }
-  for (Block* b : whole) release_segment_of(b);
+  for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
+  if (!expandable.empty()) backend_->synchronize();  // unmapping does not: wait first (torch too)
   for (Block* b : expandable) unmap_block(b);
 }
 

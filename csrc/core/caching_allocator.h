@@ -169,6 +169,7 @@ class CachingAllocator {
   bool capturing() const { return !routes_.empty(); }
   std::vector<const BlockPool*> all_pools() const;
   void release_freeable_private_pools();
+  void drop_failed_captures();
   void insert_deferred_events();
   void note_reserved_increase(PoolKind kind, size_t bytes);
   void note_reserved_decrease(PoolKind kind, size_t bytes);
@@ -214,7 +215,12 @@ class CachingAllocator {
     int users = 0;  // begin_allocate_to_pool calls not yet matched by release_pool
   };
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
-  std::vector<std::pair<PoolId, std::function<bool(StreamId)>>> routes_;  // open scopes
+  struct Route {                                      // an open allocate-to-pool scope
+    PoolId id;
+    std::function<bool(StreamId)> filter;
+    std::vector<StreamId> served;                     // streams it took (Note [failed capture])
+  };
+  std::vector<Route> routes_;
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   std::map<uintptr_t, Segment*> segments_;            // by address

@@ -42,9 +42,10 @@ class CudaCaptureTest : public ::testing::Test {
   void TearDown() override {
     const FakeCudaCounts c = fake_cuda_counts();
     EXPECT_EQ(c.violations, 0u) << "a CUDA API rule was broken";
-    EXPECT_EQ(c.capture_refusals, 0u) << "a call was refused because a stream was capturing";
-    EXPECT_EQ(c.invalidated_captures, 0u) << "a capture was invalidated";
+    EXPECT_EQ(c.capture_refusals, expected_refusals_) << "a call was refused because a stream was capturing";
+    EXPECT_EQ(c.invalidated_captures, expected_refusals_) << "a capture was invalidated";
   }
+  size_t expected_refusals_ = 0;  // calls a test makes fail on purpose
   static std::unique_ptr<CachingAllocator> make(const std::string& conf = "") {
     return std::make_unique<CachingAllocator>(make_cuda_backend(0), Options::parse(conf));
   }
@@ -81,8 +82,41 @@ TEST_F(CudaCaptureTest, AnotherThreadsGlobalCaptureSurvivesThisThreadsSegments) 
   std::thread([] { ASSERT_EQ(cudaStreamBeginCapture(as_stream(kCaptureStream), kGlobal), 0); }).join();
   uintptr_t p = alloc(*a, 3 * kMiB);  // this thread, the shared pool: cudaMalloc
   release(*a, p);
+  a->empty_cache();                   // cudaFree, and no device-wide synchronization
+  EXPECT_EQ(fake_cuda_counts().allocations, 0u);
   void* graph = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(as_stream(kCaptureStream), &graph), 0);
+}
+
+TEST_F(CudaCaptureTest, EmptyCacheDuringACaptureKeepsTheSharedPoolsAndWaitsForNothing) {
+  auto a = make();
+  uintptr_t p = alloc(*a, 3 * kMiB);
+  a->record_stream(p, 0x7000);
+  release(*a, p);                     // pending on stream 0x7000's event
+  uintptr_t q = alloc(*a, 30 * kMiB);
+  release(*a, q);                     // cached
+  begin_capture(*a);
+  a->empty_cache();                   // nothing synchronizes, nothing of the shared pools goes back
+  EXPECT_EQ(fake_cuda_counts().allocations, 2u);
+  EXPECT_EQ(end_capture(*a), 0);
+  a->empty_cache();                   // after the capture: the event is waited for, and all goes back
+  EXPECT_EQ(fake_cuda_counts().allocations, 0u);
+  EXPECT_EQ(fake_cuda_counts().events, 0u);
+  a->release_pool(kGraphPool);
+  a->check_valid();
+}
+
+TEST_F(CudaCaptureTest, AGarbageCollectionNeverSynchronizesDuringACapture) {
+  auto a = make("garbage_collection_threshold:0.5");
+  a->set_memory_fraction(1.0);
+  uintptr_t p = alloc(*a, 150 * kMiB);
+  release(*a, p);                     // 150 of 200 MiB cached: over the threshold
+  begin_capture(*a);
+  uintptr_t q = alloc(*a, 3 * kMiB, kCaptureStream);  // would collect the cache before a new segment
+  EXPECT_EQ(fake_cuda_counts().allocations, 2u) << "the shared pool's cache was collected during capture";
+  release(*a, q);
+  EXPECT_EQ(end_capture(*a), 0);
+  a->release_pool(kGraphPool);
 }
 
 TEST_F(CudaCaptureTest, TheFakeRefusesCudaMallocInAGlobalCaptureAsCudaDoes) {
@@ -146,6 +180,27 @@ TEST_F(CudaCaptureTest, AFreeTheDeviceRefusesLeavesTheBlockAllocatedAndTheStateW
   release(*a, p);  // the device works again: the free goes through
   a->check_valid();
   EXPECT_EQ(stat(*a, "allocated_bytes.all.current"), 0);
+}
+
+// ---------------------------------------------------------------- a failed capture (Note [failed capture])
+
+TEST_F(CudaCaptureTest, AfterAFailedCaptureEventsAreProcessedAndAnOutOfMemoryRetriesAgain) {
+  auto a = make();
+  uintptr_t big = alloc(*a, 150 * kMiB);
+  release(*a, big);                                   // cached in the shared pool
+  uintptr_t used = alloc(*a, kMiB);
+  a->record_stream(used, 0x7000);
+  release(*a, used);                                  // pending on an event that has completed
+  begin_capture(*a);
+  uintptr_t p = alloc(*a, kMiB, kCaptureStream);
+  void* raw = nullptr;
+  EXPECT_EQ(cudaMalloc(&raw, kMiB), 900);             // something else breaks the capture
+  EXPECT_NE(end_capture(*a), 0);                      // torch throws: no end_allocate_to_pool
+  EXPECT_NE(alloc(*a, 100 * kMiB), 0u) << "the out-of-memory retry stayed off";
+  EXPECT_EQ(fake_cuda_counts().events, 0u) << "events stayed unprocessed";
+  release(*a, p);
+  a->check_valid();
+  expected_refusals_ = 1;
 }
 
 // ---------------------------------------------------------------- releasing a graph's pool (Note [lazy pool release])
