@@ -1,0 +1,106 @@
+"""Who asked for a block: the first frame of its stack that is the user's, not the allocator's.
+
+Design note
+-----------
+torch's stacks start inside the allocator (DeviceCachingAllocator::malloc, empty_cuda, the
+dispatcher, ...) and end in the interpreter; amem's hold Python frames only. A reader wants
+the frame that explains the memory, so `call_site(frames)` picks, innermost first:
+
+1. an autograd node (`BmmBackward0::apply`, `AccumulateGrad::apply`): the backward pass runs on
+   the engine's threads, whose stacks have no Python frame of the user's at all;
+2. the first Python frame outside torch, the interpreter's standard library and tensor
+   plumbing libraries (einops): the user's model or script;
+3. the aten operator (`at::_ops::div_Tensor::call` -> `aten::div.Tensor`): C++-only stacks;
+4. the first frame that is not allocator or dispatcher machinery.
+
+Traces written with file names cut to their last component (`module.py`) cannot tell torch's
+files from the user's by path, so torch's well-known plumbing functions are also matched by
+(file name, function name).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..snapshot import frame_fields
+
+NO_STACK = "(no stack recorded)"
+
+# Python files that are never the user's: torch itself, the standard library, and libraries that
+# only forward to torch operators.
+_LIBRARY_DIRS = ("torch/", "torch_geometric/utils/", "einops/", "functorch/", "triton/", "python3.", "/lib/python",
+                 "site-packages/torch", "transformers/utils/", "accelerate/hooks.py")
+# (file name, function) of torch plumbing, for traces whose file names lost their directory.
+_PLUMBING = {("module.py", "_call_impl"), ("module.py", "_wrapped_call_impl"), ("optimizer.py", "wrapper"),
+             ("optimizer.py", "_use_grad"), ("_tensor.py", "backward"), ("__init__.py", "backward"),
+             ("__init__.py", "_make_grads"), ("graph.py", "_engine_run_backward"), ("functional.py", "einsum"),
+             ("_contextlib.py", "decorate_context"), ("threading.py", "run"), ("threading.py", "_bootstrap"),
+             ("threading.py", "_bootstrap_inner"), ("runpy.py", "_run_code"), ("runpy.py", "_run_module_as_main")}
+_PLUMBING_FILES = ("einops.py", "_backends.py")
+
+_NODE = re.compile(r"(?:^|::)(\w+(?:Backward\w*|AccumulateGrad))::apply\(")
+_MACHINERY = ("CUDACachingAllocator", "unwind::", "CapturedTraceback", "gather_with_cpp", "at::detail::empty",
+              "at::native::empty", "TensorIterator", "c10::impl::", "at::_ops::", "at::(anonymous namespace)::",
+              "wrapper_CUDA", "create_out", "set_output", "VariableType", "torch::autograd::", "ADInplaceOrView",
+              "c10::Dispatcher", "Py", "_PyEval", "pthread", "clone", "start_thread", "libc", "execute_native")
+
+
+def _is_library(filename: str, name: str) -> bool:
+    if any(d in filename for d in _LIBRARY_DIRS):
+        return True
+    base = filename.rsplit("/", 1)[-1]
+    return (base, name) in _PLUMBING or ("/" not in filename and base in _PLUMBING_FILES)
+
+
+def _op_name(fn: str) -> str | None:
+    match = re.search(r"at::_ops::(\w+)::call\(", fn)
+    if not match:
+        return None
+    op = match.group(1)
+    # aten's C++ names join the overload with an underscore (div_Tensor): show it as aten::div.Tensor
+    head, sep, overload = op.rpartition("_")
+    return f"aten::{head}.{overload}" if sep and overload[:1].isupper() else f"aten::{op}"
+
+
+def call_site(frames: Any) -> tuple[str, str]:
+    """(label, kind) for a stack: kind is "autograd", "python", "op", "frame" or "none"."""
+    fields = [f for f in (frame_fields(fr) for fr in (frames if isinstance(frames, list) else [])) if f]
+    if not fields:
+        return NO_STACK, "none"
+    python = [f for f in fields if f[0].endswith(".py")]
+    for filename, line, name in fields:
+        if filename.endswith(".py"):
+            break  # a Python frame comes before any node: the allocation was made from Python
+        node = _NODE.search(name)
+        if node:
+            return f"{node.group(1)} (backward)", "autograd"
+    for filename, line, name in python:
+        if not _is_library(filename, name):
+            return f"{filename}:{line} {name}", "python"
+    for _, _, name in fields:
+        op = _op_name(name)
+        if op:
+            return op, "op"
+    if python:
+        filename, line, name = python[0]
+        return f"{filename}:{line} {name}", "python"
+    for filename, line, name in fields:
+        if not any(m in name for m in _MACHINERY):
+            return (f"{filename}:{name}" if filename not in ("", "??") else name)[:200], "frame"
+    return fields[0][2][:200], "frame"
+
+
+class CallSites:
+    """call_site() with a cache keyed by the frames list (torch's files share them between events)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Any, str]] = {}
+
+    def __call__(self, frames: Any) -> str:
+        key = id(frames)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is frames:
+            return hit[1]
+        label = call_site(frames)[0]
+        self._cache[key] = (frames, label)
+        return label
