@@ -239,7 +239,11 @@ def key_value_section(title: str, css: str, mapping: Any) -> str:
 
 # ============================================================================ the page
 def page(title: str, subtitle: str, body: str, data: Any, version: str) -> str:
-    """Fills the template in one pass, so no inserted text is ever read as a placeholder."""
-    parts = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "BODY": body, "DATA": _json_for_script(data),
-             "CSS": _asset("report.css"), "JS": _asset("report.js"), "VERSION": esc(version)}
+    """Fills the template in one pass, so no inserted text is ever read as a placeholder. With
+    data=None the page is static: no script at all (amem_alloc.provenance's Tracer.to_html)."""
+    scripts = "" if data is None else (f'<script type="application/json" id="amem-data">{_json_for_script(data)}'
+                                       f"</script>\n<script>\n{_asset('report.js')}\n</script>")
+    parts = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "BODY": body, "SCRIPTS": scripts,
+             "FOOTER": "" if data is None else ": the plots are drawn by the script below",
+             "CSS": _asset("report.css"), "VERSION": esc(version)}
     return re.sub(r"@@([A-Z]+)@@", lambda m: parts[m.group(1)], _asset("template.html"))
