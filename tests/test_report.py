@@ -4,7 +4,6 @@ nothing on the page reaches the network; and a real headless browser (Debian's c
 page and draws every plot."""
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from amem_alloc.report.timeline import build_timeline, segments_at
 from amem_alloc.snapshot import parse_snapshot
 
 from helpers import run_command
+from report_browser import CHROMIUM, attribute, check_page, render_pages, start_tag
 from test_snapshot import TRACES, host_run, needs_traces
 
 AMEM = str(Path(sys.executable).parent / "amem")
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +101,8 @@ def test_our_report_shows_tags_stacks_and_no_external_resources(ours):
     assert external_references(page) == []
     assert "default-src 'none'" in page  # the page's CSP forbids every fetch
     for text in ("Allocated vs reserved over time", "Fragmentation over time", "Segment map at the peak",
-                 "largest allocations", "warmup", "test_snapshot.py", "Allocator settings"):
+                 "largest allocations", "warmup", "test_snapshot.py", "Allocator settings",
+                 "Allocated memory by call site over time", "What holds memory at the peak"):
         assert text in page
     data = json.loads(re.search(r'<script type="application/json" id="amem-data">(.*?)</script>', page, re.S).group(1))
     assert data["devices"][0]["segmap"]["rows"] and data["devices"][0]["series"]["allocated"]
@@ -183,64 +183,24 @@ needs_chromium = pytest.mark.skipif(
     reason="/usr/bin/chromium is absent: `make test-python` installs Debian's chromium (apt-get install chromium)")
 
 
-def dump_dom(page: Path, tmp_path: Path) -> str:
-    """The page's DOM after its script ran, from headless chromium with every network feature off."""
-    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-            "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
-
-
-def start_tag(dom: str, element_id: str) -> str:
-    match = re.search(rf'<div[^>]*\bid="{re.escape(element_id)}"[^>]*>', dom)
-    assert match, f"no element {element_id}"
-    return match.group(0)
-
-
-def attribute(tag: str, name: str) -> str | None:
-    match = re.search(rf'\b{name}="([^"]*)"', tag)
-    return match.group(1) if match else None
-
-
-def check_drawn(dom: str, devices: list[int]) -> None:
-    assert "data-error" not in dom.split("<body", 1)[1].split(">", 1)[0]
-    body = re.search(r"<body[^>]*>", dom).group(0)
-    assert attribute(body, "data-plots-drawn") == str(3 * len(devices))
-    for d in devices:
-        for kind, paths in (("timeline", "2"), ("fragmentation", "1")):
-            tag = start_tag(dom, f"{kind}-{d}")
-            assert attribute(tag, "data-drawn") == "true" and attribute(tag, "data-paths") == paths
-        seg = start_tag(dom, f"segmap-{d}")
-        assert attribute(seg, "data-drawn") == "true" and int(attribute(seg, "data-rows")) > 0
-    lines = re.findall(r'<path[^>]*class="plot-line"[^>]*>', dom)
-    assert len(lines) == 3 * len(devices)
-    assert all(len(attribute(p, "d")) > 10 for p in lines)
-
-
 @needs_chromium
-def test_browser_draws_every_plot_of_our_report(ours, tmp_path):
+def test_browser_draws_every_plot_of_our_report_and_of_torch_reports(ours, tmp_path):
+    """One chromium launch for our report and two torch traces (tests/report_browser.py)."""
     _, snap = ours
-    page = tmp_path / "ours.html"
-    page.write_text(render_report(parse_snapshot(snap)))
-    dom = dump_dom(page, tmp_path)
-    check_drawn(dom, [0])
-    assert int(attribute(start_tag(dom, "segmap-0"), "data-rects")) >= 4
-    assert dom.count('class="block"') == int(attribute(start_tag(dom, "segmap-0"), "data-rects"))
-
-
-@needs_chromium
-@needs_traces
-@pytest.mark.parametrize("name", ["expandable_oom.pickle", "multistream_4dev.pickle"])
-def test_browser_draws_every_plot_of_a_torch_report(name, tmp_path):
-    path = next((p for p in TRACES if p.name == name), None)
-    if path is None:
-        pytest.skip(f"{name} is not in ../shared/traces")
-    page = write_report(path, tmp_path / "r.html")
-    devices = [d["device"] for d in report_data(load_snapshot(path))["devices"]]
-    dom = dump_dom(page, tmp_path)
-    check_drawn(dom, devices)
-    if name == "expandable_oom.pickle":
-        assert 'class="oom-marker"' in dom
+    pages, datas = [tmp_path / "ours.html"], [report_data(parse_snapshot(snap))]
+    pages[0].write_text(render_report(parse_snapshot(snap)))
+    for name in ("expandable_oom.pickle", "multistream_4dev.pickle"):
+        path = next((p for p in TRACES if p.name == name), None)
+        if path is not None:
+            pages.append(write_report(path, tmp_path / f"{path.stem}.html"))
+            datas.append(report_data(load_snapshot(path), replay_ooms=False))
+    doms = render_pages(pages, tmp_path)
+    for dom, data in zip(doms, datas):
+        check_page(dom, data)
+        lines = re.findall(r'<path[^>]*class="plot-line"[^>]*>', dom)
+        assert len(lines) == 3 * len(data["devices"]) and all(len(attribute(p, "d")) > 10 for p in lines)
+    ours_dom = doms[0]
+    assert int(attribute(start_tag(ours_dom, "segmap-0"), "data-rects")) >= 4
+    assert ours_dom.count('class="block"') == int(attribute(start_tag(ours_dom, "segmap-0"), "data-rects"))
+    if len(doms) > 1:
+        assert 'class="oom-marker"' in doms[1]

@@ -38,7 +38,7 @@ _PLUMBING = {("module.py", "_call_impl"), ("module.py", "_wrapped_call_impl"), (
              ("threading.py", "_bootstrap_inner"), ("runpy.py", "_run_code"), ("runpy.py", "_run_module_as_main")}
 _PLUMBING_FILES = ("einops.py", "_backends.py")
 
-_NODE = re.compile(r"(?:^|::)(\w+(?:Backward\w*|AccumulateGrad))::apply\(")
+_NODE = re.compile(r"(?:^|::)(\w*Backward\w*|AccumulateGrad)::apply\(")
 _MACHINERY = ("CUDACachingAllocator", "unwind::", "CapturedTraceback", "gather_with_cpp", "at::detail::empty",
               "at::native::empty", "TensorIterator", "c10::impl::", "at::_ops::", "at::(anonymous namespace)::",
               "wrapper_CUDA", "create_out", "set_output", "VariableType", "torch::autograd::", "ADInplaceOrView",
