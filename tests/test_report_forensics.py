@@ -221,3 +221,16 @@ def test_the_browser_draws_the_new_sections(tmp_path):
         check_page(dom, data)
     assert re.search(r'<g class="oom-marker">.*?OOM 30.0 MiB', doms[0], re.S)
     assert "torch-expandable would have fit with" in doms[0]
+
+
+def test_a_tracers_rows_join_a_torch_trace_by_address_and_block_size():
+    """torch's traces carry no allocation number: a Tracer row labels a live block when it is the
+    only row at that address with that block size."""
+    events = [{"action": "alloc", "addr": a, "size": n, "stream": 0} for a, n in ((1 << 30, 2 * MiB), (2 << 30, 4 * MiB))]
+    snap = parse_snapshot({"segments": [], "device_traces": [events]})
+    rows = [{"address": 1 << 30, "allocator_bytes": 2 * MiB, "category": "parameter", "module": "fc"},
+            {"address": 2 << 30, "allocator_bytes": 4 * MiB, "category": "activation", "module": "fc"},
+            {"address": 2 << 30, "allocator_bytes": 4 * MiB, "category": "temporary", "module": "fc"}]  # ambiguous
+    held = report_data(snap, provenance={"allocations": rows})["devices"][0]["held"]
+    assert {g["key"]: g["bytes"] for g in held["by_category"]} == {"(not traced)": 4 * MiB, "parameter": 2 * MiB}
+    assert held["joined"] == {"seq": 0, "address": 1, "none": 1}

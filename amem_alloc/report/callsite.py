@@ -62,45 +62,78 @@ def _op_name(fn: str) -> str | None:
     return f"aten::{head}.{overload}" if sep and overload[:1].isupper() else f"aten::{op}"
 
 
-def call_site(frames: Any) -> tuple[str, str]:
-    """(label, kind) for a stack: kind is "autograd", "python", "op", "frame" or "none"."""
-    fields = [f for f in (frame_fields(fr) for fr in (frames if isinstance(frames, list) else [])) if f]
-    if not fields:
-        return NO_STACK, "none"
-    python = [f for f in fields if f[0].endswith(".py")]
-    for filename, line, name in fields:
-        if filename.endswith(".py"):
-            break  # a Python frame comes before any node: the allocation was made from Python
+# what one frame is, for call_site: (kind, label)
+_USER, _LIBRARY, _NODE_FRAME, _OP_FRAME, _OTHER, _MACHINE = range(6)
+
+
+def _classify(frame: Any) -> tuple[int, str] | None:
+    fields = frame_fields(frame)
+    if fields is None:
+        return None
+    filename, line, name = fields
+    if filename.endswith(".py"):
+        return (_LIBRARY if _is_library(filename, name) else _USER), f"{filename}:{line} {name}"
+    if "::apply(" in name:
         node = _NODE.search(name)
         if node:
-            return f"{node.group(1)} (backward)", "autograd"
-    for filename, line, name in python:
-        if not _is_library(filename, name):
-            return f"{filename}:{line} {name}", "python"
-    for _, _, name in fields:
+            return _NODE_FRAME, f"{node.group(1)} (backward)"
+    if "at::_ops::" in name:
         op = _op_name(name)
         if op:
-            return op, "op"
-    if python:
-        filename, line, name = python[0]
-        return f"{filename}:{line} {name}", "python"
-    for filename, line, name in fields:
-        if not any(m in name for m in _MACHINERY):
-            return (f"{filename}:{name}" if filename not in ("", "??") else name)[:200], "frame"
-    return fields[0][2][:200], "frame"
+            return _OP_FRAME, op
+    if any(m in name for m in _MACHINERY):
+        return _MACHINE, name[:200]
+    return _OTHER, (f"{filename}:{name}" if filename not in ("", "??") else name)[:200]
+
+
+_KIND_NAMES = {_USER: "python", _LIBRARY: "python", _NODE_FRAME: "autograd", _OP_FRAME: "op", _OTHER: "frame",
+               _MACHINE: "frame"}
+
+
+def _pick(kinds: list[tuple[int, str]]) -> tuple[str, str]:
+    """One pass, innermost first: a node before any Python frame, else the first user frame, else
+    the first aten operator, else torch's innermost Python frame, else the first plain frame."""
+    if not kinds:
+        return NO_STACK, "none"
+    seen_python, first = False, {}
+    for kind, label in kinds:
+        if kind == _USER:
+            return label, "python"
+        if kind == _NODE_FRAME and not seen_python:
+            return label, "autograd"
+        seen_python = seen_python or kind == _LIBRARY
+        first.setdefault(kind, label)
+    for kind in (_OP_FRAME, _LIBRARY, _OTHER, _MACHINE):
+        if kind in first:
+            return first[kind], _KIND_NAMES[kind]
+    return kinds[0][1], "frame"
+
+
+def call_site(frames: Any) -> tuple[str, str]:
+    """(label, kind) for a stack: kind is "autograd", "python", "op", "frame" or "none"."""
+    kinds = [k for k in (_classify(f) for f in (frames if isinstance(frames, list) else [])) if k]
+    return _pick(kinds)
 
 
 class CallSites:
-    """call_site() with a cache keyed by the frames list (torch's files share them between events)."""
+    """call_site()'s label, with each frame classified once: torch's files share their frame
+    entries between events, so a trace of 19k events has about a thousand distinct frames."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[Any, str]] = {}
+        self._frames: dict[int, tuple[Any, tuple[int, str] | None]] = {}
+        self._stacks: dict[int, tuple[Any, str]] = {}
+
+    def _kind(self, frame: Any) -> tuple[int, str] | None:
+        hit = self._frames.get(id(frame))
+        if hit is None or hit[0] is not frame:
+            hit = self._frames[id(frame)] = (frame, _classify(frame))
+        return hit[1]
 
     def __call__(self, frames: Any) -> str:
-        key = id(frames)
-        hit = self._cache.get(key)
+        hit = self._stacks.get(id(frames))
         if hit is not None and hit[0] is frames:
             return hit[1]
-        label = call_site(frames)[0]
-        self._cache[key] = (frames, label)
+        kinds = [k for k in map(self._kind, frames if isinstance(frames, list) else []) if k]
+        label = _pick(kinds)[0]
+        self._stacks[id(frames)] = (frames, label)
         return label

@@ -208,11 +208,16 @@ def oom_panel(dev: dict, panel: dict) -> str:
             f"{held_tables(panel['held'])}</div>")
 
 
+def _more_ooms(dev: dict) -> str:
+    more = len(dev["ooms"]) - len(dev["oom_panels"])
+    return f"<p>{more} more out-of-memory errors are marked on the timeline, without a panel.</p>" if more > 0 else ""
+
+
 def device_section(dev: dict) -> str:
     d = dev["device"]
     return "\n".join([
         f'<section class="device" id="device-{d}"><h2>Device {d}</h2>', _cards(dev), _notes(dev["notes"]),
-        *[oom_panel(dev, p) for p in dev["oom_panels"]],
+        *[oom_panel(dev, p) for p in dev["oom_panels"]], _more_ooms(dev),
         "<h3>Allocated vs reserved over time</h3>", LEGEND_TIMELINE,
         f'<div class="plot timeline" id="timeline-{d}"></div>',
         "<h3>Allocated memory by call site over time</h3>",

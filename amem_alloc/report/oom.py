@@ -28,6 +28,8 @@ from .callsite import CallSites
 from .timeline import DeviceTimeline, free_runs, segments_at
 
 OOM_KEY = (1 << 62) + 1  # the failed request's key in the replayed program: no trace address is this high
+MAX_PANELS = 8     # out-of-memory errors shown per device (a retry loop can log hundreds)
+MAX_REPLAYED = 3   # of those, replayed under every policy
 
 
 def _verdict(size: int, device_free: int, cache_free: int, largest: int) -> tuple[bool, str]:
@@ -75,7 +77,7 @@ def oom_reports(snapshot: dict, tl: DeviceTimeline, sites: CallSites, prov: Prov
                 replay_policies: bool = True) -> list[dict[str, Any]]:
     """One panel's figures per `oom` event of the device."""
     out = []
-    for k, (i, size, device_free, stream) in enumerate(tl.ooms):
+    for k, (i, size, device_free, stream) in enumerate(tl.ooms[:MAX_PANELS]):
         point = i + 1
         segments, _ = segments_at(snapshot, tl, point)
         runs = free_runs(segments)
@@ -86,7 +88,10 @@ def oom_reports(snapshot: dict, tl: DeviceTimeline, sites: CallSites, prov: Prov
                  "allocated": allocated, "reserved": reserved, "cache_free": cache_free, "largest_free": largest,
                  "fragmentation": fragmented, "verdict": verdict, "held": held_at(tl, point, sites, prov),
                  "capacity": reserved + device_free}
-        if replay_policies:
+        if replay_policies and k < MAX_REPLAYED:
             panel["replay"] = _replay_policies(snapshot, tl.device, k, size, stream, reserved + device_free)
+        else:
+            why = "replay is off" if not replay_policies else f"only the first {MAX_REPLAYED} errors are replayed"
+            panel["replay"] = {"rows": [], "note": f"Not replayed: {why}."}
         out.append(panel)
     return out
