@@ -178,7 +178,7 @@ def compare_text(a, b, labels=None) -> str:
 
 
 class ReportText(str):
-    """The readable report: a str that an interactive session (the REPL, IPython, Jupyter) shows as
+    """The readable report: a str that an interactive prompt (the REPL, IPython, Jupyter) shows as
     the text itself, once, rather than as a quoted string with escaped newlines."""
 
     def __repr__(self) -> str:
