@@ -4,7 +4,7 @@
 copies each framed page's DOM, after its script ran, into its own text. The tests use it on a
 few traces; run this file to check every shared trace and to write a screenshot of each page:
 
-    PYTHONPATH=$PWD python tests/report_browser.py OUT_DIR [TRACE ...]
+    PYTHONPATH=$PWD python tests/report_browser.py OUT_DIR [TRACE ...]   # default: ../shared/traces/*
 
 It prints one line per page (plots drawn, segments mapped, OOM panels) and exits 1 on a problem.
 """
@@ -131,8 +131,12 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    traces = [Path(a) for a in argv[1:]] or sorted(Path(__file__).resolve().parents[2].glob("shared/traces/*.pickle")) \
-        or sorted(Path("/work/shared/traces").glob("*.pickle"))
+    from test_snapshot import shared_traces
+
+    traces = [Path(a) for a in argv[1:]] or shared_traces()
+    if not traces:
+        print("no traces: pass their paths, or put them in ../shared/traces")
+        return 2
     pages = [write_report(t, out / f"{t.stem}.html") for t in traces]
     doms = render_pages(pages, out)
     failed = 0
