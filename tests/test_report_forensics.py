@@ -234,3 +234,11 @@ def test_a_tracers_rows_join_a_torch_trace_by_address_and_block_size():
     held = report_data(snap, provenance={"allocations": rows})["devices"][0]["held"]
     assert {g["key"]: g["bytes"] for g in held["by_category"]} == {"(not traced)": 4 * MiB, "parameter": 2 * MiB}
     assert held["joined"] == {"seq": 0, "address": 1, "none": 1}
+
+
+@needs_traces
+def test_segment_map_blocks_name_their_call_site():
+    seg = data_of("small_train.pickle")["devices"][0]["segmap"]
+    labels = [b[3] for row in seg["rows"] for b in row["blocks"]]
+    assert labels and not any(s in label for label in labels for s in ALLOCATOR_INTERNALS)
+    assert any(label.endswith("(backward)") for label in labels)

@@ -37,19 +37,18 @@ def _series(tl: DeviceTimeline, keep: list[int]) -> dict[str, list]:
             "reserved": [tl.reserved[k] for k in keep], "fragmentation": [round(frag[k], 5) for k in keep]}
 
 
-def _block_label(lt: Lifetime, state: str) -> str:
-    frames = format_frames(lt.frames, 1, python_only=True)
-    where = f" at {frames[0]}" if frames else ""
+def _block_label(lt: Lifetime, state: str, sites: CallSites) -> str:
+    where = f" at {sites(lt.frames)}" if lt.frames else ""
     tag = f" [{lt.tag}]" if lt.tag else ""
     return f"{state}: {lt.block} B block ({lt.size} B requested), stream {lt.stream}{tag}{where}"
 
 
-def _segment_row(seg: dict, budget: list) -> dict:
+def _segment_row(seg: dict, budget: list, sites: CallSites) -> dict:
     blocks = []
     for addr, lt, state in seg["blocks"]:
         if budget[0] <= 0:
             break
-        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state)])
+        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites)])
         budget[0] -= 1
     return {"address": hex(seg["address"]), "size": seg["size"], "stream": seg["stream"],
             "expandable": seg["expandable"], "blocks": blocks, "count": 1,
@@ -77,22 +76,22 @@ def _aggregate_rows(segments: list) -> list[dict]:
     return sorted(groups.values(), key=lambda g: (-g["largest"], g["stream"], g["expandable"]))
 
 
-def _segment_rows(segments: list) -> tuple[list, dict]:
+def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
     """Every segment: one row each when there are few; else the largest one row each (blocks drawn)
     and the rest aggregated per stream and power-of-two size class (filled by state)."""
     ranked = sorted(segments, key=lambda s: (-s["size"], s["address"]))
     budget = [MAX_BLOCKS_DRAWN]
     if len(ranked) <= MAX_SEGMENT_ROWS:
-        return [_segment_row(seg, budget) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
-    rows = [_segment_row(seg, budget) for seg in ranked[:DETAILED_ROWS]]
+        return [_segment_row(seg, budget, sites) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
+    rows = [_segment_row(seg, budget, sites) for seg in ranked[:DETAILED_ROWS]]
     rest = ranked[DETAILED_ROWS:]
     rows += _aggregate_rows(rest)
     return rows, {"count": len(rows) - DETAILED_ROWS, "segments": len(rest), "bytes": sum(s["size"] for s in rest)}
 
 
-def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int) -> dict[str, Any]:
+def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int, sites: CallSites) -> dict[str, Any]:
     segments, unplaced = segments_at(snapshot, tl, point)
-    rows, aggregated = _segment_rows(segments)
+    rows, aggregated = _segment_rows(segments, sites)
     free_blocks = free_runs(segments)
     return {"point": point, "t": tl.times[point] if tl.times else 0, "rows": rows, "aggregated": aggregated,
             "unplaced": unplaced, "segments": len(segments), "reserved": sum(s["size"] for s in segments),
@@ -144,7 +143,7 @@ def device_report(snapshot: dict, device: int, top: int, prov: Provenance | None
                      "peak_reserved": max(tl.reserved)},
             "end": {"allocated": tl.allocated[-1], "reserved": tl.reserved[-1]},
             "streams": sorted({e.get("stream", 0) for e in tl.events}),
-            "segmap": _segment_map(snapshot, tl, peak), "top": _top_rows(tl, top, sites),
+            "segmap": _segment_map(snapshot, tl, peak, sites), "top": _top_rows(tl, top, sites),
             "notes": _device_notes(snapshot, device, tl)}
 
 
