@@ -69,8 +69,18 @@ def _report(args: argparse.Namespace) -> int:
     from .report import write_report
 
     usage.output_file(args.output)
+    for trace in args.trace:
+        usage.input_file(trace, "a snapshot pickle")
+    if len(args.trace) > 1:  # several ranks (or runs) side by side
+        from .report import write_ranks_report
+
+        if args.provenance:
+            raise UsageError("--provenance goes with one trace; give it when reporting a single file")
+        out = write_ranks_report(args.trace, args.output, title=args.title)
+        print(f"amem report: wrote {out} ({len(args.trace)} traces side by side)")
+        return 0
     provenance = usage.provenance_file(args.provenance) if args.provenance else None
-    out = write_report(args.trace, args.output, provenance=provenance, title=args.title, top=args.top)
+    out = write_report(args.trace[0], args.output, provenance=provenance, title=args.title, top=args.top)
     print(f"amem report: wrote {out}")
     return 0
 
@@ -92,7 +102,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="write a self-contained HTML report of a memory snapshot (amem's or torch's)")
-    report.add_argument("trace", help="a snapshot pickle (amem_alloc.dump_snapshot or torch.cuda.memory._dump_snapshot)")
+    report.add_argument("trace", nargs="+", help="a snapshot pickle (amem_alloc.dump_snapshot or "
+                        "torch.cuda.memory._dump_snapshot); several (e.g. one per rank) are shown side by side")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default: report.html)")
     report.add_argument("--provenance", help="a JSON file with provenance data (Tracer.to_json()) to add as a section")
     report.add_argument("--title", help="the page's title")

@@ -15,7 +15,9 @@ switches it on and off and supplies the two small integers each event carries:
 What records is a device source (amem_alloc.sources): amem's CUDA allocators, or one Allocator.
 
 Always-on mode (AMEM_TRACE=path, read by amem_alloc.enable(), so also by AMEM_ENABLE=1 and
-`amem run`): recording starts when amem is enabled; the snapshot is written to `path` at
+`amem run`): recording starts when amem is enabled. Under torchrun each rank writes its own
+file: `{rank}` in the path is replaced by the rank, and a path without it gets `.rank<N>`
+before its suffix (rank_path); the snapshot is written to `path` at
 interpreter exit, and to oom_path(path) (".oom" inserted before the suffix) every time a CUDA
 allocation runs out of memory, before torch raises — so the trace of the crash is on disk even
 if the process then dies without running atexit handlers. AMEM_TRACE_STACKS=python adds stacks;
@@ -140,15 +142,40 @@ def oom_path(path: str | os.PathLike) -> Path:
     return p.with_name(f"{p.stem}.oom{p.suffix}") if p.suffix else p.with_name(p.name + ".oom")
 
 
+def rank_of(env: Any = None) -> int | None:
+    """This process's rank under torchrun (RANK), or None outside a multi-process job."""
+    env = os.environ if env is None else env
+    text = env.get("RANK", "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"RANK: bad value {text!r}; torchrun sets it to the process's rank (0, 1, ...)")
+    return int(text)
+
+
+def rank_path(path: str, env: Any = None) -> str:
+    """AMEM_TRACE for this process: `{rank}` replaced by the rank; under torchrun (RANK set) a path
+    without the placeholder gets `.rank<N>` before its suffix, so ranks never write one file."""
+    rank = rank_of(env)
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank or 0))
+    if rank is None:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}") if p.suffix else p.with_name(f"{p.name}.rank{rank}"))
+
+
 def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
     """AMEM_TRACE / AMEM_TRACE_STACKS / AMEM_TRACE_ENTRIES as start_always_on() arguments.
 
-    None when AMEM_TRACE is unset or empty; ValueError naming the variable for a bad value.
+    None when AMEM_TRACE is unset or empty; ValueError naming the variable for a bad value. The
+    path is this rank's (rank_path): one file per process under torchrun.
     """
     env = os.environ if env is None else env
     path = env.get(TRACE_ENV, "").strip()
     if not path:
         return None
+    path = rank_path(path, env)
     stacks = env.get("AMEM_TRACE_STACKS", "").strip() or None
     if stacks not in STACK_MODES:
         raise ValueError(f"AMEM_TRACE_STACKS: bad value {stacks!r}; accepted: 'python' or empty")

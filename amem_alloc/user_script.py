@@ -46,10 +46,9 @@ def check_target(target: str, module: bool) -> None:
 
 def _user_frames(tb):
     """The traceback from the first frame that is neither amem's run machinery nor runpy's."""
-    own = (__file__, )
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
-        if name not in own and not name.startswith(_RUNPY) and "<frozen runpy>" not in name:
+        if name != __file__ and not name.startswith(_RUNPY) and "<frozen runpy>" not in name:
             return tb
         tb = tb.tb_next
     return None
@@ -60,13 +59,17 @@ def exit_status(code) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF if code >= 0 else code & 0xFF
-    print(code, file=sys.stderr)
+        return code & 0xFF  # what the shell sees: sys.exit(-1) is 255, as under python itself
+    print(code, file=sys.stderr)  # sys.exit("message"): Python prints it and exits 1
     return 1
 
 
-def run(target: str, args: list[str], module: bool = False) -> int:
-    """Runs the script or module as __main__; returns its exit status (its traceback printed)."""
+def run(target: str, args: list[str], module: bool = False, reraise: tuple = ()) -> int:
+    """Runs the script or module as __main__; returns its exit status (its traceback printed).
+
+    Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
+    torch.OutOfMemoryError as the run's OOM).
+    """
     sys.argv = [target, *args]
     try:
         if module:
@@ -76,6 +79,8 @@ def run(target: str, args: list[str], module: bool = False) -> int:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as done:
         return exit_status(done.code)
+    except reraise:
+        raise
     except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
         traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
         return 130 if isinstance(err, KeyboardInterrupt) else 1

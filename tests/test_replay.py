@@ -223,7 +223,8 @@ def test_oom_events_are_noted_not_replayed():
     trace = [ev("alloc", 0x1000000, 4096), {"action": "oom", "device_free": 123, "size": 80 << 30, "stream": 0,
                                             "time_us": 0, "frames": []}]
     tp = replay.trace_program(snapshot(trace), 0)
-    assert tp.native.ooms == [{"op": 1, "size": 80 << 30, "device_free": 123}] and len(tp.program) == 1
+    assert tp.native.ooms == [{"op": 1, "size": 80 << 30, "device_free": 123, "reserved_change": 0}]
+    assert len(tp.program) == 1
 
 
 def test_amem_replay_says_when_and_why_a_trace_cannot_be_reproduced(tmp_path, capsys):

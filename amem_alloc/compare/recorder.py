@@ -85,7 +85,7 @@ def _record(target, *args) -> tuple[list, list[int], float, object]:
 SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
 
 
-def _run_script(argv: list[str], on_step=None) -> dict:
+def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
     """Runs the user's script as Python would (user_script.run); a step is an optimizer.step().
 
     ScriptFailed if it exits non-zero; its traceback is on stderr by then.
@@ -104,7 +104,7 @@ def _run_script(argv: list[str], on_step=None) -> dict:
 
     hook = register_optimizer_step_post_hook(count)
     try:
-        status = user_script.run(script, rest)
+        status = user_script.run(script, rest, reraise=reraise)
     finally:
         hook.remove()
     if status != 0:

@@ -162,7 +162,7 @@ def _replay_device(path, snapshot, tp: replay.TraceProgram, chosen: list, max_sa
                f"{format_bytes(start)} already held, so every request would fail; give --limit-gb of at least "
                f"{start / (1 << 30):.2f}")
         return DeviceReplay(tp, [], fid, capacity, {}, why)
-    program = with_failed_requests(tp)
+    program = with_failed_requests(tp) if capacity.limited else tp.program  # unlimited: they would just fit
     runs = [(p, replay.run(program, p.conf, max_samples=max_samples, limit_bytes=capacity.bytes))
             for p in chosen]
     needs = {p.name: replay.run(program, p.conf, max_samples=2).peak_reserved
@@ -225,7 +225,7 @@ def _device_text(d: DeviceReplay) -> list[str]:
     tp = d.trace
     n_oom = len(tp.native.ooms)
     tried = f" + {_count(n_oom, 'request')} that failed in the trace, tried where {'it' if n_oom == 1 else 'they'} " \
-        "failed" if n_oom and d.runs else ""
+        "failed" if n_oom and d.runs and d.capacity.limited else ""
     lines = [f"device {tp.device}: {tp.events} trace events -> {len(tp.program)} requests{tried} "
              f"({tp.program.prologue} rebuild the start state); frees at {tp.free_action}; "
              f"{tp.releases} cache releases; {len(tp.native.ooms)} OOMs in the trace",

@@ -114,6 +114,9 @@ def build_snapshot(allocator: Any = None) -> dict:
         segments += [_segment(s, device, block_ctx, seg_ctx, frames_for) for s in segs]
     amem = {"version": FORMAT_VERSION, "generator": f"amem_alloc {__version__}",
             "backend": source.backend, "tags": tags, "devices": extras}
+    rank = os.environ.get("RANK", "").strip()
+    if rank.isdigit():  # under torchrun: which rank wrote it (amem report lays ranks side by side)
+        amem["rank"] = int(rank)
     return {"segments": segments, "device_traces": traces, "allocator_settings": _settings(source),
             "amem": amem}
 
