@@ -107,6 +107,10 @@ def check_page(dom: str, data: dict) -> dict:
             legend = dom[dom.index(start_tag(dom, f"stacked-legend-{d}")):]
             assert legend.count('class="band-name"') >= len(dev["stacked"]["bands"])
             expected += 1
+        cats = dev.get("stacked_categories")
+        if cats and cats["bands"]:
+            assert attribute(start_tag(dom, f"stacked-cat-{d}"), "data-bands") == str(len(cats["bands"]))
+            expected += 1
         assert start_tag(dom, f"held-{d}")
         timeline = svg_of(dom, f"timeline-{d}")
         for k, _ in enumerate(dev["ooms"]):

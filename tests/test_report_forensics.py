@@ -121,27 +121,46 @@ def test_a_mid_run_trace_says_how_much_was_live_before_recording():
     assert "live before recording, at the peak" in page
 
 
-def test_category_and_module_from_a_tracers_json_and_tags():
+def tagged_trace_and_tracer_rows() -> tuple[dict, dict]:
+    """An amem trace with tags, and Tracer rows (joined by allocation number) for its blocks."""
     a = Allocator(backend="sim")
     a.record()
     with amem_alloc.tag("forward"):
         x, y = a.malloc(3 * MiB), a.malloc(5 * MiB)
     with amem_alloc.tag("optimizer"):
         z = a.malloc(7 * MiB)
+    a.free(a.malloc(2 * MiB))  # made and freed: in the timeline, not at the end
     snap = parse_snapshot(a.snapshot())
     seqs = [s for e, s in zip(snap["device_traces"][0], snap["amem"]["devices"][0]["columns"]["alloc_seq"])
             if e["action"] == "alloc"]
     rows = [{"alloc_seq": seqs[0], "address": x, "category": "activation", "module": "encoder.0", "allocator_bytes": 3 * MiB},
             {"alloc_seq": seqs[1], "address": y, "category": "activation", "module": "encoder.1", "allocator_bytes": 5 * MiB},
             {"alloc_seq": seqs[2], "address": z, "category": "optimizer_state", "module": None, "allocator_bytes": 7 * MiB}]
+    return snap, {"format": "amem_alloc.provenance/1", "activations": [], "allocations": rows}
+
+
+def test_category_and_module_from_a_tracers_json_and_tags():
+    snap, prov = tagged_trace_and_tracer_rows()
+    rows = prov["allocations"]
     held = report_data(snap, provenance={"allocations": rows})["devices"][0]["held"]
-    assert {g["key"]: g["bytes"] for g in held["by_category"]} == {"optimizer_state": 7 * MiB, "activation": 8 * MiB}
+    # at the peak: the three traced blocks and the 2 MiB one the Tracer did not see
+    assert {g["key"]: g["bytes"] for g in held["by_category"]} == {
+        "optimizer_state": 7 * MiB, "activation": 8 * MiB, "(not traced)": 2 * MiB}
     assert {g["key"]: g["bytes"] for g in held["by_module"]} == {
-        "(outside the model)": 7 * MiB, "encoder.1": 5 * MiB, "encoder.0": 3 * MiB}
-    assert held["joined"] == {"seq": 3, "address": 0, "none": 0}
-    assert {g["key"]: g["bytes"] for g in held["by_tag"]} == {"optimizer": 7 * MiB, "forward": 8 * MiB}
-    page = render_report(snap, provenance={"format": "amem_alloc.provenance/1", "allocations": rows, "activations": []})
-    for text in ("By category", "By module", "optimizer_state", "encoder.1", "By tag"):
+        "(outside the model)": 7 * MiB, "encoder.1": 5 * MiB, "encoder.0": 3 * MiB, "(not traced)": 2 * MiB}
+    assert held["joined"] == {"seq": 3, "address": 0, "none": 1}
+    assert {g["key"]: g["bytes"] for g in held["by_tag"]} == {"optimizer": 7 * MiB, "forward": 8 * MiB,
+                                                             "(untagged)": 2 * MiB}
+    dev = report_data(snap, provenance=prov)["devices"][0]
+    bands = {b["name"]: b["values"] for b in dev["stacked_categories"]["bands"]}
+    assert set(bands) == {"activation", "optimizer_state", "(not traced)"}
+    assert bands["activation"][-1] == 8 * MiB and bands["optimizer_state"][-1] == 7 * MiB
+    assert max(bands["(not traced)"]) == 2 * MiB and bands["(not traced)"][-1] == 0  # while it lived
+    for k, allocated in enumerate(dev["series"]["allocated"]):
+        assert sum(v[k] for v in bands.values()) == allocated
+    page = render_report(snap, provenance=prov)
+    for text in ("By category", "By module", "optimizer_state", "encoder.1", "By tag",
+                 "Allocated memory by category over time"):
         assert text in page
 
 
@@ -205,12 +224,16 @@ BROWSER_TRACES = ("small_train.pickle", "expandable_oom.pickle", "lm_ctx128_full
 
 @needs_chromium
 def test_the_browser_draws_the_new_sections(tmp_path):
-    """One chromium launch: amem's own OOM dump and a few shared traces (an OOM, 1,010 segments,
-    the autograd node case). `python tests/report_browser.py OUT` checks every shared trace."""
+    """One chromium launch: amem's own OOM dump, a trace with a Tracer's categories, and a few shared
+    traces (an OOM, 1,010 segments, the autograd node case). `python tests/report_browser.py OUT` checks every shared trace."""
     pages, datas = [tmp_path / "oom.html"], []
     snap = parse_snapshot(fragmented_oom_dump())
     pages[0].write_text(render_report(snap))
     datas.append(report_data(snap, replay_ooms=False))
+    snap, prov = tagged_trace_and_tracer_rows()
+    pages.append(tmp_path / "categories.html")
+    pages[-1].write_text(render_report(snap, provenance=prov))
+    datas.append(report_data(snap, provenance=prov))
     for name in BROWSER_TRACES:
         path = next((p for p in TRACES if p.name == name), None)
         if path is not None:

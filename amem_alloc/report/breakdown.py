@@ -12,13 +12,14 @@ states).
 Blocks live since before recording began form their own share ("live before recording"): the
 trace cannot tell when they were made, only where (when their stack is known).
 
-The stacked timeline (torch profiler's memory timeline, by call site instead of category) has
-one band for the blocks live before recording, one per call site holding the most at the peak,
-and one for the rest; the bands add up to the allocated line at every point.
+The stacked timeline (torch profiler's memory timeline) has one band for the blocks live before
+recording, one per call site holding the most at the peak, and one for the rest; the bands add up
+to the allocated line at every point. With a Tracer's JSON whose rows carry amem's allocation
+numbers, a second one stacks the profiler's categories.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -95,20 +96,22 @@ def held_at(tl: DeviceTimeline, point: int, sites: CallSites, prov: Provenance |
     return out
 
 
-def stacked(tl: DeviceTimeline, keep: list[int], peak: int, sites: CallSites) -> dict[str, Any]:
-    """Bands of allocated bytes at the points `keep`: before recording, the call sites holding the
-    most at `peak`, and everything else. The bands add up to tl.allocated at every kept point."""
+def stacked(tl: DeviceTimeline, keep: list[int], peak: int, key: Callable[[Lifetime], str],
+            split_before: bool = True) -> dict[str, Any]:
+    """Bands of allocated bytes at the points `keep`: the blocks live before recording (when
+    split_before), the groups (key) holding the most at `peak`, and everything else. The bands add
+    up to tl.allocated at every kept point."""
     at_peak: dict[str, int] = {}
     for lt in live_at(tl, peak):
-        if not lt.live_at_start:
-            at_peak[sites(lt.frames)] = at_peak.get(sites(lt.frames), 0) + lt.block
+        if not (split_before and lt.live_at_start):
+            at_peak[key(lt)] = at_peak.get(key(lt), 0) + lt.block
     top = [k for k, _ in sorted(at_peak.items(), key=lambda kv: (-kv[1], kv[0]))[:STACKED_BANDS]]
     names = [BEFORE] + top + [OTHER]
     index = {name: i for i, name in enumerate(names)}
     n = len(tl.allocated)
     deltas = np.zeros((len(names), n + 1), dtype=np.int64)
     for lt in tl.lifetimes:
-        band = 0 if lt.live_at_start else index.get(sites(lt.frames), len(names) - 1)
+        band = 0 if split_before and lt.live_at_start else index.get(key(lt), len(names) - 1)
         deltas[band, lt.start + 1 if lt.start >= 0 else 0] += lt.block
         if lt.end is not None:
             deltas[band, lt.end + 1] -= lt.block
@@ -116,3 +119,16 @@ def stacked(tl: DeviceTimeline, keep: list[int], peak: int, sites: CallSites) ->
     bands = [{"name": name, "kind": "before" if i == 0 else "other" if i == len(names) - 1 else "site",
               "values": values[i].tolist()} for i, name in enumerate(names) if values[i].any()]
     return {"bands": bands}
+
+
+def by_call_site(sites: CallSites) -> Callable[[Lifetime], str]:
+    return lambda lt: sites(lt.frames)
+
+
+def by_category(prov: Provenance) -> Callable[[Lifetime], str]:
+    """A block's category from the Tracer's rows, joined by allocation number only: an address
+    join is only sound for the blocks live at one point, not over the whole timeline."""
+    def key(lt: Lifetime) -> str:
+        row = prov.by_seq.get(lt.alloc_seq) if lt.alloc_seq is not None else None
+        return str(row.get("category") or "uncategorized") if row else "(not traced)"
+    return key

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .breakdown import Provenance, held_at, stacked
+from .breakdown import Provenance, by_call_site, by_category, held_at, stacked
 from .callsite import CallSites
 from .oom import oom_reports
 from .timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
@@ -129,13 +129,21 @@ _KNOWN_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", 
                   "segment_unmap", "oom", "snapshot"}
 
 
+def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: Provenance | None) -> dict | None:
+    """Categories over time, when the Tracer's rows join this trace by allocation number."""
+    if prov is None or not prov.by_seq or not any(lt.alloc_seq in prov.by_seq for lt in tl.lifetimes):
+        return None
+    return stacked(tl, keep, peak, by_category(prov), split_before=False)
+
+
 def device_report(snapshot: dict, device: int, top: int, prov: Provenance | None = None,
                   replay_ooms: bool = True) -> dict[str, Any]:
     tl = build_timeline(snapshot, device)
     peak, keep, sites = tl.peak_point, _kept(tl), CallSites()
     return {"device": device, "events": len(tl.events), "time_unit": tl.time_unit,
             "start_time_us": tl.start_time_us, "series": _series(tl, keep),
-            "held": held_at(tl, peak, sites, prov), "stacked": stacked(tl, keep, peak, sites),
+            "held": held_at(tl, peak, sites, prov), "stacked": stacked(tl, keep, peak, by_call_site(sites)),
+            "stacked_categories": _stacked_categories(tl, keep, peak, prov),
             "oom_panels": oom_reports(snapshot, tl, sites, prov, replay_ooms),
             "ooms": [{"t": tl.times[i + 1], "size": size, "free": free, "stream": stream}
                      for i, size, free, stream in tl.ooms],

@@ -225,6 +225,10 @@ def device_section(dev: dict) -> str:
         "at the peak, then everything else; the bands add up to the allocated line above.</p>",
         f'<div class="legend stacked-legend" id="stacked-legend-{d}"></div>',
         f'<div class="plot stacked" id="stacked-{d}"></div>',
+        *(["<h3>Allocated memory by category over time</h3>",
+            '<p class="muted">The profiler\'s categories, from the Tracer\'s JSON (blocks it did not see: '
+            '"(not traced)").</p>', f'<div class="legend stacked-legend" id="stacked-cat-legend-{d}"></div>',
+            f'<div class="plot stacked" id="stacked-cat-{d}"></div>'] if dev.get("stacked_categories") else []),
         _held_section(dev),
         "<h3>Fragmentation over time (1 − allocated / reserved)</h3>",
         f'<div class="plot fragmentation" id="fragmentation-{d}"></div>',

@@ -233,6 +233,9 @@
     var st = document.getElementById("stacked-" + id), lg = document.getElementById("stacked-legend-" + id);
     if (st && lg && dev.stacked.bands.length) stackedChart(st, lg, s.t, dev.stacked.bands,
                                                           { unit: dev.time_unit, markers: markers });
+    var sc = document.getElementById("stacked-cat-" + id), lc = document.getElementById("stacked-cat-legend-" + id);
+    if (sc && lc && dev.stacked_categories && dev.stacked_categories.bands.length)
+      stackedChart(sc, lc, s.t, dev.stacked_categories.bands, { unit: dev.time_unit, markers: markers });
     var f = document.getElementById("fragmentation-" + id);
     if (f) lineChart(f, s.t, [{ name: "fragmentation", ys: s.fragmentation, color: COLORS.fragmentation }],
                      { unit: dev.time_unit, percent: true, ymax: 1, markers: markers });
