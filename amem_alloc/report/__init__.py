@@ -14,7 +14,8 @@ fragmentation over time; the segment map at the allocated peak (every segment; t
 aggregated when there are many); the largest allocations; and notes on what the trace could not
 tell (see report/timeline.py for how totals are rebuilt). An optional `provenance` dict (e.g.
 amem_alloc.provenance's Tracer.to_json()) adds its own section, and its allocation rows label
-the blocks with category and module.
+the blocks with category and module (and, joined by allocation number, stack the categories over
+time).
 """
 from __future__ import annotations
 
