@@ -1,7 +1,7 @@
 """`amem report`: a self-contained HTML page for our dumps and torch's. Its figures (rebuilt from the
 events) are checked against amem's stats; traces that start mid-run never go negative and say so;
-nothing on the page reaches the network; and a real headless browser (Debian's chromium) loads the
-page and draws every plot."""
+nothing on the page reaches the network. The headless-browser check of these pages is in
+test_report_forensics.py (one chromium launch for every page it loads)."""
 import json
 import re
 import sys
@@ -15,7 +15,6 @@ from amem_alloc.report.timeline import build_timeline, segments_at
 from amem_alloc.snapshot import parse_snapshot
 
 from helpers import run_command
-from report_browser import CHROMIUM, attribute, check_page, render_pages, start_tag
 from test_snapshot import TRACES, host_run, needs_traces
 
 AMEM = str(Path(sys.executable).parent / "amem")
@@ -183,30 +182,5 @@ def test_amem_report_command(tmp_path, ours):
     assert proc.returncode == 1 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
 
 
-# ============================================================================ in a real browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="/usr/bin/chromium is absent: `make test-python` installs Debian's chromium (apt-get install chromium)")
-
-
-@needs_chromium
-def test_browser_draws_every_plot_of_our_report_and_of_torch_reports(ours, tmp_path):
-    """One chromium launch for our report and two torch traces (tests/report_browser.py)."""
-    _, snap = ours
-    pages, datas = [tmp_path / "ours.html"], [report_data(parse_snapshot(snap))]
-    pages[0].write_text(render_report(parse_snapshot(snap)))
-    for name in ("expandable_oom.pickle", "multistream_4dev.pickle"):
-        path = next((p for p in TRACES if p.name == name), None)
-        if path is not None:
-            pages.append(write_report(path, tmp_path / f"{path.stem}.html"))
-            datas.append(report_data(load_snapshot(path), replay_ooms=False))
-    doms = render_pages(pages, tmp_path)
-    for dom, data in zip(doms, datas):
-        check_page(dom, data)
-        lines = re.findall(r'<path[^>]*class="plot-line"[^>]*>', dom)
-        assert len(lines) == 3 * len(data["devices"]) and all(len(attribute(p, "d")) > 10 for p in lines)
-    ours_dom = doms[0]
-    assert int(attribute(start_tag(ours_dom, "segmap-0"), "data-rects")) >= 4
-    assert ours_dom.count('class="block"') == int(attribute(start_tag(ours_dom, "segmap-0"), "data-rects"))
-    if len(doms) > 1:
-        assert 'class="oom-marker"' in doms[1]
+# In a real browser: tests/test_report_forensics.py loads our report, torch's and the new sections in
+# one headless chromium launch (tests/report_browser.py).

@@ -16,8 +16,8 @@ from amem_alloc.report.callsite import call_site
 from amem_alloc.report.data import report_data
 from amem_alloc.snapshot import parse_snapshot, save_snapshot
 
-from report_browser import CHROMIUM, check_page, render_pages
-from test_snapshot import TRACES, needs_traces
+from report_browser import CHROMIUM, attribute, check_page, render_pages, start_tag
+from test_snapshot import TRACES, host_run, needs_traces
 
 MiB = 1 << 20
 ALLOCATOR_INTERNALS = ("CUDACachingAllocator", "c10::", "at::detail", "unwind", "CapturedTraceback", "empty_cuda")
@@ -219,21 +219,23 @@ def test_the_shared_oom_trace_gets_a_panel_with_every_policy_replayed():
 needs_chromium = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="/usr/bin/chromium is absent: `make test-python` installs Debian's chromium (apt-get install chromium)")
-BROWSER_TRACES = ("small_train.pickle", "expandable_oom.pickle", "lm_ctx128_fullstep.pickle")
+BROWSER_TRACES = ("small_train.pickle", "expandable_oom.pickle", "lm_ctx128_fullstep.pickle", "multistream_4dev.pickle")
 
 
 @needs_chromium
-def test_the_browser_draws_the_new_sections(tmp_path):
-    """One chromium launch: amem's own OOM dump, a trace with a Tracer's categories, and a few shared
-    traces (an OOM, 1,010 segments, the autograd node case). `python tests/report_browser.py OUT` checks every shared trace."""
-    pages, datas = [tmp_path / "oom.html"], []
-    snap = parse_snapshot(fragmented_oom_dump())
-    pages[0].write_text(render_report(snap))
-    datas.append(report_data(snap, replay_ooms=False))
-    snap, prov = tagged_trace_and_tracer_rows()
-    pages.append(tmp_path / "categories.html")
-    pages[-1].write_text(render_report(snap, provenance=prov))
-    datas.append(report_data(snap, provenance=prov))
+def test_the_browser_draws_every_section(tmp_path):
+    """The one chromium launch of the test suite: amem's own dump (tags, stacks, two streams),
+    amem's OOM dump, a trace with a Tracer's categories, and shared traces (an OOM on one of three
+    devices, 1,010 segments, the autograd-node case, 4 devices and 10 streams).
+    `python tests/report_browser.py OUT` checks every shared trace and writes screenshots."""
+    ours = parse_snapshot(host_run(record_stacks="python")[0].snapshot())
+    oom = parse_snapshot(fragmented_oom_dump())
+    tagged, prov = tagged_trace_and_tracer_rows()
+    pages, datas = [], []
+    for name, snap, provenance in (("ours", ours, None), ("oom", oom, None), ("categories", tagged, prov)):
+        pages.append(tmp_path / f"{name}.html")
+        pages[-1].write_text(render_report(snap, provenance=provenance))
+        datas.append(report_data(snap, provenance=provenance, replay_ooms=False))
     for name in BROWSER_TRACES:
         path = next((p for p in TRACES if p.name == name), None)
         if path is not None:
@@ -242,8 +244,12 @@ def test_the_browser_draws_the_new_sections(tmp_path):
     doms = render_pages(pages, tmp_path)
     for dom, data in zip(doms, datas):
         check_page(dom, data)
-    assert re.search(r'<g class="oom-marker">.*?OOM 30.0 MiB', doms[0], re.S)
-    assert "torch-expandable would have fit with" in doms[0]
+        lines = re.findall(r'<path[^>]*class="plot-line"[^>]*>', dom)
+        assert len(lines) == 3 * len(data["devices"]) and all(len(attribute(p, "d")) > 10 for p in lines)
+    rects = int(attribute(start_tag(doms[0], "segmap-0"), "data-rects"))
+    assert rects >= 4 and doms[0].count('class="block"') == rects  # every block of our dump drawn
+    assert re.search(r'<g class="oom-marker">.*?OOM 30.0 MiB', doms[1], re.S)
+    assert "torch-expandable would have fit with" in doms[1]
 
 
 def test_a_tracers_rows_join_a_torch_trace_by_address_and_block_size():
