@@ -199,7 +199,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
-    rest->fences = block->fences;  // its bytes were used where the block's were
+    if (!block->fences.empty()) rest->fences = block->fences;  // its bytes were used where the block's were
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
