@@ -201,7 +201,7 @@ class CudaBackend final : public Backend {
   }
 
   // cross_stream_reuse:handover: later work on `stream` waits for `event` (no host sync).
-  void wait_event(StreamId stream, EventId event) override {
+  void stream_wait_event(StreamId stream, EventId event) override {
     DeviceGuard guard(rt_, device_);
     check(rt_, rt_.stream_wait_event(reinterpret_cast<cudart::Stream>(stream), reinterpret_cast<cudart::Event>(event), 0),
           "cudaStreamWaitEvent");
