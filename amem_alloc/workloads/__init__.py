@@ -1,10 +1,11 @@
 """Workloads: real torch models for `amem compare`, and a synthetic allocation pattern for `amem demo`.
 
 Each bundled workload is run(size=1, steps=None, device="cpu", seed=0, on_step=None) -> dict:
-a real model, small enough for a CPU at size 1, that calls on_step(i) after each step.
+a real model that calls on_step(i) after each step; all but llama7b are small enough for a CPU at
+size 1 (llama7b is 7e9 parameters: for `amem predict`, which runs nothing).
 training_events() is the synthetic pattern (no torch) that `amem demo` allocates.
 """
-from . import decode, gpt, mlp
+from . import decode, gpt, llama, mlp
 from .training import training_events
 
 # name -> (run function, what it is)
@@ -13,6 +14,8 @@ WORKLOADS = {
     "mlp": (mlp.run, "deep MLP (batch 64, width 1024, 16 layers), no checkpointing"),
     "mlp-checkpoint": (mlp.run_checkpointed, "the same MLP with activation checkpointing (4 segments)"),
     "decode": (decode.run, "autoregressive decoding with a key/value cache grown by torch.cat"),
+    "llama7b": (llama.run, "LLaMA-7B-shaped decoder (32 layers, d_model 4096, seq 2048), AdamW, bf16 autocast; "
+                "size = batch; for amem predict (too big for a CPU run)"),
 }
 
 
