@@ -45,6 +45,7 @@ struct CudaRuntime {
   cudart::EventRecordFn event_record = nullptr;
   cudart::EventQueryFn event_query = nullptr;
   cudart::EventDestroyFn event_destroy = nullptr;
+  cudart::StreamWaitEventFn stream_wait_event = nullptr;
   cudart::EventSynchronizeFn event_synchronize = nullptr;
   cudart::DeviceSynchronizeFn device_synchronize = nullptr;
   cudart::ThreadExchangeStreamCaptureModeFn exchange_capture_mode = nullptr;
@@ -90,6 +91,7 @@ const CudaRuntime& CudaRuntime::get() {
     resolve(lib, rt.event_record, "cudaEventRecord");
     resolve(lib, rt.event_query, "cudaEventQuery");
     resolve(lib, rt.event_destroy, "cudaEventDestroy");
+    resolve(lib, rt.stream_wait_event, "cudaStreamWaitEvent");
     resolve(lib, rt.event_synchronize, "cudaEventSynchronize");
     resolve(lib, rt.device_synchronize, "cudaDeviceSynchronize");
     resolve(lib, rt.exchange_capture_mode, "cudaThreadExchangeStreamCaptureMode");
@@ -244,6 +246,13 @@ class CudaBackend final : public Backend {
 
   void destroy_event(EventId event) override {
     check(rt_, rt_.event_destroy(reinterpret_cast<cudart::Event>(event)), "cudaEventDestroy");
+  }
+
+  // cross_stream_reuse:handover: later work on `stream` waits for `event` (no host sync).
+  void stream_wait_event(StreamId stream, EventId event) override {
+    DeviceGuard guard(rt_, stream_device(rt_, reinterpret_cast<cudart::Stream>(stream), device_));
+    check(rt_, rt_.stream_wait_event(reinterpret_cast<cudart::Stream>(stream), reinterpret_cast<cudart::Event>(event), 0),
+          "cudaStreamWaitEvent");
   }
 
   void synchronize() override {

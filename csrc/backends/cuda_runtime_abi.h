@@ -34,6 +34,7 @@ using EventCreateWithFlagsFn = Error (*)(Event*, unsigned);
 using EventRecordFn = Error (*)(Event, Stream);
 using EventQueryFn = Error (*)(Event);
 using EventDestroyFn = Error (*)(Event);
+using StreamWaitEventFn = Error (*)(Stream, Event, unsigned);
 using EventSynchronizeFn = Error (*)(Event);
 using DeviceSynchronizeFn = Error (*)();
 using ThreadExchangeStreamCaptureModeFn = Error (*)(int*);  // cudaStreamCaptureMode* (an int-sized enum)

@@ -51,6 +51,9 @@ class Backend {
   virtual void destroy_event(EventId event) = 0;
   // Waits for all work on the device (before memory goes back to it).
   virtual void synchronize() = 0;
+  // Makes later work on `stream` wait until `event` completed, without blocking
+  // the host (cudaStreamWaitEvent). Host and sim run no device work: nothing to order.
+  virtual void stream_wait_event(StreamId stream, EventId event) {}
 
   // Note [capture mode]: the cuda backend makes every call that allocates,
   // frees, maps or unmaps device memory with the calling thread switched to

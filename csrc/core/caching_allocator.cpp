@@ -19,19 +19,10 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options opt
 
 CachingAllocator::~CachingAllocator() {
   Guard guard(*this);
-  for (auto& [stream, queue] : pending_)
-    for (auto& [event, block] : queue) backend_->destroy_event(event);
-  for (auto& [address, segment] : segments_) {
-    for (Block* b = segment->first; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
+  for (const auto& [address, segment] : segments_.all()) {  // the list deletes the blocks
     if (segment->expandable) backend_->release_address_range(segment->address, segment->size);
     else backend_->release_segment(segment->address, segment->size);
-    delete segment;
   }
-  for (Block* b : spare_blocks_) delete b;
 }
 
 // ================================================================ malloc
@@ -43,14 +34,16 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
+  ++clock_;
   if (capturing()) drop_failed_captures();
-  if (!pending_.empty() && !capturing()) process_events();  // no event queries during capture
+  if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
-  BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
+  const PoolKind kind = pool_kind_for(rounded);
+  BlockPool& pool = capturing() ? pool_for_request(kind, stream) : pool_of(kind);
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
-  block = split_and_mark_allocated(block, rounded, size);
+  block = split_and_mark_allocated(block, rounded, size, stream);
   if (options_.debug_checks) check_valid_locked();
   return block->address;
 }
@@ -61,7 +54,9 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
-  if (it == pool.free_blocks.end()) return nullptr;
+  // No cross-stream handover while capturing: no event may be recorded or waited on then.
+  const bool cross = options_.cross_stream_reuse != CrossStream::kOff && !capturing();
+  if (it == pool.free_blocks.end()) return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -70,13 +65,72 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
       it = next;
   }
   Block* block = it->block;
+  if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
+  if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
+  return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
+}
+
+bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
   // Do not hand out an oversize block for a request that is not oversize.
-  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return nullptr;
+  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return false;
   // An oversize request may take a block only slightly larger than itself.
-  if (rounded >= options_.max_split_size &&
-      block->size >= rounded + options_.max_non_split_rounding_size)
-    return nullptr;
-  return block;
+  return !(rounded >= options_.max_split_size && block->size >= rounded + options_.max_non_split_rounding_size);
+}
+
+// ================================================================ cross-stream reuse
+
+// The best fit among the free blocks of the pool's other streams' segments
+// (Note [cross-stream reuse]): one lower_bound per stream.
+Block* CachingAllocator::find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded) {
+  constexpr int kMaxSkips = 8;  // blocks not yet reusable looked past, per stream
+  Block* best = nullptr;
+  for (auto at = pool.free_blocks.begin(); at != pool.free_blocks.end();) {
+    const StreamId s = at->stream;
+    if (s != stream) {
+      auto it = pool.lower_bound(s, rounded);
+      for (int skips = 0; it != pool.free_blocks.end() && it->stream == s && skips < kMaxSkips; ++it, ++skips) {
+        if (!reusable_by(it->block, stream)) continue;
+        if (within_oversize_rules(it->block, rounded) && (best == nullptr || it->size < best->size)) best = it->block;
+        break;
+      }
+    }
+    if (s == UINT64_MAX) break;
+    at = pool.lower_bound(s + 1, 0);  // the next stream's first entry
+  }
+  return best;
+}
+
+bool CachingAllocator::reusable_by(const Block* block, StreamId stream) {
+  for (const Fence& f : block->fences) {
+    if (f.stream == stream) continue;             // its own stream orders itself
+    if (capturing()) return false;                // no events during capture (Note [private pools])
+    if (options_.cross_stream_reuse == CrossStream::kHandover) continue;  // ordered when taken
+    if (!fences_.passed(f)) return false;
+  }
+  return true;
+}
+
+// One fence per stream is enough: a later free on a stream passes after an earlier one.
+void CachingAllocator::add_fence(Block* block, Fence fence) {
+  for (Fence& f : block->fences) {
+    if (f.stream != fence.stream) continue;
+    f.seq = std::max(f.seq, fence.seq);
+    return;
+  }
+  block->fences.push_back(fence);
+}
+
+// `block` goes to a request on `stream`: order it after the frees on other streams.
+void CachingAllocator::settle_fences(Block* block, StreamId stream) {
+  if (options_.cross_stream_reuse == CrossStream::kHandover) {
+    std::vector<StreamId> waited;
+    for (const Fence& f : block->fences) {
+      if (f.stream == stream || std::find(waited.begin(), waited.end(), f.stream) != waited.end()) continue;
+      fences_.hand_over(f.stream, stream);
+      waited.push_back(f.stream);
+    }
+  }
+  block->fences.clear();
 }
 
 // No cached block fits: get a new segment, freeing cached memory to make room
@@ -102,28 +156,13 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   uintptr_t address = backend_->allocate_segment(size);
   if (address == 0) return nullptr;
 
-  Block* block = new_segment(pool, stream, address, size, false);
-  if (trace_.on()) trace_.record(TraceAction::k_segment_alloc, address, size, size, stream, 0);
+  Block* block = segments_.create(pool, stream, address, size, false);
+  note_segment_event(TraceAction::k_segment_alloc, address, size, stream);
 
   stats_.num_device_alloc += 1;
   stats_.segment.increase(pool.kind, 1);
   note_reserved_increase(pool.kind, size);
   if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
-  return block;
-}
-
-// A segment at `address` and the one free block that spans it (not yet in any index).
-Block* CachingAllocator::new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size,
-                                     bool expandable) {
-  auto* segment = new Segment{address, size, stream, pool.kind, nullptr, expandable};
-  Block* block = new_block();
-  block->address = address;
-  block->size = size;
-  block->stream = stream;
-  block->segment = segment;
-  block->pool = &pool;
-  segment->first = block;
-  segments_.emplace(address, segment);
   return block;
 }
 
@@ -138,67 +177,46 @@ void CachingAllocator::note_reserved_decrease(PoolKind kind, size_t bytes) {
   stats_.reserved_bytes.decrease(kind, static_cast<int64_t>(bytes));
 }
 
-// A free block [address, address + size) of the same segment as `of`, not yet linked.
-Block* CachingAllocator::sibling_block(const Block* of, uintptr_t address, size_t size) {
-  Block* b = new_block();
-  b->address = address;
-  b->size = size;
-  b->stream = of->stream;
-  b->segment = of->segment;
-  b->pool = of->pool;
-  return b;
+// Every segment event goes through here: the trace, and a replay's log.
+void CachingAllocator::note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream) {
+  if (trace_.on()) trace_.record(action, address, bytes, bytes, stream, 0);
+  if (segment_log_ != nullptr) segment_log_->push_back({action, bytes, 0});
 }
 
-// A new block [address, address + size) linked right after `block`.
-Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
-  Block* b = sibling_block(block, address, size);
-  b->prev = block;
-  b->next = block->next;
-  if (b->next) b->next->prev = b;
-  block->next = b;
-  return b;
+void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
+  Guard guard(*this);
+  segment_log_ = log;
 }
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
 // its pool's index (torch: alloc_found_block).
-Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
+Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested,
+                                                  StreamId stream) {
   BlockPool& pool = *block->pool;
   const bool expandable = block->segment->expandable;
-  const bool was_split = block->is_split() && !expandable;  // torch: expandable blocks never count
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
                                 : should_split(pool.kind, block->size, rounded, options_);
+  Ledger books = ledger(pool.kind);
+  books.remove(block);
   if (split) {
-    Block* rest = insert_block_after(block, block->address + rounded, block->size - rounded);
+    Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
+    if (!block->fences.empty()) rest->fences = block->fences;  // its bytes were used where the block's were
+    rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
-    if (expandable) {
-      // not counted as inactive split
-    } else if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
-      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(rounded));
-    } else {
-      stats_.inactive_split.increase(pool.kind, 1);
-      stats_.inactive_split_bytes.increase(pool.kind, static_cast<int64_t>(rest->size));
-    }
+    books.add(rest);
   } else {
     pool.erase(block);
-    if (was_split) {
-      stats_.inactive_split.decrease(pool.kind, 1);
-      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(block->size));
-    }
   }
+  if (options_.cross_stream_reuse != CrossStream::kOff) settle_fences(block, stream);
+  block->used_on = stream;
   block->allocated = true;
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
   allocated_.insert(block->address, block);
-
-  auto bytes = static_cast<int64_t>(block->size);
-  stats_.allocation.increase(pool.kind, 1);
-  stats_.allocated_bytes.increase(pool.kind, bytes);
-  stats_.active.increase(pool.kind, 1);
-  stats_.active_bytes.increase(pool.kind, bytes);
-  stats_.requested_bytes.increase(pool.kind, static_cast<int64_t>(requested));
-  if (block->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+  books.add(block);
+  books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
   if (stats_.reserved_bytes.current() == stats_.reserved_bytes.peak())  // Note [fragmentation at the peak]
@@ -220,12 +238,11 @@ void CachingAllocator::free(uintptr_t address) {
   StreamEvents events;  // recorded first: if the device refuses, nothing has changed yet
   if (!block->stream_uses.empty() && !capturing()) events = record_stream_events(block);
   allocated_.erase(address);
-  block->allocated = false;
-
-  PoolKind kind = block->pool->kind;
-  stats_.allocation.decrease(kind, 1);
-  stats_.allocated_bytes.decrease(kind, static_cast<int64_t>(block->size));
-  if (block->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+  Ledger books = ledger(block->pool->kind);
+  books.remove(block);
+  block->allocated = false;  // still active: it counts requested bytes until free_block
+  books.add(block);
+  books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
@@ -247,48 +264,27 @@ void CachingAllocator::free_block(Block* block) {
   if (trace_.on())  // before merging, as torch records it
     trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
-  const auto original_size = static_cast<int64_t>(block->size);
-  int64_t split_blocks_change = 0;
-  int64_t split_bytes_change = 0;
-  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) {
-    size_t subsumed = merge_into(block, neighbour, pool);
-    if (subsumed > 0) {
-      split_blocks_change -= 1;
-      split_bytes_change -= static_cast<int64_t>(subsumed);
-    }
-  }
+  Ledger books = ledger(pool.kind);
+  books.remove(block);
+  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_into(block, neighbour, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (block->is_split()) {
-    split_blocks_change += 1;
-    split_bytes_change += static_cast<int64_t>(block->size);
-  }
-  if (block->segment->expandable) split_blocks_change = split_bytes_change = 0;  // never counted
-  if (split_blocks_change >= 0) stats_.inactive_split.increase(pool.kind, split_blocks_change);
-  else stats_.inactive_split.decrease(pool.kind, -split_blocks_change);
-  if (split_bytes_change >= 0) stats_.inactive_split_bytes.increase(pool.kind, split_bytes_change);
-  else stats_.inactive_split_bytes.decrease(pool.kind, -split_bytes_change);
-  stats_.active.decrease(pool.kind, 1);
-  stats_.active_bytes.decrease(pool.kind, original_size);
-  stats_.requested_bytes.decrease(pool.kind, static_cast<int64_t>(block->requested));
+  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
+  block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
+  books.add(block);
+  books.post();
 }
 
 // Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
 // (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
 // `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
+// The ledger forgets `src`; the caller accounts for `dst`.
+size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  if (dst->prev == src) {
-    dst->address = src->address;
-    dst->prev = src->prev;
-    if (dst->prev) dst->prev->next = dst;
-    else dst->segment->first = dst;
-  } else {
-    dst->next = src->next;
-    if (dst->next) dst->next->prev = dst;
-  }
-  size_t subsumed = src->size;
-  dst->size += subsumed;
+  books.remove(src);
+  SegmentList::absorb(dst, src);
+  for (const Fence& f : src->fences) add_fence(dst, f);
+  dst->idle_since = std::max(dst->idle_since, src->idle_since);
   if (!src->mapped) {
     pool.unmapped.erase(src);
   } else if (dst->indexed) {
@@ -297,7 +293,8 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
   } else if (src->indexed) {
     pool.replace(src, dst);
   }
-  recycle_block(src);
+  const size_t subsumed = src->size;
+  segments_.recycle(src);
   return subsumed;
 }
 
@@ -324,41 +321,20 @@ CachingAllocator::StreamEvents CachingAllocator::record_stream_events(const Bloc
 }
 
 void CachingAllocator::insert_events(Block* block, StreamEvents events) {
-  for (auto& [stream, event] : events) {
-    pending_[stream].emplace_back(event, block);
-    block->pending_events += 1;
-  }
+  for (auto& [stream, event] : events) events_.add(stream, event, block);
   block->stream_uses.clear();
 }
 
-// Frees the blocks whose every pending event has completed. A stream runs its
-// work in order, so each stream's queue is checked only up to its first
-// unfinished event: O(streams) per call, not O(pending events) (torch does the same).
+// Frees the blocks whose every pending event has completed (event_queue.h).
 void CachingAllocator::process_events() {
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    auto& queue = it->second;
-    while (!queue.empty() && backend_->event_completed(queue.front().first)) {
-      auto [event, block] = queue.front();
-      queue.pop_front();
-      backend_->destroy_event(event);
-      if (--block->pending_events == 0) free_block(block);
-    }
-    it = queue.empty() ? pending_.erase(it) : std::next(it);
-  }
+  events_.poll([this](Block* b) { free_block(b); });
 }
 
 // Waits for each pending event, not for the whole device: only what is
 // pending is waited for, and with nothing pending nothing waits (torch does the same).
 void CachingAllocator::synchronize_and_free_events() {
   stats_.num_sync_all_streams += 1;
-  for (auto& [stream, queue] : pending_) {
-    for (auto& [event, block] : queue) {
-      backend_->wait_event(event);
-      backend_->destroy_event(event);
-      if (--block->pending_events == 0) free_block(block);
-    }
-  }
-  pending_.clear();
+  events_.wait_all([this](Block* b) { free_block(b); });
 }
 
 // ================================================================ releasing memory
@@ -393,7 +369,10 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
     else if (!b->is_split()) whole.push_back(b);
   }
   for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
-  if (!expandable.empty()) backend_->synchronize();  // unmapping does not: wait first (torch too)
+  if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
+    backend_->synchronize();
+    fences_.synchronized();
+  }
   for (Block* b : expandable) unmap_block(b);
 }
 
@@ -401,18 +380,15 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
-  if (trace_.on())  // before the backend call, as torch records it
-    trace_.record(TraceAction::k_segment_free, segment->address, segment->size, segment->size,
-                  segment->stream, 0);
+  note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
+                     segment->stream);  // before the backend call, as torch records it
   backend_->release_segment(segment->address, segment->size);
   stats_.num_device_free += 1;
   stats_.segment.decrease(pool.kind, 1);
   note_reserved_decrease(pool.kind, segment->size);
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
   pool.erase(block);
-  segments_.erase(segment->address);
-  recycle_block(block);
-  delete segment;
+  segments_.destroy(block);
 }
 
 // With max_split_size set, frees oversize cached blocks of the request's stream
@@ -511,20 +487,6 @@ bool CachingAllocator::tracing() const {
 std::string CachingAllocator::trace_json() const {
   Guard guard(*this);
   return trace_.to_json();
-}
-
-// ================================================================ block objects
-
-Block* CachingAllocator::new_block() {
-  if (spare_blocks_.empty()) return new Block();
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  return b;
-}
-
-void CachingAllocator::recycle_block(Block* block) {
-  *block = Block();
-  spare_blocks_.push_back(block);
 }
 
 }  // namespace amem
