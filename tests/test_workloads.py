@@ -20,7 +20,7 @@ def _steps(name, steps, **kw):
 
 
 def test_registry():
-    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode"}
+    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode", "fsdp", "moe", "pipeline", "serving"}
     with pytest.raises(ValueError, match="choose one of"):
         workloads.get("bert")
 

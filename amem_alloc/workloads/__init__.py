@@ -1,10 +1,11 @@
 """Workloads: real torch models for `amem compare`, and a synthetic allocation pattern for `amem demo`.
 
 Each bundled workload is run(size=1, steps=None, device="cpu", seed=0, on_step=None) -> dict:
-a real model, small enough for a CPU at size 1, that calls on_step(i) after each step.
+a real model, small enough for a CPU at size 1, that calls on_step(i) after each step. Workloads
+with more than one stream use workloads/streams.py, which works on CUDA and on the CPU.
 training_events() is the synthetic pattern (no torch) that `amem demo` allocates.
 """
-from . import decode, gpt, mlp
+from . import decode, fsdp, gpt, mlp, moe, pipeline, serving
 from .training import training_events
 
 # name -> (run function, what it is)
@@ -13,6 +14,12 @@ WORKLOADS = {
     "mlp": (mlp.run, "deep MLP (batch 64, width 1024, 16 layers), no checkpointing"),
     "mlp-checkpoint": (mlp.run_checkpointed, "the same MLP with activation checkpointing (4 segments)"),
     "decode": (decode.run, "autoregressive decoding with a key/value cache grown by torch.cat"),
+    "fsdp": (fsdp.run, "FSDP-style training: each layer's parameters all-gathered on a communication stream, "
+                       "used and freed on the compute stream (record_stream), forward and backward"),
+    "moe": (moe.run, "mixture-of-experts training: a different number of tokens per expert every step"),
+    "pipeline": (pipeline.run, "pipeline-parallel training, 4 stages x 8 micro-batches in the 1F1B schedule"),
+    "serving": (serving.run, "LLM serving: continuous batching, per-request key/value caches that grow and are "
+                             "freed as requests finish"),
 }
 
 
