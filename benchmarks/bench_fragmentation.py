@@ -204,8 +204,9 @@ class Result:
     policy: str
     peak_reserved: int
     capacity: int | None     # smallest OOM-free device limit; None if not searched
-    calls: dict[str, int]    # num_device_* counters of the unlimited run
+    calls: dict[str, int | None]  # device calls of the unlimited run by kind (device_calls)
     limit: int
+    allocated_at_peak: int = 0  # block bytes (rounded) handed out while reserved stood at its peak
     seconds: float = 0.0
 
     @property
@@ -217,18 +218,43 @@ class Result:
         return self.capacity / self.limit if self.capacity is not None else None
 
     @property
+    def cached_free(self) -> float:
+        """Free bytes cached at the reserved peak / limit: the part of (a) that is fragmentation."""
+        return (self.peak_reserved - self.allocated_at_peak) / self.limit
+
+    @property
     def total_calls(self) -> int:
-        return sum(self.calls.values())
+        return sum(v for v in self.calls.values() if v)
 
 
 def _replay(program_bytes: bytes, conf: str, limit_bytes: int) -> dict:
     return replay.replay_program(program_bytes, conf, 1, limit_bytes)
 
 
-def device_calls(stats: dict) -> dict[str, int]:
-    """Every device-call counter the core reports (num_device_alloc, num_device_free, and any
-    num_device_map / num_device_unmap / ... it adds)."""
-    return {k: int(v) for k, v in sorted(stats.items()) if k.startswith("num_device_")}
+def _unlimited(program_bytes: bytes, conf: str) -> tuple[dict, dict, int]:
+    """(the C++ loop's result, the stats, allocated bytes at the reserved peak) with no device limit."""
+    from amem_alloc import _C
+    from amem_alloc.introspection import parse_fragmentation, parse_stats
+
+    core = _C.CoreAllocator("sim", conf, 0)
+    result = core.replay(program_bytes, 1)
+    frag = parse_fragmentation(core.fragmentation_json())
+    return result, parse_stats(core.stats_json()), frag.allocated_bytes_at_reserved_peak
+
+
+CALL_KINDS = ("cudaMalloc", "map", "unmap", "cudaFree")
+
+
+def device_calls(stats: dict) -> dict[str, int | None]:
+    """The device calls of a run by kind. The core counts each page mapping of an expandable
+    segment in num_device_alloc and each unmapping in num_device_free; where it also reports
+    num_device_map / num_device_unmap, those are split out; where not, map and unmap are None
+    (not reported) and the totals stand in cudaMalloc and cudaFree."""
+    alloc, free = int(stats.get("num_device_alloc", 0)), int(stats.get("num_device_free", 0))
+    if "num_device_map" not in stats:
+        return {"cudaMalloc": alloc, "map": None, "unmap": None, "cudaFree": free}
+    maps, unmaps = int(stats["num_device_map"]), int(stats.get("num_device_unmap", 0))
+    return {"cudaMalloc": alloc - maps, "map": maps, "unmap": unmaps, "cudaFree": free - unmaps}
 
 
 def smallest_capacity(program_bytes: bytes, conf: str, lo: int, hi: int) -> int:
@@ -246,7 +272,7 @@ def measure(case: Case, policy: policies.Policy, search: bool = True) -> Result:
     started = time.perf_counter()
     data = case.program.to_bytes()
     limit = case.limit
-    r = _replay(data, policy.conf, 0)
+    r, stats, at_peak = _unlimited(data, policy.conf)
     if r["failed_allocs"]:
         raise RuntimeError(f"{case.name} under {policy.name} failed {r['failed_allocs']} requests with no limit")
     capacity = None
@@ -255,7 +281,7 @@ def measure(case: Case, policy: policies.Policy, search: bool = True) -> Result:
         if _replay(data, policy.conf, r["peak_reserved"])["failed_allocs"]:
             raise RuntimeError(f"{case.name} under {policy.name}: fails at its own unlimited peak")
         capacity = smallest_capacity(data, policy.conf, limit - 1, r["peak_reserved"])
-    return Result(policy.name, r["peak_reserved"], capacity, device_calls(r["stats"]), limit,
+    return Result(policy.name, r["peak_reserved"], capacity, device_calls(stats), limit, at_peak,
                   time.perf_counter() - started)
 
 
@@ -365,13 +391,24 @@ def machine() -> dict[str, str]:
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
 
 
+def maps_reported(results: dict[str, dict[str, Result]]) -> bool:
+    return any(r.calls["map"] is not None for per in results.values() for r in per.values())
+
+
 def calls_note(results: dict[str, dict[str, Result]]) -> str:
-    keys = sorted({k for per in results.values() for r in per.values() for k in r.calls})
-    if any("map" in k for k in keys):
-        return "the core reports " + ", ".join(f"`{k}`" for k in keys)
-    return ("the core reports " + " and ".join(f"`{k}`" for k in keys) + ": segment allocations (cudaMalloc) "
-            "and frees, and for expandable segments each page mapping counted as an alloc and each unmapping "
-            "as a free. Separate map / unmap counts: **not reported by the core yet**")
+    if maps_reported(results):
+        return "cudaMalloc + map + unmap + cudaFree, from the core's counters"
+    return ("cudaMalloc + cudaFree from the core's num_device_alloc / num_device_free, which count an "
+            "expandable segment's page mappings and unmappings with them; separate map / unmap counts: "
+            "**not reported by the core yet**")
+
+
+def _calls_cell(results: dict[str, dict[str, Result]], cases: list[Case], name: str) -> str:
+    sums = {}
+    for k in CALL_KINDS:
+        values = [results[c.name][name].calls[k] for c in cases]
+        sums[k] = None if any(v is None for v in values) else sum(values)
+    return " / ".join("n/r" if v is None else f"{v:,}" for v in sums.values())
 
 
 def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list[str], command: str,
@@ -407,7 +444,11 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
         if s.misses:
             shown = "; ".join(s.misses[:6]) + (f"; and {len(s.misses) - 6} more" if len(s.misses) > 6 else "")
             lines.append(f"\n{s.policy} misses: {shown}")
-    lines += ["", "Per case: (a) / (b) / (c) device calls (allocs+frees); ✓ within the per-case bar against "
+    traces = [c for c in cases if c.kind == "trace"]
+    lines += ["", "(c) by kind, summed over the " + ("traces" if traces else "cases") + ": cudaMalloc / map / unmap / "
+              "cudaFree (n/r: not reported by the core yet)", "", "| policy | device calls |", "|---|---|"]
+    lines += [f"| {n} | {_calls_cell(results, traces or cases, n)} |" for n in names]
+    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); ✓ within the per-case bar against "
               f"{REFERENCE}, ✗ not.", "",
               "| case | limit | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for c in cases:
@@ -417,6 +458,14 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
             mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name][REFERENCE])[0] else " ✗")
             cells.append(f"{r.a:.3f} / {_f(r.b)} / {r.total_calls}{mark}")
         lines.append(f"| {c.name} | {_gib(c.limit)} | " + " | ".join(cells) + " |")
+    lines += ["", "Where (a) goes: allocated (rounded) blocks at the reserved peak / limit + free bytes cached "
+              "at that peak / limit (the second is fragmentation proper; the first is rounding, plus live "
+              "bytes that peak at another time than reserved).", "",
+              "| case | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for c in cases:
+        lines.append(f"| {c.name} | " + " | ".join(
+            f"{results[c.name][n].allocated_at_peak / c.limit:.3f} + {results[c.name][n].cached_free:.3f}"
+            for n in names) + " |")
     lines += ["", "Cases: " + "; ".join(f"{c.name}: {c.note}" for c in cases if c.note) + "."]
     return "\n".join(lines) + "\n"
 
