@@ -28,11 +28,11 @@ From a torch snapshot (`trace_programs`), per device:
   so the program gets a `release` op there.
 * oom events are noted; the failed request has no alloc event, so it is not replayed.
 
-Running (`run`): the C++ loop (`_C.CoreAllocator.replay`) runs programs of allocs and frees.
-It has no release op and cannot restart its peaks after a prologue, so programs with either
-run step by step from Python through the same core (about 1M ops/s instead of about 6M) with
-the core's trace on, and their figures come from that trace. See docs/replay.md for the core
-change that would let the C++ loop run every program.
+Running (`run`): the C++ loop (`_C.CoreAllocator.replay`, csrc/core/replay.h) runs every
+program: allocs, frees, releases (empty_cache) and a prologue-end marker after which its peaks,
+timeline and device-call counts start. Asked to (`record_segments`), it also returns the
+segment events each op caused after the prologue, for fidelity; the final segments come from
+the core's segments_json. Python only packs the program and reads the result.
 """
 from __future__ import annotations
 
@@ -73,11 +73,6 @@ class Program:
 
     def to_bytes(self) -> bytes:
         return self.ops.tobytes()
-
-    @property
-    def core_ready(self) -> bool:
-        """Whether the C++ loop can run it (every op of a kind it knows)."""
-        return bool(np.isin(self.ops["kind"], CORE_KINDS).all())
 
     def core_bytes(self) -> bytes:
         """The records for the C++ loop: a prologue-end marker after the prologue, if any."""
@@ -407,13 +402,20 @@ class Run:
     peak_allocated: int
     peak_reserved: int
     allocated_at_peak: int  # the most allocated while reserved stood at its peak
-    device_mallocs: int     # segment allocations / page mappings after the prologue
-    device_frees: int
+    device_mallocs: int     # segment allocations + page mappings after the prologue
+    device_frees: int       # segment frees + page unmappings after the prologue
     timeline: list[tuple[int, int, int]]  # (op index, allocated, reserved)
     seconds: float
-    engine: str             # "core" (the C++ loop) or "stepwise"
     segment_events: list[tuple[str, int]] | None = None  # (action, bytes) after the prologue
     final_segments: list[tuple] | None = None  # (bytes, ((block bytes, active), ...)) at the end
+    device_maps: int = 0    # of device_mallocs: page mappings (expandable segments)
+    device_unmaps: int = 0  # of device_frees: page unmappings
+    peak_requested: int = 0  # the most bytes callers held at once (before rounding), after the prologue
+
+    @property
+    def device_calls(self) -> int:
+        """cudaMalloc + map + unmap + cudaFree calls after the prologue."""
+        return self.device_mallocs + self.device_frees
 
     @property
     def fragmentation_at_peak(self) -> float:
@@ -446,91 +448,33 @@ def replay_program(program_bytes: bytes, conf: str = "", max_samples: int = 1000
     return result
 
 
+DEVICE_COUNTERS = ("num_device_alloc", "num_device_free", "num_device_map", "num_device_unmap")
+
+
 def run(program: Program, conf: str = "", *, limit_bytes: int = 0, max_samples: int = 2000,
         record_segments: bool = False) -> Run:
-    """Replays `program` on a fresh sim allocator configured by `conf` (an AMEM_CONF string)."""
-    if program.core_ready and not record_segments:
-        return _run_core(program, conf, limit_bytes, max_samples)
-    return _run_stepwise(program, conf, limit_bytes, max_samples)
-
-
-def _run_core(program: Program, conf: str, limit_bytes: int, max_samples: int) -> Run:
-    before = {"num_device_alloc": 0, "num_device_free": 0}
+    """Replays `program` on a fresh sim allocator configured by `conf` (an AMEM_CONF string);
+    record_segments also keeps the segment events and the final segment layouts."""
+    before = dict.fromkeys(DEVICE_COUNTERS, 0)
     if program.prologue:  # deterministic: the prologue alone tells how many device calls it made
         before = replay_program(program.ops[: program.prologue].tobytes(), conf, 1, limit_bytes)["stats"]
     core = _core(conf, limit_bytes)
     started = time.perf_counter()
-    r = core.replay(program.core_bytes(), max_samples)
+    r = core.replay(program.core_bytes(), max_samples, record_segments)
     seconds = time.perf_counter() - started
     stats, frag = parse_stats(core.stats_json()), parse_fragmentation(core.fragmentation_json())
+    calls = {k: stats.get(k, 0) - before.get(k, 0) for k in DEVICE_COUNTERS}
     shift = 1 if program.prologue else 0  # the marker op is not one of the program's
     timeline = [(op - shift if op > program.prologue else op, a, b) for op, a, b in r["samples"]]
-    return Run(conf, r["ops"] - shift, program.prologue, r["allocs"], r["frees"], r["releases"], r["failed_allocs"],
-               r["unknown_frees"], r["peak_allocated"], r["peak_reserved"], frag.allocated_bytes_at_reserved_peak,
-               stats["num_device_alloc"] - before["num_device_alloc"],
-               stats["num_device_free"] - before["num_device_free"],
-               timeline, seconds, "core")
-
-
-class _Stepper:
-    """Runs ops one by one through the core; remembers which op each anchor event belongs to."""
-
-    ANCHORS = ("alloc", "oom", "free_requested", "empty_cache")  # exactly one per call into the core
-
-    def __init__(self, core: Any) -> None:
-        self.core, self.live, self.anchors = core, {}, []
-        self.counts = {"allocs": 0, "frees": 0, "releases": 0, "failed": 0, "unknown": 0}
-
-    def step(self, i: int, kind: int, key: int, size: int, stream: int) -> None:
-        if kind == ALLOC:
-            self.counts["allocs"] += 1
-            if key in self.live:  # the trace lost a free: release the old block first
-                self._free(i, key)
-            try:
-                address = self.core.malloc(size, stream)
-            except _C.OutOfMemoryError:
-                self.counts["failed"] += 1
-                self.anchors.append(i)
-                return
-            if address:  # size 0 returns 0 and records nothing
-                self.live[key] = address
-                self.anchors.append(i)
-        elif kind == FREE:
-            self.counts["frees"] += 1
-            if key in self.live:
-                self._free(i, key)
-            else:
-                self.counts["unknown"] += 1
-        else:
-            self.counts["releases"] += 1
-            self.core.empty_cache()
-            self.anchors.append(i)
-
-    def _free(self, i: int, key: int) -> None:
-        self.core.free(self.live.pop(key))
-        self.anchors.append(i)
-
-
-def _run_stepwise(program: Program, conf: str, limit_bytes: int, max_samples: int) -> Run:
-    core = _core(conf, limit_bytes)
-    rows = program.ops.tolist()
-    stepper = _Stepper(core)
-    started = time.perf_counter()
-    for i in range(program.prologue):
-        stepper.step(i, rows[i][3], rows[i][0], rows[i][1], rows[i][2])
-    stats = parse_stats(core.stats_json())
-    base = (stats.get("allocated_bytes.all.current", 0), stats.get("reserved_bytes.all.current", 0))
-    stepper.anchors.clear()
-    core.start_trace(4 * (len(rows) - program.prologue) + 4096)
-    for i in range(program.prologue, len(rows)):
-        stepper.step(i, rows[i][3], rows[i][0], rows[i][1], rows[i][2])
-    seconds = time.perf_counter() - started
-    trace = json.loads(core.trace_json())
-    if trace.get("dropped"):
-        raise RuntimeError(f"amem replay: the core's trace dropped {trace['dropped']} events")
-    run = _run_from_trace(program, conf, stepper, trace["events"], base, max_samples, seconds)
-    run.final_segments = segment_layouts(json.loads(core.segments_json()))
-    return run
+    out = Run(conf, r["ops"] - shift, program.prologue, r["allocs"], r["frees"], r["releases"], r["failed_allocs"],
+              r["unknown_frees"], r["peak_allocated"], r["peak_reserved"], frag.allocated_bytes_at_reserved_peak,
+              calls["num_device_alloc"], calls["num_device_free"], timeline, seconds,
+              device_maps=calls["num_device_map"], device_unmaps=calls["num_device_unmap"],
+              peak_requested=stats.get("requested_bytes.all.peak", 0))
+    if record_segments:
+        out.segment_events = [(action, size) for _, action, size in r["segment_events"]]
+        out.final_segments = segment_layouts(json.loads(core.segments_json()))
+    return out
 
 
 def segment_layouts(segments: list[dict]) -> list[tuple]:
@@ -538,48 +482,3 @@ def segment_layouts(segments: list[dict]) -> list[tuple]:
     between a snapshot's `segments` and a replay's."""
     return [(seg["total_size"], tuple((b["size"], b["state"] != "inactive") for b in seg["blocks"]))
             for seg in segments]
-
-
-def _run_from_trace(program: Program, conf: str, stepper: _Stepper, events: list[dict], base: tuple[int, int],
-                    max_samples: int, seconds: float) -> Run:
-    allocated, reserved = base
-    peak_alloc, peak_res, at_peak = allocated, reserved, allocated
-    n_main = max(1, len(program) - program.prologue)
-    every = max(1, n_main // max_samples) if max_samples > 0 else n_main + 1
-    timeline = [(program.prologue - 1, allocated, reserved)] if program.prologue else []
-    segment_events, anchor, op, in_release = [], 0, program.prologue, False
-    for ev in events:
-        action, size = ev["action"], ev["size"]
-        if action in _Stepper.ANCHORS:
-            op, anchor, in_release = stepper.anchors[anchor], anchor + 1, action == "empty_cache"
-        elif action in SEGMENT_ACTIONS and not (in_release and action in RELEASE_ACTIONS):
-            in_release = False  # made inside the next call (a new segment, or a retry's release)
-            op = stepper.anchors[anchor] if anchor < len(stepper.anchors) else op
-        if action == "alloc":
-            allocated += ev["rounded_size"]
-        elif action == "free_requested":
-            allocated -= ev["rounded_size"]
-        elif action in SEGMENT_ACTIONS:
-            reserved += size if action in ("segment_alloc", "segment_map") else -size
-            segment_events.append((action, size))
-        new_peak = allocated > peak_alloc or reserved > peak_res
-        if reserved > peak_res:
-            peak_res, at_peak = reserved, allocated
-        elif reserved == peak_res:
-            at_peak = max(at_peak, allocated)
-        peak_alloc = max(peak_alloc, allocated)
-        if new_peak or (op - program.prologue) % every == 0:
-            _add_sample(timeline, (op, allocated, reserved))
-    _add_sample(timeline, (len(program) - 1, allocated, reserved))
-    c = stepper.counts
-    mallocs = sum(a in ("segment_alloc", "segment_map") for a, _ in segment_events)
-    return Run(conf, len(program), program.prologue, c["allocs"], c["frees"], c["releases"], c["failed"],
-               c["unknown"], peak_alloc, peak_res, at_peak, mallocs, len(segment_events) - mallocs, timeline,
-               seconds, "stepwise", segment_events)
-
-
-def _add_sample(timeline: list, sample: tuple[int, int, int]) -> None:
-    if timeline and timeline[-1][0] == sample[0]:
-        timeline[-1] = sample  # the state after the op's last event
-    else:
-        timeline.append(sample)

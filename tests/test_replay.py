@@ -43,7 +43,6 @@ def test_program_round_trip(tmp_path):
     assert p.ops[1].tolist() == (2, 3 * MiB, 7, replay.ALLOC)
     q = replay.Program.load(p.save(tmp_path / "p.npz"))
     assert np.array_equal(p.ops, q.ops) and (q.prologue, q.device) == (0, 0)
-    assert p.core_ready
 
 
 def test_amem_replay_reads_a_recorded_program(tmp_path, capsys):
@@ -55,16 +54,33 @@ def test_amem_replay_reads_a_recorded_program(tmp_path, capsys):
     assert "a program recorded by amem compare" in text and "torch-expandable" in text
 
 
-def test_core_loop_and_stepwise_engine_agree():
+def test_recording_segment_events_changes_no_figure():
     program = replay.program_from_events(training_events(steps=3, layers=4, max_seq=512))
     core = replay.run(program, "", max_samples=len(program))
     step = replay.run(program, "", max_samples=len(program), record_segments=True)
-    assert (core.engine, step.engine) == ("core", "stepwise")
+    assert core.segment_events is None and core.final_segments is None
     for field in ("peak_allocated", "peak_reserved", "allocated_at_peak", "device_mallocs", "device_frees",
-                  "allocs", "frees", "unknown_frees"):
+                  "allocs", "frees", "unknown_frees", "timeline"):
         assert getattr(core, field) == getattr(step, field), field
-    assert core.timeline == step.timeline  # the figures after every request, both ways
-    assert step.device_mallocs == sum(a == "segment_alloc" for a, _ in step.segment_events)
+    assert step.device_mallocs == sum(a == "segment_alloc" for a, _ in step.segment_events) > 0
+    assert step.device_frees == sum(a == "segment_free" for a, _ in step.segment_events)
+
+
+def test_the_segment_log_agrees_with_the_core_trace():
+    """The C++ loop's segment events are the ones the core's own trace records, op for op."""
+    import json
+
+    program = replay.program_from_events(training_events(steps=2, layers=3, max_seq=512))
+    for conf in ("", "expandable_segments:True"):
+        run = replay.run(program, conf, record_segments=True)
+        core = replay._core(conf, 0)
+        core.start_trace(1 << 20)
+        core.replay(program.core_bytes(), 1)
+        events = json.loads(core.trace_json())["events"]
+        traced = [(e["action"], e["size"]) for e in events if e["action"] in replay.SEGMENT_ACTIONS]
+        assert run.segment_events == traced and traced, conf
+        expandable = conf != ""
+        assert (run.device_maps > 0) == expandable and run.device_maps == sum(a == "segment_map" for a, _ in traced)
 
 
 def test_replay_program_is_the_benchmark_hook():
@@ -77,23 +93,23 @@ def test_replay_program_is_the_benchmark_hook():
 def test_a_release_op_empties_the_cache():
     p = replay.Program(replay.pack([(replay.ALLOC, 1, 30 * MiB, 0), (replay.FREE, 1, 0, 0),
                                     (replay.RELEASE, 0, 0, 0), (replay.ALLOC, 2, 30 * MiB, 0)]))
-    assert p.core_ready
     core = replay.run(p, "")
-    assert core.engine == "core" and core.releases == 1 and (core.device_mallocs, core.device_frees) == (2, 1)
+    assert core.releases == 1 and (core.device_mallocs, core.device_frees) == (2, 1)
     run = replay.run(p, "", record_segments=True)
-    assert run.engine == "stepwise" and run.releases == 1
+    assert run.releases == 1
     assert run.segment_events == [("segment_alloc", 30 * MiB), ("segment_free", 30 * MiB),
                                   ("segment_alloc", 30 * MiB)]
 
 
-def test_core_loop_and_stepwise_agree_with_a_prologue_and_releases():
+def test_recording_segments_agrees_with_a_prologue_and_releases():
     ops = [(replay.ALLOC, 1, 25 * MiB, 0), (replay.ALLOC, 2, 3 * MiB, 0), (replay.FREE, 2, 0, 0),  # prologue
            (replay.ALLOC, 3, 4 * MiB, 0), (replay.FREE, 1, 0, 0), (replay.RELEASE, 0, 0, 0),
            (replay.ALLOC, 4, 1000, 1), (replay.FREE, 3, 0, 0)]
     p = replay.Program(replay.pack(ops), prologue=3)
     core = replay.run(p, "", max_samples=len(p))
     step = replay.run(p, "", max_samples=len(p), record_segments=True)
-    assert core.engine == "core" and step.engine == "stepwise"
+    # after the prologue only: the 4 MiB request reuses the prologue's cached 20 MiB segment
+    assert step.segment_events == [("segment_free", 26 * MiB), ("segment_alloc", 2 * MiB)]
     for field in ("ops", "peak_allocated", "peak_reserved", "device_mallocs", "device_frees", "releases",
                   "allocs", "frees"):
         assert getattr(core, field) == getattr(step, field), field

@@ -123,7 +123,7 @@ def _row(name: str, r: replay.Run | None, native: DeviceReplay | None = None) ->
                 str(frees), str(len(nat.ooms)), ""]
     return [name, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved), f"{r.fragmentation_at_peak:.1%}",
             str(r.device_mallocs), str(r.device_frees), str(r.failed_allocs),
-            f"{r.ops_per_second / 1e6:.2f}M ({r.engine})"]
+            f"{r.ops_per_second / 1e6:.2f}M"]
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -74,7 +74,7 @@ auto on_device(int device, Fn fn) {  // introspection of a device that may not e
 }
 
 // ops: a buffer of packed 32-byte ReplayOp records (see replay.h).
-py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
+py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples, bool record_segments) {
   py::buffer_info info = ops.request();
   if (info.size * info.itemsize % sizeof(amem::ReplayOp) != 0)
     throw std::invalid_argument("amem: replay ops must be packed 32-byte records (key, size, stream, kind)");
@@ -83,7 +83,7 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
   amem::ReplayResult r;
   {
     py::gil_scoped_release release;
-    r = amem::replay(a, records, count, max_samples);
+    r = amem::replay(a, records, count, max_samples, record_segments);
   }
   py::list samples;
   for (const auto& s : r.samples) samples.append(py::make_tuple(s.op, s.allocated, s.reserved));
@@ -94,6 +94,10 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples) {
   out["releases"] = r.releases, out["prologue_end"] = r.prologue_end;
   out["peak_allocated"] = r.peak_allocated, out["peak_reserved"] = r.peak_reserved;
   out["samples"] = samples;
+  py::list segment_events;  // (op, action, bytes)
+  for (const auto& e : r.segment_events)
+    segment_events.append(py::make_tuple(e.op, amem::trace_action_name(e.action), e.bytes));
+  out["segment_events"] = segment_events;
   return out;
 }
 
@@ -130,7 +134,7 @@ void bind_allocator(py::module_& m) {
       .def("check_valid", &CachingAllocator::check_valid)
       .def("block_info", &block_info, arg("address"))
       .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
-      .def("replay", &run_replay, arg("ops"), arg("max_samples"))
+      .def("replay", &run_replay, arg("ops"), arg("max_samples"), arg("record_segments") = false)
       .def("begin_allocate_to_pool", &begin_pool, arg("pool_id"), arg("streams"))
       .def("end_allocate_to_pool", &CachingAllocator::end_allocate_to_pool, arg("pool_id"))
       .def("release_pool", &CachingAllocator::release_pool, arg("pool_id"))

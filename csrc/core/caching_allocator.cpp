@@ -19,19 +19,10 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options opt
 
 CachingAllocator::~CachingAllocator() {
   Guard guard(*this);
-  for (auto& [stream, queue] : pending_)
-    for (auto& [event, block] : queue) backend_->destroy_event(event);
-  for (auto& [address, segment] : segments_) {
-    for (Block* b = segment->first; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
+  for (const auto& [address, segment] : segments_.all()) {  // the list deletes the blocks
     if (segment->expandable) backend_->release_address_range(segment->address, segment->size);
     else backend_->release_segment(segment->address, segment->size);
-    delete segment;
   }
-  for (Block* b : spare_blocks_) delete b;
 }
 
 // ================================================================ malloc
@@ -43,7 +34,7 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
-  if (!pending_.empty() && !capturing()) process_events();  // no event queries during capture
+  if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
   BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
   Block* block = find_free_block(pool, stream, rounded);
@@ -100,28 +91,13 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   uintptr_t address = backend_->allocate_segment(size);
   if (address == 0) return nullptr;
 
-  Block* block = new_segment(pool, stream, address, size, false);
-  if (trace_.on()) trace_.record(TraceAction::k_segment_alloc, address, size, size, stream, 0);
+  Block* block = segments_.create(pool, stream, address, size, false);
+  note_segment_event(TraceAction::k_segment_alloc, address, size, stream);
 
   stats_.num_device_alloc += 1;
   stats_.segment.increase(pool.kind, 1);
   note_reserved_increase(pool.kind, size);
   if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
-  return block;
-}
-
-// A segment at `address` and the one free block that spans it (not yet in any index).
-Block* CachingAllocator::new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size,
-                                     bool expandable) {
-  auto* segment = new Segment{address, size, stream, pool.kind, nullptr, expandable};
-  Block* block = new_block();
-  block->address = address;
-  block->size = size;
-  block->stream = stream;
-  block->segment = segment;
-  block->pool = &pool;
-  segment->first = block;
-  segments_.emplace(address, segment);
   return block;
 }
 
@@ -136,25 +112,15 @@ void CachingAllocator::note_reserved_decrease(PoolKind kind, size_t bytes) {
   stats_.reserved_bytes.decrease(kind, static_cast<int64_t>(bytes));
 }
 
-// A free block [address, address + size) of the same segment as `of`, not yet linked.
-Block* CachingAllocator::sibling_block(const Block* of, uintptr_t address, size_t size) {
-  Block* b = new_block();
-  b->address = address;
-  b->size = size;
-  b->stream = of->stream;
-  b->segment = of->segment;
-  b->pool = of->pool;
-  return b;
+// Every segment event goes through here: the trace, and a replay's log.
+void CachingAllocator::note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream) {
+  if (trace_.on()) trace_.record(action, address, bytes, bytes, stream, 0);
+  if (segment_log_ != nullptr) segment_log_->push_back({action, bytes, 0});
 }
 
-// A new block [address, address + size) linked right after `block`.
-Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, size_t size) {
-  Block* b = sibling_block(block, address, size);
-  b->prev = block;
-  b->next = block->next;
-  if (b->next) b->next->prev = b;
-  block->next = b;
-  return b;
+void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
+  Guard guard(*this);
+  segment_log_ = log;
 }
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
@@ -162,41 +128,25 @@ Block* CachingAllocator::insert_block_after(Block* block, uintptr_t address, siz
 Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
   BlockPool& pool = *block->pool;
   const bool expandable = block->segment->expandable;
-  const bool was_split = block->is_split() && !expandable;  // torch: expandable blocks never count
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
                                 : should_split(pool.kind, block->size, rounded, options_);
+  Ledger books = ledger(pool.kind);
+  books.remove(block);
   if (split) {
-    Block* rest = insert_block_after(block, block->address + rounded, block->size - rounded);
+    Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
-    if (expandable) {
-      // not counted as inactive split
-    } else if (was_split) {  // still one inactive split block (the rest), smaller by `rounded`
-      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(rounded));
-    } else {
-      stats_.inactive_split.increase(pool.kind, 1);
-      stats_.inactive_split_bytes.increase(pool.kind, static_cast<int64_t>(rest->size));
-    }
+    books.add(rest);
   } else {
     pool.erase(block);
-    if (was_split) {
-      stats_.inactive_split.decrease(pool.kind, 1);
-      stats_.inactive_split_bytes.decrease(pool.kind, static_cast<int64_t>(block->size));
-    }
   }
   block->allocated = true;
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
   allocated_.insert(block->address, block);
-
-  auto bytes = static_cast<int64_t>(block->size);
-  stats_.allocation.increase(pool.kind, 1);
-  stats_.allocated_bytes.increase(pool.kind, bytes);
-  stats_.active.increase(pool.kind, 1);
-  stats_.active_bytes.increase(pool.kind, bytes);
-  stats_.requested_bytes.increase(pool.kind, static_cast<int64_t>(requested));
-  if (block->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+  books.add(block);
+  books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
   if (stats_.reserved_bytes.current() == stats_.reserved_bytes.peak())  // Note [fragmentation at the peak]
@@ -216,12 +166,11 @@ void CachingAllocator::free(uintptr_t address) {
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
   allocated_.erase(address);
-  block->allocated = false;
-
-  PoolKind kind = block->pool->kind;
-  stats_.allocation.decrease(kind, 1);
-  stats_.allocated_bytes.decrease(kind, static_cast<int64_t>(block->size));
-  if (block->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+  Ledger books = ledger(block->pool->kind);
+  books.remove(block);
+  block->allocated = false;  // still active: it counts requested bytes until free_block
+  books.add(block);
+  books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
@@ -243,48 +192,23 @@ void CachingAllocator::free_block(Block* block) {
   if (trace_.on())  // before merging, as torch records it
     trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
-  const auto original_size = static_cast<int64_t>(block->size);
-  int64_t split_blocks_change = 0;
-  int64_t split_bytes_change = 0;
-  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) {
-    size_t subsumed = merge_into(block, neighbour, pool);
-    if (subsumed > 0) {
-      split_blocks_change -= 1;
-      split_bytes_change -= static_cast<int64_t>(subsumed);
-    }
-  }
+  Ledger books = ledger(pool.kind);
+  books.remove(block);
+  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_into(block, neighbour, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (block->is_split()) {
-    split_blocks_change += 1;
-    split_bytes_change += static_cast<int64_t>(block->size);
-  }
-  if (block->segment->expandable) split_blocks_change = split_bytes_change = 0;  // never counted
-  if (split_blocks_change >= 0) stats_.inactive_split.increase(pool.kind, split_blocks_change);
-  else stats_.inactive_split.decrease(pool.kind, -split_blocks_change);
-  if (split_bytes_change >= 0) stats_.inactive_split_bytes.increase(pool.kind, split_bytes_change);
-  else stats_.inactive_split_bytes.decrease(pool.kind, -split_bytes_change);
-  stats_.active.decrease(pool.kind, 1);
-  stats_.active_bytes.decrease(pool.kind, original_size);
-  stats_.requested_bytes.decrease(pool.kind, static_cast<int64_t>(block->requested));
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
+  books.add(block);
+  books.post();
 }
 
 // Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
 // (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
 // `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
+// The ledger forgets `src`; the caller accounts for `dst`.
+size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  if (dst->prev == src) {
-    dst->address = src->address;
-    dst->prev = src->prev;
-    if (dst->prev) dst->prev->next = dst;
-    else dst->segment->first = dst;
-  } else {
-    dst->next = src->next;
-    if (dst->next) dst->next->prev = dst;
-  }
-  size_t subsumed = src->size;
-  dst->size += subsumed;
+  books.remove(src);
+  SegmentList::absorb(dst, src);
   if (!src->mapped) {
     pool.unmapped.erase(src);
   } else if (dst->indexed) {
@@ -293,7 +217,8 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool) {
   } else if (src->indexed) {
     pool.replace(src, dst);
   }
-  recycle_block(src);
+  const size_t subsumed = src->size;
+  segments_.recycle(src);
   return subsumed;
 }
 
@@ -307,39 +232,19 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
 }
 
 void CachingAllocator::insert_events(Block* block) {
-  for (StreamId s : block->stream_uses) {
-    pending_[s].emplace_back(backend_->record_event(s), block);
-    block->pending_events += 1;
-  }
+  for (StreamId s : block->stream_uses) events_.record(s, block);
   block->stream_uses.clear();
 }
 
-// Frees the blocks whose every pending event has completed. A stream runs its
-// work in order, so each stream's queue is checked only up to its first
-// unfinished event: O(streams) per call, not O(pending events) (torch does the same).
+// Frees the blocks whose every pending event has completed (event_queue.h).
 void CachingAllocator::process_events() {
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    auto& queue = it->second;
-    while (!queue.empty() && backend_->event_completed(queue.front().first)) {
-      auto [event, block] = queue.front();
-      queue.pop_front();
-      backend_->destroy_event(event);
-      if (--block->pending_events == 0) free_block(block);
-    }
-    it = queue.empty() ? pending_.erase(it) : std::next(it);
-  }
+  events_.poll([this](Block* b) { free_block(b); });
 }
 
 void CachingAllocator::synchronize_and_free_events() {
   backend_->synchronize();
   stats_.num_sync_all_streams += 1;
-  for (auto& [stream, queue] : pending_) {
-    for (auto& [event, block] : queue) {
-      backend_->destroy_event(event);
-      if (--block->pending_events == 0) free_block(block);
-    }
-  }
-  pending_.clear();
+  events_.complete_all([this](Block* b) { free_block(b); });
 }
 
 // ================================================================ releasing memory
@@ -376,18 +281,15 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
-  if (trace_.on())  // before the backend call, as torch records it
-    trace_.record(TraceAction::k_segment_free, segment->address, segment->size, segment->size,
-                  segment->stream, 0);
+  note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
+                     segment->stream);  // before the backend call, as torch records it
   backend_->release_segment(segment->address, segment->size);
   stats_.num_device_free += 1;
   stats_.segment.decrease(pool.kind, 1);
   note_reserved_decrease(pool.kind, segment->size);
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
   pool.erase(block);
-  segments_.erase(segment->address);
-  recycle_block(block);
-  delete segment;
+  segments_.destroy(block);
 }
 
 // With max_split_size set, frees oversize cached blocks of the request's stream
@@ -486,20 +388,6 @@ bool CachingAllocator::tracing() const {
 std::string CachingAllocator::trace_json() const {
   Guard guard(*this);
   return trace_.to_json();
-}
-
-// ================================================================ block objects
-
-Block* CachingAllocator::new_block() {
-  if (spare_blocks_.empty()) return new Block();
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  return b;
-}
-
-void CachingAllocator::recycle_block(Block* block) {
-  *block = Block();
-  spare_blocks_.push_back(block);
 }
 
 }  // namespace amem

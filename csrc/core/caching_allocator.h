@@ -50,16 +50,26 @@
 #include <string>
 #include <vector>
 
+#include "accounting.h"
 #include "address_map.h"
 #include "allocator_lock.h"
 #include "backend.h"
 #include "block.h"
 #include "errors.h"
+#include "event_queue.h"
 #include "options.h"
+#include "segment_list.h"
 #include "stats.h"
 #include "trace.h"
 
 namespace amem {
+
+// A segment event (segment_alloc/free, segment_map/unmap) for a replay's log.
+struct SegmentEvent {
+  TraceAction action = TraceAction::k_segment_alloc;
+  uint64_t bytes = 0;
+  uint64_t op = 0;  // set by the replay loop: the request that caused it
+};
 
 struct ValidationTally;   // validate.cpp
 struct ValidationCounts;  // validate.cpp
@@ -122,6 +132,10 @@ class CachingAllocator {
   bool tracing() const;
   std::string trace_json() const;
 
+  // While set, every segment event is also appended to `log` (the replay loop's
+  // fidelity record); nullptr stops it. The log must outlive the setting.
+  void set_segment_log(std::vector<SegmentEvent>* log);
+
   const Options& options() const { return options_; }
   const char* backend_name() const { return backend_->name(); }
   Backend& backend() { return *backend_; }
@@ -131,11 +145,8 @@ class CachingAllocator {
   Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
-  Block* new_segment(BlockPool& pool, StreamId stream, uintptr_t address, size_t size, bool expandable);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
-  Block* sibling_block(const Block* of, uintptr_t address, size_t size);
-  Block* insert_block_after(Block* block, uintptr_t address, size_t size);  // also for expandable.cpp
 
   // ------------------------------------------------------------ expandable segments (expandable.cpp)
   Block* allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded);
@@ -144,11 +155,10 @@ class CachingAllocator {
   bool map_block(Block* block, size_t size);
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
-  Block* insert_block_before(Block* block, uintptr_t address, size_t size);
 
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
-  size_t merge_into(Block* dst, Block* src, BlockPool& pool);
+  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();
@@ -169,8 +179,8 @@ class CachingAllocator {
   void insert_deferred_events();
   void note_reserved_increase(PoolKind kind, size_t bytes);
   void note_reserved_decrease(PoolKind kind, size_t bytes);
-  Block* new_block();
-  void recycle_block(Block* block);
+  void note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream);
+  Ledger ledger(PoolKind kind) { return Ledger(stats_, kind, options_.max_split_size); }
   Block* find_block_at(uintptr_t address) const;
   // Why `address` is not a live allocation, for an error about `operation`.
   std::string describe_bad_pointer(const char* operation, uintptr_t address) const;
@@ -214,9 +224,9 @@ class CachingAllocator {
   std::vector<std::pair<PoolId, std::function<bool(StreamId)>>> routes_;  // open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
-  std::map<uintptr_t, Segment*> segments_;            // by address
-  std::map<StreamId, std::deque<std::pair<EventId, Block*>>> pending_;  // per stream, in record order
-  std::vector<Block*> spare_blocks_;                  // recycled Block objects
+  SegmentList segments_;                              // every segment and its blocks
+  EventQueue events_{*backend_};                      // blocks waiting on other streams' events
+  std::vector<SegmentEvent>* segment_log_ = nullptr;  // see set_segment_log
   Stats stats_;
   Trace trace_;
   bool fraction_set_ = false;

@@ -54,7 +54,7 @@ Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId st
   if (span < size) return nullptr;
   uintptr_t address = backend_->reserve_address_range(span, page);
   if (address == 0) return nullptr;
-  Block* block = new_segment(pool, stream, address, span, true);
+  Block* block = segments_.create(pool, stream, address, span, true);
   block->mapped = false;
   pool.unmapped.insert(block);
   return block;
@@ -89,17 +89,19 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
   pool.unmapped.erase(block);
   block->mapped = true;
   if (bytes < block->size) {
-    Block* tail = insert_block_after(block, block->address + bytes, block->size - bytes);
+    Block* tail = segments_.insert_after(block, block->address + bytes, block->size - bytes);
     tail->mapped = false;
     pool.unmapped.insert(tail);
     block->size = bytes;
   }
-  merge_into(block, block->prev, pool);
-  merge_into(block, block->next, pool);
+  Ledger books = ledger(pool.kind);  // expandable segments' free blocks count nothing: no change to post
+  merge_into(block, block->prev, pool, books);
+  merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry
   stats_.num_device_alloc += 1;
+  stats_.num_device_map += 1;
   note_reserved_increase(pool.kind, bytes);
-  if (trace_.on()) trace_.record(TraceAction::k_segment_map, block->address, bytes, bytes, block->stream, 0);
+  note_segment_event(TraceAction::k_segment_map, block->address, bytes, block->stream);
   return true;
 }
 
@@ -113,18 +115,20 @@ void CachingAllocator::unmap_block(Block* block) {
   const uintptr_t end = seg->address + round_down(block->address + block->size - seg->address, page);
   if (end <= start) return;
   pool.erase(block);
-  if (start > block->address) pool.insert(insert_block_before(block, block->address, start - block->address));
-  if (end < block->address + block->size) pool.insert(insert_block_after(block, end, block->address + block->size - end));
+  if (start > block->address) pool.insert(segments_.insert_before(block, block->address, start - block->address));
+  if (end < block->address + block->size) pool.insert(segments_.insert_after(block, end, block->address + block->size - end));
   block->address = start;
   block->size = end - start;
   block->mapped = false;
   backend_->unmap_pages(start, end - start);
-  merge_into(block, block->prev, pool);
-  merge_into(block, block->next, pool);
+  Ledger books = ledger(pool.kind);  // as in map_block: nothing to post
+  merge_into(block, block->prev, pool, books);
+  merge_into(block, block->next, pool, books);
   pool.unmapped.insert(block);
   stats_.num_device_free += 1;
+  stats_.num_device_unmap += 1;
   note_reserved_decrease(pool.kind, end - start);
-  if (trace_.on()) trace_.record(TraceAction::k_segment_unmap, start, end - start, end - start, block->stream, 0);
+  note_segment_event(TraceAction::k_segment_unmap, start, end - start, block->stream);
   if (block->prev == nullptr && block->next == nullptr) release_expandable_segment(block);
 }
 
@@ -132,22 +136,7 @@ void CachingAllocator::release_expandable_segment(Block* block) {
   Segment* segment = block->segment;
   backend_->release_address_range(segment->address, segment->size);
   block->pool->unmapped.erase(block);
-  segments_.erase(segment->address);
-  recycle_block(block);
-  delete segment;
-}
-
-// ================================================================ block surgery
-
-// A new block [address, address + size) linked right before `block`.
-Block* CachingAllocator::insert_block_before(Block* block, uintptr_t address, size_t size) {
-  Block* b = sibling_block(block, address, size);
-  b->next = block;
-  b->prev = block->prev;
-  if (b->prev) b->prev->next = b;
-  else block->segment->first = b;
-  block->prev = b;
-  return b;
+  segments_.destroy(block);
 }
 
 }  // namespace amem

@@ -70,7 +70,7 @@ std::string CachingAllocator::segments_json() const {
   Guard guard(*this);
   std::string out = "[";
   auto emit = [&](const std::string& entry) { out += (out.size() > 1 ? "," : "") + entry; };
-  for (const auto& [address, seg] : segments_) {
+  for (const auto& [address, seg] : segments_.all()) {
     if (!seg->expandable) {
       emit(segment_entry(*seg, seg->first, nullptr));
       continue;
@@ -149,10 +149,8 @@ CachingAllocator::BlockInfo CachingAllocator::block_info(uintptr_t address) cons
 
 // The block whose bytes include `address`, or nullptr.
 Block* CachingAllocator::find_block_at(uintptr_t address) const {
-  auto it = segments_.upper_bound(address);
-  if (it == segments_.begin()) return nullptr;
-  const Segment* seg = std::prev(it)->second;
-  if (address >= seg->address + seg->size) return nullptr;
+  const Segment* seg = segments_.containing(address);
+  if (seg == nullptr) return nullptr;
   for (Block* b = seg->first; b != nullptr; b = b->next)
     if (address >= b->address && address < b->address + b->size) return b;
   return nullptr;

@@ -81,7 +81,7 @@ void CachingAllocator::release_freeable_private_pools() {
     release_pool_segments(p.large);
     release_pool_segments(p.small);
     bool has_segments = false;
-    for (const auto& [address, seg] : segments_) has_segments |= seg->first->pool->owner == it->first;
+    for (const auto& [address, seg] : segments_.all()) has_segments |= seg->first->pool->owner == it->first;
     it = has_segments ? std::next(it) : private_pools_.erase(it);
   }
 }

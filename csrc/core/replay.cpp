@@ -13,6 +13,8 @@ struct Replayer {
   ReplayResult result;
   std::unordered_map<uint64_t, uintptr_t> live;  // trace key -> our address
   size_t sample_every = 1;
+  bool record_segments = false;
+  size_t stamped = 0;  // segment events already given their op index
 
   void alloc(const ReplayOp& op) {
     result.allocs += 1;
@@ -53,6 +55,18 @@ struct Replayer {
     result.peak_reserved = f.reserved;
     result.samples.clear();
     result.prologue_end = static_cast<int64_t>(index);
+    if (record_segments) start_segment_log();
+  }
+
+  void start_segment_log() {
+    result.segment_events.clear();
+    stamped = 0;
+    allocator.set_segment_log(&result.segment_events);
+  }
+
+  // The segment events op `index` caused.
+  void stamp(uint64_t index) {
+    for (; stamped < result.segment_events.size(); ++stamped) result.segment_events[stamped].op = index;
   }
 
   void sample(uint64_t index, bool force) {
@@ -77,10 +91,14 @@ void check_kinds(const ReplayOp* ops, size_t count) {
                                   " (0 alloc, 1 free, 2 empty_cache, 3 end of prologue)");
 }
 
-ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples) {
+ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples,
+                    bool record_segments) {
   check_kinds(ops, count);
-  Replayer r{allocator, {}, {}, 1};
+  Replayer r{allocator, {}, {}, 1, record_segments, 0};
   r.live.reserve(1024);
+  bool has_prologue = false;
+  for (size_t i = 0; i < count && !has_prologue; ++i) has_prologue = ops[i].kind == kReplayPrologueEnd;
+  if (record_segments && !has_prologue) r.start_segment_log();
   r.sample_every = max_samples > 0 ? std::max<size_t>(1, count / max_samples) : count + 1;
   for (size_t i = 0; i < count; ++i) {
     switch (ops[i].kind) {
@@ -90,7 +108,9 @@ ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t cou
       default: r.end_prologue(i); break;
     }
     r.sample(i, i + 1 == count);
+    if (record_segments) r.stamp(i);
   }
+  if (record_segments) allocator.set_segment_log(nullptr);
   r.result.ops = count;
   return r.result;
 }

@@ -10,7 +10,9 @@
 // the timeline count from here). The loop maps keys to
 // the addresses *this* allocator returns, so any policy can replay any trace.
 // It runs in C++ because traces have millions of events; Python only parses
-// the trace and reads the result.
+// the trace and reads the result. With record_segments it also returns the
+// segment events each op caused (from the end of the prologue on), which is
+// all a fidelity check needs: there is no second, step-by-step engine.
 //
 // Out of memory does not stop a replay: the request is counted as failed, its
 // later free is skipped, and the run goes on — that is the answer to "would
@@ -51,10 +53,15 @@ struct ReplayResult {
   int64_t prologue_end = -1;     // index of the prologue-end op, or -1
   int64_t peak_allocated = 0, peak_reserved = 0;
   std::vector<ReplaySample> samples;  // the timeline, at most max_samples points plus the peaks
+  // With record_segments: every segment event after the prologue, with the
+  // index of the op that caused it (the native allocator's decisions are
+  // compared with these, amem_alloc/compare/fidelity.py).
+  std::vector<SegmentEvent> segment_events;
 };
 
 // Replays `ops` through `allocator`; `max_samples` bounds the timeline.
 // Throws std::invalid_argument, before running anything, if an op has an unknown kind.
-ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples);
+ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples,
+                    bool record_segments = false);
 
 }  // namespace amem

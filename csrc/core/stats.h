@@ -43,6 +43,8 @@ namespace amem {
   X(num_sync_all_streams, "synchronizations before releasing memory")             \
   X(num_device_alloc, "segments allocated from the backend")                      \
   X(num_device_free, "segments returned to the backend")                          \
+  X(num_device_map, "page runs mapped into expandable segments (also in num_device_alloc)") \
+  X(num_device_unmap, "page runs unmapped from expandable segments (also in num_device_free)") \
   X(num_invalid_frees, "frees of pointers not allocated here, or freed twice")    \
   X(num_empty_cache, "empty_cache calls")
 
@@ -61,6 +63,7 @@ struct Stat {
     if (current > peak) peak = current;
   }
   void decrease(int64_t n) { current -= n; }
+  void add(int64_t n) { n >= 0 ? increase(n) : decrease(-n); }  // a signed change (accounting.h)
   int64_t freed() const { return allocated - (current - base); }  // total removed since the reset
   void reset_peak() { peak = current; }
   void reset_accumulated() {
@@ -86,6 +89,7 @@ struct PoolStat {
     pools[static_cast<int>(pool)].decrease(n);
     all_current -= n;
   }
+  void add(PoolKind pool, int64_t n) { n >= 0 ? increase(pool, n) : decrease(pool, -n); }
   // Index 0 = all, 1 = small_pool, 2 = large_pool (torch's export order).
   Stat by_pool(int index) const {
     if (index > 0) return pools[index - 1];

@@ -52,7 +52,7 @@ void CachingAllocator::check_valid_locked() const {
   std::array<ValidationTally, 2> tally{};
   ValidationCounts counts;
   uintptr_t previous_end = 0;
-  for (const auto& [address, seg] : segments_) {
+  for (const auto& [address, seg] : segments_.all()) {
     require(address == seg->address, "segment map key differs from the segment address");
     require(address >= previous_end, "segments overlap");
     previous_end = address + seg->size;
