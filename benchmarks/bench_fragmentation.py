@@ -446,7 +446,8 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
             lines.append(f"\n{s.policy} misses: {shown}")
     traces = [c for c in cases if c.kind == "trace"]
     lines += ["", "(c) by kind, summed over the " + ("traces" if traces else "cases") + ": cudaMalloc / map / unmap / "
-              "cudaFree (n/r: not reported by the core yet)", "", "| policy | device calls |", "|---|---|"]
+              "cudaFree" + ("" if maps_reported(results) else " (n/r: not reported by the core yet)"), "",
+              "| policy | device calls |", "|---|---|"]
     lines += [f"| {n} | {_calls_cell(results, traces or cases, n)} |" for n in names]
     lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); ✓ within the per-case bar against "
               f"{REFERENCE}, ✗ not.", "",
