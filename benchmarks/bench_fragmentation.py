@@ -175,26 +175,30 @@ def program_from_profile(events: list[tuple[int, int, int, int]], switches: list
     return replay.Program(replay.pack(ops))
 
 
-def workload_cases(quick: bool, tmp: Path) -> list[Case]:
-    """Each workload recorded in a fresh process (the profiler and torch's caches start clean)."""
+def workload_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:
+    """Each workload recorded in a fresh process (the profiler and torch's caches start clean),
+    into `tmp`; with keep, a recording already there is used again (the workloads' code must not
+    have changed since: the recordings do not depend on the allocator)."""
     from amem_alloc import workloads
 
     todo = [QUICK_WORKLOAD] if quick else [(name, BENCH_SIZES.get(name, 1), None) for name in workloads.WORKLOADS]
     out = []
     for name, size, steps in todo:
-        path = tmp / f"{name}.npz"
+        path = tmp / f"{name}-size{size}-steps{steps or 'default'}.npz"
+        reused = keep and path.exists()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--record", name, "--size", str(size), "--out", str(path)]
         if steps is not None:
             cmd += ["--steps", str(steps)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-        if proc.returncode != 0:
+        proc = None if reused else subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if proc is not None and proc.returncode != 0:
             raise RuntimeError(f"recording workload {name} failed:\n{proc.stderr[-3000:]}")
         program = replay.Program.load(path)
         n_streams = len(set(program.ops["stream"].tolist()))
         out.append(Case(f"workload:{name}", "workload", program,
                         f"size {size}, {'default' if steps is None else steps} steps, CPU recording, "
-                        f"{n_streams} stream{'s' if n_streams != 1 else ''}"))
+                        f"{n_streams} stream{'s' if n_streams != 1 else ''}"
+                        + (f", recording reused from {path}" if reused else "")))
     return out
 
 
@@ -484,7 +488,8 @@ def write_section(section: str, path: Path = RESULTS) -> None:
     path.write_text(text)
 
 
-def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verbose: bool = True) -> str:
+def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verbose: bool = True,
+        recordings: Path | None = None) -> str:
     """Measures every case (a few small ones with quick) and returns the section's text."""
     started = time.perf_counter()
     names = names or policy_names()
@@ -494,9 +499,13 @@ def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verb
     cases = trace_cases(traces, QUICK_TRACES if quick else None) if traces.is_dir() else []
     if not cases:
         say(f"bench_fragmentation: no traces in {traces}; workloads only")
-    with tempfile.TemporaryDirectory() as tmp:
-        say("bench_fragmentation: recording the workloads on the CPU ...")
-        cases += workload_cases(quick, Path(tmp))
+    say("bench_fragmentation: recording the workloads on the CPU ...")
+    if recordings:
+        recordings.mkdir(parents=True, exist_ok=True)
+        cases += workload_cases(quick, recordings, keep=True)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            cases += workload_cases(quick, Path(tmp))
 
     def progress(case: Case, per: dict[str, Result]) -> None:
         say(f"  {case.name:36} " + "  ".join(f"{n} {r.a:.3f}/{_f(r.b)}" for n, r in per.items()))
@@ -513,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=Path, default=TRACES, help=f"trace folder (default {TRACES})")
     parser.add_argument("--output", type=Path, help="results file to update (default benchmarks/RESULTS.md; none with --quick)")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--recordings", type=Path, help="keep the workload recordings in this folder and use "
+                        "those already there (only while the workloads' code is unchanged)")
     parser.add_argument("--record", metavar="WORKLOAD", help=argparse.SUPPRESS)  # internal: one recording
     parser.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
@@ -526,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_fragmentation: {e}", file=sys.stderr)
         return 2
-    section = run(args.quick, names, args.traces)
+    section = run(args.quick, names, args.traces, recordings=args.recordings)
     print(section)
     output = args.output or (None if args.quick else RESULTS)
     if output and not args.no_write:
