@@ -24,12 +24,28 @@ POLICIES: dict[str, tuple[str, str]] = {
                   "best fit per stream, split and merge)"),
     "torch-expandable": ("expandable_segments:True", "PyTorch's allocator with expandable_segments:True: one "
                          "segment per stream and pool that grows in 2 MiB / 20 MiB pages"),
-    "amem": ("", "amem with its defaults, which are torch's policy: the same decisions, plus "
-                 "amem's accounting"),
+    "amem": ("expandable_segments:True,cross_stream_reuse:handover", "amem's policy: expandable segments, and a "
+             "block freed on one stream serves another at once (the consumer waits on the freeing stream's "
+             "event, no host sync); the combination that measured best on the shared traces (docs/policies.md)"),
+    "amem-defaults": ("", "amem with its option defaults, which are torch's policy: the same decisions, plus "
+                      "amem's accounting"),
     "amem-roundup4": ("roundup_power2_divisions:4", "amem rounding each request up to the next quarter of its "
                       "power-of-two interval, so varying shapes reuse the same block sizes"),
     "amem-expandable-roundup4": ("expandable_segments:True,roundup_power2_divisions:4", "both: one growing "
                                  "segment per stream and pool, and quarter-power-of-two size classes"),
+    # amem's mechanisms, each on its own (csrc/core/options.h documents each option)
+    "amem-xstream-wait": ("cross_stream_reuse:wait", "torch's policy, plus: a block freed on one stream serves "
+                          "another once the freeing stream's event completed"),
+    "amem-xstream-handover": ("cross_stream_reuse:handover", "torch's policy, plus: a block freed on one stream "
+                              "serves another at once, that stream made to wait on the freeing one"),
+    "amem-expandable-xstream": ("expandable_segments:True,cross_stream_reuse:handover", "expandable segments "
+                                "with cross-stream handover"),
+    "amem-pages2": ("expandable_segments:True,large_page_mb:2", "expandable segments whose large pool grows "
+                    "and shrinks by 2 MiB pages instead of 20 MiB"),
+    "amem-onepool": ("expandable_segments:True,large_page_mb:2,small_pool:False", "2 MiB pages, and small "
+                     "requests share the large pool's pages instead of a separate 2 MiB-page pool"),
+    "amem-reclaim": ("expandable_segments:True,page_reclaim_age:0", "expandable segments that unmap idle free "
+                     "pages before mapping new ones"),
 }
 DEFAULT_COMPARE = ("torch", "torch-expandable", "amem", "amem-roundup4", "amem-expandable-roundup4")
 

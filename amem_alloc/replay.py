@@ -52,8 +52,11 @@ OPS = np.dtype([("key", "<u8"), ("size", "<u8"), ("stream", "<u8"), ("kind", "<u
 ALLOC, FREE, RELEASE, PROLOGUE_END = 0, 1, 2, 3   # csrc/core/replay.h ReplayKind
 CORE_KINDS = (ALLOC, FREE, RELEASE)                # what a Program holds
 MiB = 1 << 20
-SMALL_REQUEST = MiB               # requests up to this go to the small pool (2 MiB segments)
-SMALL_SEGMENT = 2 * MiB
+# The core's size classes (csrc/core/size_policy.h), taken from it, never restated here:
+SMALL_SEGMENT = _C.segment_size(1)                      # a small-pool segment (2 MiB)
+MIN_BLOCK = _C.round_size(1, "")                        # every block is a multiple of this (512 B)
+SMALL_REQUEST = next(n for n in (SMALL_SEGMENT // 2 ** k for k in range(12))
+                     if _C.is_small(n))                 # the largest small-pool request (1 MiB)
 TEMP_KEY = 1 << 63                # prologue keys: far above any device address
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 RELEASE_ACTIONS = ("segment_free", "segment_unmap")
@@ -238,7 +241,7 @@ def _pieces(seg: tuple, blocks: list[tuple[int, int | None, int]]) -> list[list]
             return None
         if b_addr > cursor:
             out.append([cursor, b_addr - cursor, None])
-        extent = b_size or max(512, (requested + 511) // 512 * 512)
+        extent = b_size or _C.round_size(max(requested, 1), "")
         out.append([b_addr, min(extent, end - b_addr), b_addr])
         cursor = b_addr + out[-1][1]
     if cursor < end:
@@ -309,7 +312,7 @@ def _prologue(initial: list[tuple] | None, live: dict[int, tuple[int | None, int
         rebuilt += 1
     for addr in sorted(set(live) - placed):  # blocks we cannot place: allocated the plain way
         b_size, requested, stream = live[addr]
-        ops.append((ALLOC, addr, requested or b_size or 512, stream))
+        ops.append((ALLOC, addr, requested or b_size or MIN_BLOCK, stream))
     ops += [(FREE, key, 0, stream) for key, stream in gaps]
     return ops, rebuilt
 

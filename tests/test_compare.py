@@ -31,7 +31,7 @@ def test_compare_a_bundled_workload_simulated(tmp_path):
         assert 0 <= row["fragmentation_at_peak"] < 1 and row["device_mallocs"] >= 1 and row["timeline"]
         assert row["seconds_per_step"] > 0
     by = {r["policy"]: r for r in result.rows}
-    assert by["torch"]["peak_reserved"] == by["amem"]["peak_reserved"]   # the same policy, the same decisions
+    assert by["amem"]["peak_reserved"] <= by["torch-expandable"]["peak_reserved"]  # amem's policy wastes no more
     assert result.recording["steps"] == 3 and result.recording["ops"] > 100
     text = format_text(result)
     assert "SIMULATED: no GPU was used" in text and "torch-expandable" in text

@@ -16,7 +16,8 @@ from amem_alloc.snapshot import build_snapshot, parse_snapshot
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = next((d for d in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces") if d.is_dir()), None)
+TRACES = next((d for d in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces",
+                           ROOT.parent.parent / "shared" / "traces") if d.is_dir()), None)  # last: a worktree
 needs_traces = pytest.mark.skipif(TRACES is None, reason="../shared/traces is not present")
 
 # trace -> per device (start state, lowest segment-event match rate accepted); measured: all 100%

@@ -19,6 +19,8 @@ static_assert(cudaEventDisableTiming == c::kEventDisableTiming, "cudaEventDisabl
 static_assert(std::is_same_v<decltype(&cudaGetErrorString), const char* (*)(cudaError_t)>, "signature");
 static_assert(std::is_same_v<decltype(&cudaMalloc), cudaError_t (*)(void**, size_t)>, "signature");
 static_assert(std::is_same_v<decltype(&cudaEventRecord), cudaError_t (*)(cudaEvent_t, cudaStream_t)>, "signature");
+static_assert(std::is_same_v<decltype(&cudaStreamWaitEvent), cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned)>,
+              "signature");
 static_assert(std::is_same_v<decltype(&cudaEventCreateWithFlags), cudaError_t (*)(cudaEvent_t*, unsigned)>,
               "signature");
 

@@ -43,6 +43,7 @@ struct CudaRuntime {
   cudart::EventRecordFn event_record = nullptr;
   cudart::EventQueryFn event_query = nullptr;
   cudart::EventDestroyFn event_destroy = nullptr;
+  cudart::StreamWaitEventFn stream_wait_event = nullptr;
   cudart::DeviceSynchronizeFn device_synchronize = nullptr;
   cudart::GetLastErrorFn get_last_error = nullptr;
   cudart::GetErrorStringFn error_string = nullptr;
@@ -85,6 +86,7 @@ const CudaRuntime& CudaRuntime::get() {
     resolve(lib, rt.event_record, "cudaEventRecord");
     resolve(lib, rt.event_query, "cudaEventQuery");
     resolve(lib, rt.event_destroy, "cudaEventDestroy");
+    resolve(lib, rt.stream_wait_event, "cudaStreamWaitEvent");
     resolve(lib, rt.device_synchronize, "cudaDeviceSynchronize");
     resolve(lib, rt.get_last_error, "cudaGetLastError");
     resolve(lib, rt.error_string, "cudaGetErrorString");
@@ -196,6 +198,13 @@ class CudaBackend final : public Backend {
 
   void destroy_event(EventId event) override {
     check(rt_, rt_.event_destroy(reinterpret_cast<cudart::Event>(event)), "cudaEventDestroy");
+  }
+
+  // cross_stream_reuse:handover: later work on `stream` waits for `event` (no host sync).
+  void wait_event(StreamId stream, EventId event) override {
+    DeviceGuard guard(rt_, device_);
+    check(rt_, rt_.stream_wait_event(reinterpret_cast<cudart::Stream>(stream), reinterpret_cast<cudart::Event>(event), 0),
+          "cudaStreamWaitEvent");
   }
 
   void synchronize() override {

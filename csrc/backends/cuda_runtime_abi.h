@@ -33,6 +33,7 @@ using EventCreateWithFlagsFn = Error (*)(Event*, unsigned);
 using EventRecordFn = Error (*)(Event, Stream);
 using EventQueryFn = Error (*)(Event);
 using EventDestroyFn = Error (*)(Event);
+using StreamWaitEventFn = Error (*)(Stream, Event, unsigned);
 using DeviceSynchronizeFn = Error (*)();
 using GetLastErrorFn = Error (*)();
 using GetErrorStringFn = const char* (*)(Error);

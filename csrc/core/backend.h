@@ -48,6 +48,9 @@ class Backend {
   virtual void destroy_event(EventId event) = 0;
   // Waits for all work on the device (before memory goes back to it).
   virtual void synchronize() = 0;
+  // Makes later work on `stream` wait until `event` completed, without blocking
+  // the host (cudaStreamWaitEvent). Host and sim run no device work: nothing to order.
+  virtual void wait_event(StreamId stream, EventId event) {}
 
   // Expandable segments (torch's expandable_segments:True): reserve a range of
   // addresses once, then back pages of it with memory on demand. A backend that

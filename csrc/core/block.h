@@ -52,6 +52,7 @@
 
 #include "backend.h"
 #include "size_policy.h"
+#include "stream_fences.h"
 
 namespace amem {
 
@@ -98,6 +99,9 @@ struct Block {
   int pending_events = 0;      // stream events to complete before reuse
   std::vector<StreamId> stream_uses;  // other streams that used it (record_stream)
   uint64_t free_since = 0;     // pool's get_free_block call count when freed (GC age)
+  uint64_t idle_since = 0;     // allocator call count when last freed (page_reclaim_age)
+  StreamId used_on = 0;        // the stream of its last request (cross_stream_reuse)
+  std::vector<Fence> fences;   // frees to wait for before another stream reuses it (Note [cross-stream reuse])
   uint64_t alloc_seq = 0;      // allocation sequence number (provenance, traces)
   bool indexed = false;        // in its pool's free index, at `position`
   bool exact_lowest = false;   // an exact-size slot names it (Note [exact-size table])

@@ -34,13 +34,15 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               " bytes is larger than any device (limit " +
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
+  ++clock_;
   if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
-  BlockPool& pool = capturing() ? pool_for_request(pool_for(rounded), stream) : pool_of(pool_for(rounded));
+  const PoolKind kind = pool_kind_for(rounded);
+  BlockPool& pool = capturing() ? pool_for_request(kind, stream) : pool_of(kind);
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
-  block = split_and_mark_allocated(block, rounded, size);
+  block = split_and_mark_allocated(block, rounded, size, stream);
   if (options_.debug_checks) check_valid_locked();
   return block->address;
 }
@@ -51,7 +53,8 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
-  if (it == pool.free_blocks.end()) return nullptr;
+  if (it == pool.free_blocks.end())
+    return options_.cross_stream_reuse == CrossStream::kOff ? nullptr : find_foreign_block(pool, stream, rounded);
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -60,13 +63,69 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
       it = next;
   }
   Block* block = it->block;
+  if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
+  if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
+  return find_foreign_block(pool, stream, rounded);
+}
+
+bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
   // Do not hand out an oversize block for a request that is not oversize.
-  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return nullptr;
+  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return false;
   // An oversize request may take a block only slightly larger than itself.
-  if (rounded >= options_.max_split_size &&
-      block->size >= rounded + options_.max_non_split_rounding_size)
-    return nullptr;
-  return block;
+  return !(rounded >= options_.max_split_size && block->size >= rounded + options_.max_non_split_rounding_size);
+}
+
+// ================================================================ cross-stream reuse
+
+// The best fit among the free blocks of the pool's other streams' segments
+// (Note [cross-stream reuse]): one lower_bound per stream.
+Block* CachingAllocator::find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded) {
+  constexpr int kMaxSkips = 8;  // blocks not yet reusable looked past, per stream
+  Block* best = nullptr;
+  for (auto at = pool.free_blocks.begin(); at != pool.free_blocks.end();) {
+    const StreamId s = at->stream;
+    if (s != stream) {
+      auto it = pool.lower_bound(s, rounded);
+      for (int skips = 0; it != pool.free_blocks.end() && it->stream == s && skips < kMaxSkips; ++it, ++skips) {
+        if (!reusable_by(it->block, stream)) continue;
+        if (within_oversize_rules(it->block, rounded) && (best == nullptr || it->size < best->size)) best = it->block;
+        break;
+      }
+    }
+    if (s == UINT64_MAX) break;
+    at = pool.lower_bound(s + 1, 0);  // the next stream's first entry
+  }
+  return best;
+}
+
+bool CachingAllocator::reusable_by(const Block* block, StreamId stream) {
+  if (options_.cross_stream_reuse != CrossStream::kWait) return true;  // handover orders it when taken
+  for (const Fence& f : block->fences)
+    if (f.stream != stream && !fences_.passed(f)) return false;
+  return true;
+}
+
+// One fence per stream is enough: a later free on a stream passes after an earlier one.
+void CachingAllocator::add_fence(Block* block, Fence fence) {
+  for (Fence& f : block->fences) {
+    if (f.stream != fence.stream) continue;
+    f.seq = std::max(f.seq, fence.seq);
+    return;
+  }
+  block->fences.push_back(fence);
+}
+
+// `block` goes to a request on `stream`: order it after the frees on other streams.
+void CachingAllocator::settle_fences(Block* block, StreamId stream) {
+  if (options_.cross_stream_reuse == CrossStream::kHandover) {
+    std::vector<StreamId> waited;
+    for (const Fence& f : block->fences) {
+      if (f.stream == stream || std::find(waited.begin(), waited.end(), f.stream) != waited.end()) continue;
+      fences_.hand_over(f.stream, stream);
+      waited.push_back(f.stream);
+    }
+  }
+  block->fences.clear();
 }
 
 // No cached block fits: get a new segment, freeing cached memory to make room
@@ -125,7 +184,8 @@ void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
 // its pool's index (torch: alloc_found_block).
-Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested) {
+Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested,
+                                                  StreamId stream) {
   BlockPool& pool = *block->pool;
   const bool expandable = block->segment->expandable;
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
@@ -135,12 +195,16 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
+    rest->fences = block->fences;  // its bytes were used where the block's were
+    rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
     books.add(rest);
   } else {
     pool.erase(block);
   }
+  if (options_.cross_stream_reuse != CrossStream::kOff) settle_fences(block, stream);
+  block->used_on = stream;
   block->allocated = true;
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
@@ -196,6 +260,8 @@ void CachingAllocator::free_block(Block* block) {
   books.remove(block);
   for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_into(block, neighbour, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
+  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on));
+  block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
   books.add(block);
   books.post();
@@ -209,6 +275,8 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Led
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
   books.remove(src);
   SegmentList::absorb(dst, src);
+  for (const Fence& f : src->fences) add_fence(dst, f);
+  dst->idle_since = std::max(dst->idle_since, src->idle_since);
   if (!src->mapped) {
     pool.unmapped.erase(src);
   } else if (dst->indexed) {
@@ -245,6 +313,7 @@ void CachingAllocator::synchronize_and_free_events() {
   backend_->synchronize();
   stats_.num_sync_all_streams += 1;
   events_.complete_all([this](Block* b) { free_block(b); });
+  fences_.synchronized();
 }
 
 // ================================================================ releasing memory

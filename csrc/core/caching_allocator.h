@@ -143,9 +143,18 @@ class CachingAllocator {
  private:
   // ------------------------------------------------------------ malloc path
   Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
+  Block* find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded);
+  bool within_oversize_rules(const Block* block, size_t rounded) const;
+  // Whether `block` may serve a request on `stream` now (Note [cross-stream reuse]).
+  bool reusable_by(const Block* block, StreamId stream);
+  void settle_fences(Block* block, StreamId stream);
+  static void add_fence(Block* block, Fence fence);
+  PoolKind pool_kind_for(size_t rounded) const {
+    return options_.small_pool ? pool_for(rounded) : PoolKind::kLarge;
+  }
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
-  Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested);
+  Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested, StreamId stream);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
 
   // ------------------------------------------------------------ expandable segments (expandable.cpp)
@@ -155,6 +164,9 @@ class CachingAllocator {
   bool map_block(Block* block, size_t size);
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
+  size_t page_size(PoolKind kind) const { return kind == PoolKind::kSmall ? kSmallBuffer : options_.large_page_size; }
+  void reclaim_idle_pages(size_t wanted);
+  std::vector<Block*> idle_pages(size_t min_bytes) const;
 
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
@@ -226,6 +238,9 @@ class CachingAllocator {
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
   EventQueue events_{*backend_};                      // blocks waiting on other streams' events
+  StreamFences fences_{*backend_, options_.cross_stream_reuse == CrossStream::kWait};
+  uint64_t clock_ = 0;                                // malloc calls (page_reclaim_age)
+  int64_t reclaim_unmaps_ = 0;                        // unmaps made by page reclaim (its budget)
   std::vector<SegmentEvent>* segment_log_ = nullptr;  // see set_segment_log
   Stats stats_;
   Trace trace_;

@@ -12,18 +12,33 @@
 // (find_expandable_block), and empty_cache unmaps the whole free pages
 // (unmap_block) and returns a range once nothing in it is mapped.
 //
+// amem's options change two things: large_page_mb sets the large pool's page
+// (2 MiB, the driver's usual granularity, maps what a request needs instead of
+// up to 20 MiB more), and page_reclaim_age gives pages back while the segment
+// is in use: before mapping new pages, whole free pages idle for that many
+// allocator calls are unmapped first, oldest first, at most as many bytes as
+// the request maps (reclaim_idle_pages). So physical memory moves to where it
+// is needed, across streams and pools, instead of staying mapped in a hole.
+// Bounds on device calls: it runs only when the mapping would raise reserved
+// memory above its peak, takes only holes of at least half the request, and
+// adds at most one unmap per kMapsPerReclaim maps. Unmapping memory the device
+// may still use is not allowed, so a reclaim synchronizes once.
+//
 // Accounting follows torch (docs/torch_policy.md §6): reserved bytes grow and
 // shrink by the pages mapped; each map is one device allocation and each unmap
 // one device free; segment and inactive_split counts ignore these segments;
 // they are never split by max_split_size rules (any remainder ≥ 512 B splits).
 #include "caching_allocator.h"
 
+#include <algorithm>
+
 namespace amem {
 namespace {
 
+constexpr size_t kReclaimHoleShare = 2;  // reclaim holes of at least 1/this of the request
+constexpr int64_t kMapsPerReclaim = 4;  // maps per unmap that page reclaim may add (its bound on device calls)
 constexpr size_t kMaxExpandableSpan = size_t{1} << 44;  // bytes (16 TiB) of addresses per segment
 
-size_t page_size(PoolKind kind) { return kind == PoolKind::kSmall ? kSmallBuffer : kLargeBuffer; }
 size_t round_up(size_t v, size_t step) { return (v + step - 1) / step * step; }
 size_t round_down(size_t v, size_t step) { return v / step * step; }
 
@@ -39,9 +54,10 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream,
   key.stream = stream;
   for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
     Block* start = *it;
-    if (start->prev != nullptr && start->prev->is_available()) start = start->prev;
+    auto usable = [&](const Block* b) { return b->is_available() && (!b->mapped || reusable_by(b, stream)); };
+    if (start->prev != nullptr && usable(start->prev)) start = start->prev;
     size_t room = 0;
-    for (Block* b = start; b != nullptr && b->is_available() && room < size; b = b->next) room += b->size;
+    for (Block* b = start; b != nullptr && usable(b) && room < size; b = b->next) room += b->size;
     if (room >= size) return start;
   }
   return reserve_expandable_segment(pool, stream, size);
@@ -66,6 +82,9 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
   const int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
     return nullptr;
+  if (options_.page_reclaim_age >= 0 && !capturing() &&
+      reserved + static_cast<int64_t>(rounded) > stats_.reserved_bytes.peak())  // only to keep the peak down
+    reclaim_idle_pages(rounded);
   Block* c = find_expandable_block(pool, stream, rounded);
   if (c == nullptr) return nullptr;
   if (!c->mapped && !map_block(c, std::min(c->size, rounded))) return nullptr;
@@ -124,12 +143,52 @@ void CachingAllocator::unmap_block(Block* block) {
   Ledger books = ledger(pool.kind);  // as in map_block: nothing to post
   merge_into(block, block->prev, pool, books);
   merge_into(block, block->next, pool, books);
+  block->fences.clear();  // the device was synchronized before any unmap
   pool.unmapped.insert(block);
   stats_.num_device_free += 1;
   stats_.num_device_unmap += 1;
   note_reserved_decrease(pool.kind, end - start);
   note_segment_event(TraceAction::k_segment_unmap, start, end - start, block->stream);
   if (block->prev == nullptr && block->next == nullptr) release_expandable_segment(block);
+}
+
+// ================================================================ reclaiming idle pages
+
+// Free blocks of the shared pools' expandable segments holding at least one
+// whole page, idle for page_reclaim_age allocator calls, oldest first.
+std::vector<Block*> CachingAllocator::idle_pages(size_t min_bytes) const {
+  std::vector<Block*> idle;
+  const auto age = static_cast<uint64_t>(options_.page_reclaim_age);
+  for (const BlockPool* pool : {&small_, &large_}) {
+    const size_t page = page_size(pool->kind);
+    for (const FreeEntry& e : pool->free_blocks) {
+      const Block* b = e.block;
+      const uintptr_t offset = b->address - b->segment->address;
+      const bool whole_page = round_up(offset, page) + page <= offset + b->size;
+      if (b->segment->expandable && whole_page && b->size >= min_bytes && clock_ - b->idle_since >= age)
+        idle.push_back(e.block);
+    }
+  }
+  std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->idle_since < b->idle_since; });
+  return idle;
+}
+
+// Unmaps idle whole pages, oldest first, until `wanted` bytes are unmapped,
+// within the budget: reclaiming unmaps at most one run per kMapsPerReclaim
+// maps, so the device calls it adds stay a bounded share of the mapping.
+void CachingAllocator::reclaim_idle_pages(size_t wanted) {
+  auto budget = [&] { return stats_.num_device_map > kMapsPerReclaim * reclaim_unmaps_; };
+  const size_t min_bytes = wanted / kReclaimHoleShare;  // small holes cost calls and gain little
+  if (!budget() || idle_pages(min_bytes).empty()) return;
+  synchronize_and_free_events();  // may free and merge blocks: collect afterwards
+  size_t reclaimed = 0;
+  for (Block* b : idle_pages(min_bytes)) {
+    if (reclaimed >= wanted || !budget()) break;
+    ++reclaim_unmaps_;
+    const int64_t before = stats_.reserved_bytes.current();
+    unmap_block(b);
+    reclaimed += static_cast<size_t>(before - stats_.reserved_bytes.current());
+  }
 }
 
 void CachingAllocator::release_expandable_segment(Block* block) {

@@ -164,6 +164,40 @@ void parse_debug_checks(Options& o, Tokens& t, const std::string& key) {
   o.debug_checks = parse_bool(t, key);
 }
 
+void parse_cross_stream_reuse(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  if (text == "off") o.cross_stream_reuse = CrossStream::kOff;
+  else if (text == "wait") o.cross_stream_reuse = CrossStream::kWait;
+  else if (text == "handover") o.cross_stream_reuse = CrossStream::kHandover;
+  else bad_value(key, text, "off, wait or handover");
+}
+
+void parse_large_page_mb(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t mib = parse_unsigned(key, text);
+  if (mib < 2 || mib > kLargeBuffer / kMiB || mib % 2 != 0) bad_value(key, text, doc_of(key));
+  o.large_page_size = mib * kMiB;
+}
+
+void parse_small_pool(Options& o, Tokens& t, const std::string& key) { o.small_pool = parse_bool(t, key); }
+
+void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  if (text == "off") {
+    o.page_reclaim_age = -1;
+    return;
+  }
+  size_t calls = parse_unsigned(key, text);
+  if (calls > (size_t{1} << 62)) bad_value(key, text, doc_of(key));
+  o.page_reclaim_age = static_cast<int64_t>(calls);
+}
+
+const char* cross_stream_name(CrossStream c) {
+  return c == CrossStream::kWait ? "wait" : c == CrossStream::kHandover ? "handover" : "off";
+}
+
+std::string format_age(int64_t age) { return age < 0 ? "off" : std::to_string(age); }
+
 using ParseFn = void (*)(Options&, Tokens&, const std::string&);
 
 ParseFn parser_for(const std::string& key) {
@@ -237,7 +271,11 @@ std::string Options::to_string() const {
          ",roundup_power2_divisions:" + format_divisions(*this) +
          ",garbage_collection_threshold:" + format_double(garbage_collection_threshold) +
          ",expandable_segments:" + (expandable_segments ? "True" : "False") +
-         ",debug_checks:" + (debug_checks ? "True" : "False");
+         ",debug_checks:" + (debug_checks ? "True" : "False") +
+         ",cross_stream_reuse:" + cross_stream_name(cross_stream_reuse) +
+         ",large_page_mb:" + std::to_string(large_page_size / kMiB) +
+         ",small_pool:" + (small_pool ? "True" : "False") +
+         ",page_reclaim_age:" + format_age(page_reclaim_age);
 }
 
 std::string Options::to_json() const {
@@ -251,7 +289,11 @@ std::string Options::to_json() const {
          ",\"roundup_power2_divisions\":" + divisions +
          ",\"garbage_collection_threshold\":" + format_double(garbage_collection_threshold) +
          ",\"expandable_segments\":" + (expandable_segments ? "true" : "false") +
-         ",\"debug_checks\":" + (debug_checks ? "true" : "false") + "}";
+         ",\"debug_checks\":" + (debug_checks ? "true" : "false") +
+         ",\"cross_stream_reuse\":\"" + cross_stream_name(cross_stream_reuse) + "\"" +
+         ",\"large_page_size\":" + std::to_string(large_page_size) +
+         ",\"small_pool\":" + (small_pool ? "true" : "false") +
+         ",\"page_reclaim_age\":" + std::to_string(page_reclaim_age) + "}";
 }
 
 }  // namespace amem

@@ -46,7 +46,24 @@ namespace amem {
     "the driver's virtual memory API") \
   X(debug_checks, "False",                                                               \
     "True/False: run the is_valid() walker over every segment after every operation "    \
-    "(slow; for tests and bug hunts) (amem)")
+    "(slow; for tests and bug hunts) (amem)")                                            \
+  X(cross_stream_reuse, "off",                                                           \
+    "off/wait/handover: a free block last used on another stream may serve a request: "  \
+    "wait = once an event recorded when it was freed has completed (one event per free), " \
+    "handover = at once, the requesting stream made to wait on that stream's work "      \
+    "(cudaStreamWaitEvent, no host sync; one event per handover) (amem)")               \
+  X(large_page_mb, "20",                                                                 \
+    "integer MiB, even, 2 to 20: the page by which expandable segments of the large pool " \
+    "grow and shrink; torch maps 20 MiB (amem)")                                         \
+  X(small_pool, "True",                                                                  \
+    "True/False: False serves requests of 1 MiB and less from the large pool too, so "   \
+    "expandable segments give them the large pool's page granularity instead of a "     \
+    "separate 2 MiB-page pool per stream (amem)")                                        \
+  X(page_reclaim_age, "off",                                                             \
+    "integer allocator calls, or off: before an expandable segment maps pages that "     \
+    "would raise reserved memory above its peak, unmap whole free pages idle for at "    \
+    "least this many calls, at most as many bytes as it maps and one unmap per four "    \
+    "maps (one device sync per reclaim) (amem)")
 
 struct OptionRow {
   const char* name;
@@ -60,6 +77,9 @@ class ConfigError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// cross_stream_reuse (Note [cross-stream reuse] in caching_allocator.h).
+enum class CrossStream { kOff, kWait, kHandover };
+
 struct Options {
   size_t max_split_size = SIZE_MAX;                    // bytes; SIZE_MAX = unlimited
   size_t max_non_split_rounding_size = kLargeBuffer;   // bytes
@@ -67,6 +87,10 @@ struct Options {
   double garbage_collection_threshold = 0.0;           // fraction of the memory cap; 0 = off
   bool expandable_segments = false;                    // grow one segment per stream and pool
   bool debug_checks = false;                           // walk the heap after every op
+  CrossStream cross_stream_reuse = CrossStream::kOff;  // reuse of blocks freed on other streams
+  size_t large_page_size = kLargeBuffer;               // bytes; expandable large-pool page
+  bool small_pool = true;                              // false: one pool for every size
+  int64_t page_reclaim_age = -1;                       // allocator calls; -1 = off
 
   // Parses `key:value,...`; an empty string gives the defaults.
   static Options parse(const std::string& conf);

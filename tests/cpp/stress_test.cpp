@@ -371,7 +371,10 @@ INSTANTIATE_TEST_SUITE_P(
     Confs, ConcurrencyStress,
     ::testing::Values(StressCase{"defaults", "", 0.0, 1},
                       StressCase{"every_option", "max_split_size_mb:40,roundup_power2_divisions:4,garbage_collection_threshold:0.7", 0.9, 4},
-                      StressCase{"expandable", "expandable_segments:True", 0.0, 4}),
+                      StressCase{"expandable", "expandable_segments:True", 0.0, 4},
+                      StressCase{"cross_stream_wait", "cross_stream_reuse:wait", 0.0, 4},
+                      StressCase{"amem_mechanisms", "expandable_segments:True,large_page_mb:2,small_pool:False,"
+                                 "page_reclaim_age:0,cross_stream_reuse:handover", 0.0, 4}),
     [](const ::testing::TestParamInfo<StressCase>& info) { return std::string(info.param.name); });
 
 // ================================================================ out of memory, repeatedly
@@ -444,7 +447,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(OomCase{"defaults", "", 0.0},
                       OomCase{"max_split_size", "max_split_size_mb:20", 0.0},
                       OomCase{"garbage_collection", "garbage_collection_threshold:0.5", 0.75},
-                      OomCase{"expandable", "expandable_segments:True", 0.0}),
+                      OomCase{"expandable", "expandable_segments:True", 0.0},
+                      OomCase{"amem_mechanisms", "expandable_segments:True,large_page_mb:2,small_pool:False,"
+                              "page_reclaim_age:0,cross_stream_reuse:handover", 0.0}),
     [](const ::testing::TestParamInfo<OomCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

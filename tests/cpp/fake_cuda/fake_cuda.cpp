@@ -31,6 +31,7 @@ struct State {
   std::map<uintptr_t, size_t> ranges;                 // reserved: first address -> bytes
   std::map<uintptr_t, Mapping> mappings;              // mapped: first address -> mapping
   size_t allocations = 0, events = 0, violations = 0;
+  std::set<std::pair<uint64_t, uint64_t>> waits;      // (consumer, producer) stream pairs
   int sticky = 0;
 };
 
@@ -79,6 +80,7 @@ void fake_cuda_reset(size_t capacity) {
   s.ranges.clear();
   s.mappings.clear();
   s.allocations = s.events = s.violations = 0;
+  s.waits.clear();
   s.sticky = 0;
 }
 
@@ -92,6 +94,7 @@ FakeCudaCounts fake_cuda_counts() {
   for (auto& [address, m] : s.mappings) c.mappings_without_access += m.access ? 0 : 1;
   c.ranges = s.ranges.size();
   c.events = s.events;
+  c.stream_waits = s.waits.size();
   for (int d = 0; d < kDevices; ++d) c.used_bytes[d] = s.used[d];
   c.violations = s.violations;
   c.sticky_error = s.sticky;
@@ -142,6 +145,11 @@ size_t* fake_cuda_live_counter(const char* what) {
   return std::strcmp(what, "events") == 0 ? &state().events : &state().allocations;
 }
 int* fake_cuda_sticky_error() { return &state().sticky; }
+void fake_cuda_note_wait(uint64_t consumer, uint64_t producer) { state().waits.insert({consumer, producer}); }
+bool fake_cuda_waited(uint64_t consumer, uint64_t producer) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return state().waits.count({consumer, producer}) != 0;
+}
 
 // ---------------------------------------------------------------- the driver API
 

@@ -30,6 +30,7 @@ struct FakeCudaCounts {
   size_t mappings_without_access = 0;  // mapped but never given to cuMemSetAccess
   size_t ranges = 0;            // live cuMemAddressReserve ranges
   size_t events = 0;            // live events
+  size_t stream_waits = 0;      // cudaStreamWaitEvent calls
   size_t used_bytes[2] = {};    // per device: cudaMalloc + cuMemCreate
   size_t violations = 0;        // calls that broke the API's rules (see above)
   int sticky_error = 0;         // the runtime's pending error
@@ -42,6 +43,8 @@ FakeCudaCounts fake_cuda_counts();
 void fake_cuda_fail_next(const char* function, int code);
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy);
 void fake_cuda_set_vmm_supported(bool supported);
+// Whether `consumer` was made to wait (cudaStreamWaitEvent) on an event recorded on `producer`.
+bool fake_cuda_waited(uint64_t consumer, uint64_t producer);
 
 // Shared with fake_cudart.cpp (internal).
 bool fake_cuda_take_failure(const char* function, int* code);
@@ -54,4 +57,5 @@ void fake_cuda_note_violation();
 bool fake_cuda_stream_busy(uint64_t stream);
 size_t* fake_cuda_live_counter(const char* what);  // "allocations" or "events"
 int* fake_cuda_sticky_error();
+void fake_cuda_note_wait(uint64_t consumer, uint64_t producer);
 }

@@ -137,6 +137,18 @@ int cudaEventDestroy(void* event) {
   return 0;
 }
 
+int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
+  FAKE_FAILURE("cudaStreamWaitEvent");
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = events().find(reinterpret_cast<uintptr_t>(event));
+  if (it == events().end() || !it->second.recorded || flags != 0) {
+    fake_cuda_note_violation();
+    return fail(kInvalidValue);
+  }
+  fake_cuda_note_wait(reinterpret_cast<uint64_t>(stream), it->second.stream);
+  return 0;
+}
+
 int cudaDeviceSynchronize() {  // all work finishes
   FAKE_FAILURE("cudaDeviceSynchronize");
   fake_cuda_finish_all_work();

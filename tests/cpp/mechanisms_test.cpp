@@ -1,0 +1,198 @@
+// mechanisms_test.cpp — amem's own mechanisms, each on its own: cross-stream
+// reuse (wait and handover, on the sim backend and on the cuda backend over the
+// fake CUDA), the large pool's page size, one pool for every size, and
+// reclaiming idle pages before an expandable segment grows.
+#include <gtest/gtest.h>
+
+#include "fake_cuda/fake_cuda.h"
+#include "test_support.h"
+
+namespace amem {
+namespace {
+
+using test::alloc;
+using test::make_sim;
+using test::release;
+using test::stat;
+using test::streams_of;
+
+constexpr StreamId kS1 = 0x100, kS2 = 0x200;
+constexpr size_t kBig = 12 * kMiB;  // a large request: its own 12 MiB segment, no remainder
+
+// ================================================================ cross-stream reuse
+
+TEST(CrossStreamReuse, OffKeepsABlockOnItsOwnStream) {
+  auto a = make_sim();
+  uintptr_t p = alloc(*a, kBig, kS1);
+  release(*a, p);
+  EXPECT_NE(alloc(*a, kBig, kS2), p);
+  EXPECT_EQ(stat(*a, "num_device_alloc"), 2);
+}
+
+TEST(CrossStreamReuse, HandoverServesAnotherStreamAtOnce) {
+  auto a = make_sim(0, "cross_stream_reuse:handover");
+  streams_of(*a).set_stream_busy(kS1, true);  // its work has not finished: handover does not care
+  uintptr_t p = alloc(*a, kBig, kS1);
+  release(*a, p);
+  EXPECT_EQ(alloc(*a, kBig, kS2), p);
+  EXPECT_EQ(stat(*a, "num_device_alloc"), 1);
+}
+
+TEST(CrossStreamReuse, WaitServesAnotherStreamOnceTheFreeingStreamFinished) {
+  auto a = make_sim(0, "cross_stream_reuse:wait");
+  streams_of(*a).set_stream_busy(kS1, true);
+  uintptr_t p = alloc(*a, kBig, kS1);
+  release(*a, p);
+  uintptr_t q = alloc(*a, kBig, kS2);
+  EXPECT_NE(q, p) << "the free on s1 has not completed: not reusable on s2";
+  streams_of(*a).set_stream_busy(kS1, false);
+  EXPECT_EQ(alloc(*a, kBig, kS2), p);
+  EXPECT_EQ(stat(*a, "num_device_alloc"), 2);
+}
+
+TEST(CrossStreamReuse, ABlockBackOnItsSegmentsStreamStillWaitsForItsLastUser) {
+  auto a = make_sim(0, "cross_stream_reuse:wait");
+  uintptr_t p = alloc(*a, kBig, kS1);
+  release(*a, p);
+  ASSERT_EQ(alloc(*a, kBig, kS2), p);  // s1's segment, used on s2
+  streams_of(*a).set_stream_busy(kS2, true);
+  release(*a, p);
+  EXPECT_NE(alloc(*a, kBig, kS1), p) << "s2's work on it may still run";
+}
+
+TEST(CrossStreamReuse, MergedAndSplitBlocksKeepEveryStreamsFence) {
+  auto a = make_sim(0, "cross_stream_reuse:wait,debug_checks:True");
+  uintptr_t x = alloc(*a, 4 * kMiB, kS1), y = alloc(*a, 4 * kMiB, kS1);  // one 20 MiB segment
+  release(*a, x);
+  ASSERT_EQ(alloc(*a, 4 * kMiB, kS2), x);
+  streams_of(*a).set_stream_busy(kS2, true);
+  release(*a, x);  // merges with the free rest of the segment: the merged block carries s2's fence
+  release(*a, y);
+  uintptr_t z = alloc(*a, 2 * kMiB, kS1);
+  EXPECT_NE(z, x) << "the piece s2 used is not reusable by s1 yet";
+  streams_of(*a).set_stream_busy(kS2, false);
+}
+
+// ================================================================ pages
+
+TEST(LargePages, TwoMiBPagesMapWhatARequestNeeds) {
+  auto torch = make_sim(0, "expandable_segments:True");
+  auto fine = make_sim(0, "expandable_segments:True,large_page_mb:2");
+  alloc(*torch, 3 * kMiB);
+  alloc(*fine, 3 * kMiB);
+  EXPECT_EQ(stat(*torch, "reserved_bytes.all.current"), static_cast<int64_t>(20 * kMiB));
+  EXPECT_EQ(stat(*fine, "reserved_bytes.all.current"), static_cast<int64_t>(4 * kMiB));
+}
+
+TEST(LargePages, BadSizesAreRefused) {
+  for (const char* conf : {"large_page_mb:3", "large_page_mb:0", "large_page_mb:22", "large_page_mb:x"})
+    EXPECT_THROW(Options::parse(conf), ConfigError) << conf;
+}
+
+TEST(SmallPool, OffServesSmallRequestsFromTheLargePool) {
+  auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,small_pool:False");
+  alloc(*a, 4096);
+  EXPECT_EQ(stat(*a, "allocation.large_pool.current"), 1);
+  EXPECT_EQ(stat(*a, "allocation.small_pool.current"), 0);
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(2 * kMiB));
+}
+
+TEST(PageReclaim, IdlePagesGoBackBeforeTheSegmentGrows) {
+  const std::string base = "expandable_segments:True,large_page_mb:2,debug_checks:True";
+  for (const char* reclaim : {"", ",page_reclaim_age:0"}) {
+    auto a = make_sim(0, base + reclaim);
+    uintptr_t x = alloc(*a, 10 * kMiB);
+    alloc(*a, 10 * kMiB);
+    release(*a, x);  // a 10 MiB hole no 12 MiB request fits in
+    alloc(*a, 12 * kMiB);
+    const bool on = *reclaim != '\0';
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.peak"), static_cast<int64_t>((on ? 22 : 32) * kMiB)) << reclaim;
+    EXPECT_EQ(stat(*a, "num_device_unmap"), on ? 1 : 0) << reclaim;
+  }
+}
+
+TEST(PageReclaim, PagesUsedRecentlyStay) {
+  auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:5");
+  uintptr_t x = alloc(*a, 10 * kMiB);
+  alloc(*a, 10 * kMiB);
+  release(*a, x);
+  alloc(*a, 12 * kMiB);  // the hole was freed 0 calls ago: younger than 5
+  EXPECT_EQ(stat(*a, "num_device_unmap"), 0);
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(32 * kMiB));
+}
+
+TEST(PageReclaim, UnmapsStayBoundedByWhatIsMapped) {
+  auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,debug_checks:True");
+  std::vector<uintptr_t> live;
+  for (int i = 0; i < 200; ++i) {
+    live.push_back(alloc(*a, (1 + (i * 7) % 13) * kMiB, i % 3));
+    if (live.size() > 5) {
+      release(*a, live[(i * 5) % live.size()]);
+      live.erase(live.begin() + (i * 5) % live.size());
+    }
+  }
+  EXPECT_LE(stat(*a, "num_device_unmap"), stat(*a, "num_device_map"));
+}
+
+// ================================================================ the cuda backend
+
+class CudaMechanisms : public ::testing::Test {
+ protected:
+  void SetUp() override { fake_cuda_reset(400 * kMiB); }
+  void TearDown() override {
+    EXPECT_EQ(fake_cuda_counts().violations, 0u) << "a CUDA API rule was broken";
+    fake_cuda_set_stream_busy(kS1, false);
+  }
+  static std::unique_ptr<CachingAllocator> make(const std::string& conf) {
+    return std::make_unique<CachingAllocator>(make_cuda_backend(0), Options::parse(conf));
+  }
+};
+
+TEST_F(CudaMechanisms, HandoverMakesTheConsumerWaitOnTheFreeingStream) {
+  {
+    auto a = make("cross_stream_reuse:handover");
+    fake_cuda_set_stream_busy(kS1, true);
+    uintptr_t p = a->malloc(kBig, kS1);
+    a->free(p);
+    EXPECT_EQ(a->malloc(kBig, kS2), p);
+    EXPECT_TRUE(fake_cuda_waited(kS2, kS1));
+    EXPECT_EQ(fake_cuda_counts().events, 0u) << "the handover's event is destroyed at once";
+    a->check_valid();
+  }
+  EXPECT_EQ(fake_cuda_counts().allocations, 0u);
+}
+
+TEST_F(CudaMechanisms, WaitRecordsAnEventPerFreeAndReusesOnceItCompleted) {
+  {
+    auto a = make("cross_stream_reuse:wait");
+    fake_cuda_set_stream_busy(kS1, true);
+    uintptr_t p = a->malloc(kBig, kS1);
+    a->free(p);
+    EXPECT_EQ(fake_cuda_counts().events, 1u);
+    uintptr_t q = a->malloc(kBig, kS2);
+    EXPECT_NE(q, p);
+    fake_cuda_set_stream_busy(kS1, false);
+    EXPECT_EQ(a->malloc(kBig, kS2), p);
+    EXPECT_EQ(fake_cuda_counts().events, 0u) << "completed fences destroy their events";
+    EXPECT_EQ(fake_cuda_counts().stream_waits, 0u) << "wait mode never makes a stream wait";
+  }
+  EXPECT_EQ(fake_cuda_counts().allocations, 0u);
+}
+
+TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
+  {
+    auto a = make("expandable_segments:True,large_page_mb:2,page_reclaim_age:0");
+    uintptr_t x = a->malloc(10 * kMiB, 0);
+    a->malloc(10 * kMiB, 0);
+    a->free(x);
+    a->malloc(12 * kMiB, 0);
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 22 * kMiB);
+    EXPECT_EQ(stat(*a, "num_device_unmap"), 1);
+    a->check_valid();
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges, 0u);
+}
+
+}  // namespace
+}  // namespace amem
