@@ -489,7 +489,7 @@ def write_section(section: str, path: Path = RESULTS) -> None:
 
 
 def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verbose: bool = True,
-        recordings: Path | None = None) -> str:
+        recordings: Path | None = None, command: str | None = None) -> str:
     """Measures every case (a few small ones with quick) and returns the section's text."""
     started = time.perf_counter()
     names = names or policy_names()
@@ -511,7 +511,7 @@ def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verb
         say(f"  {case.name:36} " + "  ".join(f"{n} {r.a:.3f}/{_f(r.b)}" for n, r in per.items()))
 
     results = measure_all(cases, names, True, progress)
-    command = "python benchmarks/bench_fragmentation.py" + (" --quick" if quick else "")
+    command = command or "python benchmarks/bench_fragmentation.py" + (" --quick" if quick else "")
     return render(cases, results, names, command, time.perf_counter() - started, judged=not quick)
 
 
@@ -537,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_fragmentation: {e}", file=sys.stderr)
         return 2
-    section = run(args.quick, names, args.traces, recordings=args.recordings)
+    command = "python benchmarks/bench_fragmentation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    section = run(args.quick, names, args.traces, recordings=args.recordings, command=command.strip())
     print(section)
     output = args.output or (None if args.quick else RESULTS)
     if output and not args.no_write:
