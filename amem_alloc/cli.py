@@ -12,29 +12,24 @@
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
 import time
 
 from . import config as config_mod
+from . import usage
+from .usage import UsageError
 
 
 def _run(args: argparse.Namespace) -> int:
+    from . import user_script
     from .cuda import enable
 
     if not args.target:
-        print("amem run: give a script (amem run train.py args...) or -m module", file=sys.stderr)
-        return 2
-    enable()
+        raise UsageError("give a script (amem run train.py args...) or -m module")
     target, rest = args.target[0], args.target[1:]
-    if args.module:
-        sys.argv = [target, *rest]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [target, *rest]
-        sys.path.insert(0, str(__import__("pathlib").Path(target).resolve().parent))
-        runpy.run_path(target, run_name="__main__")
-    return 0
+    user_script.check_target(target, args.module)
+    enable()  # a bad AMEM_CONF or AMEM_TRACE is amem's error, said before the script starts
+    return user_script.run(target, rest, module=args.module)  # the script's errors stay the script's
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -70,48 +65,49 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_provenance(path: str | None) -> dict | None:
-    if path is None:
-        return None
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read it: {err.strerror or err}") from None
-    except ValueError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: provenance must be a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    out = write_report(args.trace, args.output, provenance=_read_provenance(args.provenance),
-                       title=args.title, top=args.top)
+    usage.output_file(args.output)
+    for trace in args.trace:
+        usage.input_file(trace, "a snapshot pickle")
+    if len(args.trace) > 1:  # several ranks (or runs) side by side
+        from .report import write_ranks_report
+
+        if args.provenance:
+            raise UsageError("--provenance goes with one trace; give it when reporting a single file")
+        out = write_ranks_report(args.trace, args.output, title=args.title)
+        print(f"amem report: wrote {out} ({len(args.trace)} traces side by side)")
+        return 0
+    provenance = usage.provenance_file(args.provenance) if args.provenance else None
+    out = write_report(args.trace[0], args.output, provenance=provenance, title=args.title, top=args.top)
     print(f"amem report: wrote {out}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .exports import write_export
+    from .exports import devices_with_events, write_export
     from .snapshot import load_snapshot
 
-    paths = write_export(load_snapshot(args.trace), args.output, args.format, args.device)
+    usage.output_file(args.output)
+    snapshot = load_snapshot(args.trace)
+    if args.device is not None and args.device not in devices_with_events(snapshot):
+        have = ", ".join(map(str, devices_with_events(snapshot))) or "none"
+        raise UsageError(f"{args.trace} has no events for device {args.device} (devices with events: {have}); "
+                         "give one of those to --device")
+    paths = write_export(snapshot, args.output, args.format, args.device)
     print("amem export: wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="write a self-contained HTML report of a memory snapshot (amem's or torch's)")
-    report.add_argument("trace", help="a snapshot pickle (amem_alloc.dump_snapshot or torch.cuda.memory._dump_snapshot)")
+    report.add_argument("trace", nargs="+", help="a snapshot pickle (amem_alloc.dump_snapshot or "
+                        "torch.cuda.memory._dump_snapshot); several (e.g. one per rank) are shown side by side")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default: report.html)")
     report.add_argument("--provenance", help="a JSON file with provenance data (Tracer.to_json()) to add as a section")
     report.add_argument("--title", help="the page's title")
-    report.add_argument("--top", type=int, default=20, help="how many of the largest allocations to list")
+    report.add_argument("--top", type=usage.positive_int, default=20, help="how many of the largest allocations to list")
     report.set_defaults(func=_report)
     export = sub.add_parser("export", help="convert a snapshot's trace to Chrome/Perfetto JSON or RMM's log CSV")
     export.add_argument("trace", help="a snapshot pickle (amem's or torch's)")
@@ -125,7 +121,7 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="amem", description="amem_alloc: a CUDA caching allocator for PyTorch")
+    parser = usage.Parser(prog="amem", description="amem_alloc: a CUDA caching allocator for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Python script with amem as torch's CUDA allocator")
     run.add_argument("-m", dest="module", action="store_true", help="run a module instead of a script")
@@ -133,9 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
     demo = sub.add_parser("demo", help="allocate a realistic training pattern and print stats and fragmentation")
     demo.add_argument("--backend", choices=("sim", "host"), default="sim")
-    demo.add_argument("--steps", type=int, default=20)
+    demo.add_argument("--steps", type=usage.positive_int, default=20)
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--limit-gb", type=int, default=80, help="simulated device capacity in GiB")
+    demo.add_argument("--limit-gb", type=usage.whole_gb, default=80, help="simulated device capacity in GiB (0: unlimited)")
     demo.set_defaults(func=_demo)
     cfg = sub.add_parser("config", help="print the options table and the configuration in effect")
     cfg.set_defaults(func=_config)
@@ -147,9 +143,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command; amem's own errors become one line and exit status 1 (Ctrl-C: 130).
+
+    A script's errors under `amem run` never get here: user_script prints them as Python does.
+    """
     args = _parser().parse_args(argv)
+    command = f"amem {args.command}"
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, MemoryError) as err:
-        print(f"amem: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, RuntimeError, MemoryError, OSError) as err:
+        print(usage.one_line(err, command), file=sys.stderr)
         return 1

@@ -2,7 +2,8 @@
 
 enable() must run before torch initializes CUDA (the first CUDA tensor, torch.cuda.init(), ...):
 torch refuses to swap an allocator that has served memory. `amem run script.py` and
-AMEM_ENABLE=1 put it in place before any user code runs.
+AMEM_ENABLE=1 put it in place before any user code runs. What amem holds per device is read
+through amem_alloc.devices (re-exported here).
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from typing import Any
 
 from . import _C
 from .config import resolve
-from .introspection import Fragmentation, SegmentInfo, parse_fragmentation, parse_segments, parse_stats
+from .devices import block_info, empty_cache, fragmentation, memory_stats, reset_peak_memory_stats, segments  # noqa: F401
+from .devices import device_index as _device_index  # noqa: F401 - the old private name
+from .recording import start_always_on, trace_config_from_env
+from .torch_patch import patch
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"enabled": False, "conf": None, "allocator": None}
@@ -58,8 +62,6 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
     """
     import torch
 
-    from .recording import start_always_on, trace_config_from_env
-
     conf = resolve(options)
     trace = trace_config_from_env()  # AMEM_TRACE: a bad value raises before anything is installed
     with _lock:
@@ -81,8 +83,6 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
             raise RuntimeError(f"{_TOO_LATE} (torch said: {err})") from err
         _state.update(enabled=True, conf=conf, allocator=pluggable)
         if patch_torch:
-            from .torch_patch import patch
-
             patch()
         if trace is not None:  # always-on mode: record from now on, dump at exit and on OOM
             start_always_on(**trace)
@@ -91,55 +91,3 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
 def is_enabled() -> bool:
     """Whether amem is torch's CUDA allocator in this process."""
     return bool(_state["enabled"])
-
-
-def _device_index(device: Any = None) -> int:
-    if device is None:
-        import torch
-
-        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    if isinstance(device, int):
-        index = device
-    else:
-        import torch
-
-        dev = torch.device(device)
-        if dev.type != "cuda":
-            raise ValueError(f"amem: {device!r} is not a CUDA device")
-        index = 0 if dev.index is None else dev.index
-    if index < 0:
-        raise ValueError(f"amem: CUDA device index {index} is negative")
-    return index
-
-
-def memory_stats(device: Any = None) -> dict[str, int]:
-    """amem's counters for a CUDA device, with torch.cuda.memory_stats() key names."""
-    return parse_stats(_C.cuda_stats_json(_device_index(device)))
-
-
-def segments(device: Any = None) -> list[SegmentInfo]:
-    """Every segment amem holds on a CUDA device, with its blocks."""
-    return parse_segments(_C.cuda_segments_json(_device_index(device)))
-
-
-def fragmentation(device: Any = None) -> Fragmentation:
-    return parse_fragmentation(_C.cuda_fragmentation_json(_device_index(device)))
-
-
-def empty_cache(device: Any = None) -> None:
-    """Returns amem's cached whole segments on a device (all devices if None) to CUDA."""
-    devices = _C.cuda_devices_in_use() if device is None else [_device_index(device)]
-    for d in devices:
-        _C.cuda_empty_cache(d)
-
-
-def block_info(address: int, device: Any = None) -> dict[str, int] | None:
-    """The amem block holding a device address (e.g. tensor.data_ptr()), or None if amem has none."""
-    start, size, requested, stream, seq = _C.cuda_block_info(_device_index(device), int(address))
-    if size == 0:
-        return None
-    return {"address": start, "size": size, "requested_size": requested, "stream": stream, "alloc_seq": seq}
-
-
-def reset_peak_memory_stats(device: Any = None) -> None:
-    _C.cuda_reset_peak_stats(_device_index(device))

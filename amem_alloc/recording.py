@@ -6,16 +6,18 @@ The C++ core keeps a bounded ring of events per allocator (csrc/core/trace.h); t
 switches it on and off and supplies the two small integers each event carries:
 
 * `context` — with stacks="python", a capturer installed through _C.set_stack_capturer runs
-  before every allocation (with the GIL) and returns the id of the calling Python stack. Stacks
-  are interned: identical stacks share one id, so a training loop that allocates from the same
-  few lines costs a dict lookup per allocation, not a new list. Frames inside the amem_alloc
-  package are left out. A dump turns ids back into torch-style frame lists
+  before every allocation (with the GIL) and returns the id of the calling Python stack,
+  interned in amem_alloc.stacks. A dump turns ids back into torch-style frame lists
   [{filename, line, name}], innermost first.
 * `tag` — a process-wide integer set by `with amem_alloc.tag("forward"):`. Names are interned
   the same way; the dump carries the id -> name table.
 
+What records is a device source (amem_alloc.sources): amem's CUDA allocators, or one Allocator.
+
 Always-on mode (AMEM_TRACE=path, read by amem_alloc.enable(), so also by AMEM_ENABLE=1 and
-`amem run`): recording starts when amem is enabled; the snapshot is written to `path` at
+`amem run`): recording starts when amem is enabled. Under torchrun each rank writes its own
+file: `{rank}` in the path is replaced by the rank, and a path without it gets `.rank<N>`
+before its suffix (rank_path); the snapshot is written to `path` at
 interpreter exit, and to oom_path(path) (".oom" inserted before the suffix) every time a CUDA
 allocation runs out of memory, before torch raises — so the trace of the crash is on disk even
 if the process then dies without running atexit handlers. AMEM_TRACE_STACKS=python adds stacks;
@@ -27,81 +29,17 @@ import atexit
 import contextlib
 import os
 import sys
-import threading
 import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
 from . import _C
+from .snapshot import dump_snapshot
+from .sources import Source, device_source
+from .stacks import capture_stack, frames_for, intern_tag, tag_name, tag_names  # noqa: F401 - public here too
 
 DEFAULT_MAX_ENTRIES = 100_000  # events per device ring (64 bytes each: 6.4 MB)
 STACK_MODES = (None, "python")
-_PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
-
-Frame = tuple  # (filename, line, name)
-
-
-# ---------------------------------------------------------------------------- interning tables
-class _InternTable:
-    """Values <-> small positive ids (0 means none). Thread-safe; ids are never reused."""
-
-    def __init__(self) -> None:
-        self._ids: dict[Any, int] = {}
-        self._values: list[Any] = [None]
-        self._lock = threading.Lock()
-
-    def intern(self, value: Any) -> int:
-        found = self._ids.get(value)
-        if found is not None:
-            return found
-        with self._lock:
-            found = self._ids.get(value)
-            if found is None:
-                found = len(self._values)
-                self._values.append(value)
-                self._ids[value] = found
-            return found
-
-    def get(self, ident: int) -> Any:
-        return self._values[ident] if 0 < ident < len(self._values) else None
-
-    def items(self) -> list[tuple[int, Any]]:
-        return [(i, v) for i, v in enumerate(self._values) if i > 0]
-
-
-_stacks = _InternTable()  # tuple of (filename, line, name), innermost first
-_tags = _InternTable()  # tag names
-
-
-def _python_stack() -> tuple[Frame, ...]:
-    frame = sys._getframe(1)  # traceback.extract_stack() without reading source lines
-    frames = []
-    while frame is not None:
-        code = frame.f_code
-        if not code.co_filename.startswith(_PACKAGE_DIR):
-            frames.append((code.co_filename, frame.f_lineno, code.co_name))
-        frame = frame.f_back
-    return tuple(frames)
-
-
-def capture_stack() -> int:
-    """The id of the calling Python stack (the stack capturer the C++ side calls)."""
-    return _stacks.intern(_python_stack())
-
-
-def frames_for(context: int) -> list[dict]:
-    """Torch-style frames for a context id, innermost first; [] for 0 or an unknown id."""
-    stack = _stacks.get(int(context)) or ()
-    return [{"filename": f, "line": line, "name": name} for f, line, name in stack]
-
-
-def tag_name(ident: int) -> str | None:
-    return _tags.get(int(ident))
-
-
-def tag_names() -> dict[int, str]:
-    """Every tag id seen in this process -> its name."""
-    return dict(_tags.items())
 
 
 # ---------------------------------------------------------------------------- tags
@@ -116,7 +54,7 @@ def tag(name: str) -> Iterator[int]:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"amem: a tag is a non-empty string, got {name!r}")
-    ident = _tags.intern(name)
+    ident = intern_tag(name)
     previous = _C.trace_tag()
     _C.set_trace_tag(ident)
     try:
@@ -126,7 +64,7 @@ def tag(name: str) -> Iterator[int]:
 
 
 # ---------------------------------------------------------------------------- record()
-_state: dict[str, Any] = {"cuda": False, "stack_users": set()}  # who records with stacks
+_state: dict[str, Any] = {"stack_users": set()}  # the source keys that record with stacks
 
 
 def _check_max_entries(max_entries: Any) -> int:
@@ -154,12 +92,10 @@ def _use_stacks(who: Any, stacks: str | None) -> None:
     _C.set_stack_capturer(capture_stack if users else None)
 
 
-def _recorder_key(allocator: Any) -> Any:
-    if allocator is None:
-        return "cuda"
-    key = id(allocator._core)
-    weakref.finalize(allocator, _use_stacks, key, None)  # a dropped Allocator stops asking for stacks
-    return key
+def _recorder_key(source: Source) -> Any:
+    if source.owner is not None:  # a dropped Allocator stops asking for stacks
+        weakref.finalize(source.owner, _use_stacks, source.key, None)
+    return source.key
 
 
 def record(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str | None = None,
@@ -171,34 +107,28 @@ def record(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES, stacks:
         counted as dropped in the dump.
     stacks: None, or "python" to record the Python stack of every allocation.
     allocator: an amem_alloc.Allocator (host/sim backend); None records amem's CUDA allocators
-        (every device, present and future).
+        (every device, present and future). A handle from amem_alloc.sources works too.
     """
+    source = device_source(allocator)
     if not enabled:
-        stop(allocator)
+        stop(source)
         return
     max_entries = _check_max_entries(max_entries)
     _check_stacks(stacks)
-    if allocator is None:
-        _C.cuda_record(max_entries)
-        _state["cuda"] = True
-    else:
-        allocator._core.start_trace(max_entries)
-    _use_stacks(_recorder_key(allocator), stacks)
+    source.start_trace(max_entries)
+    _use_stacks(_recorder_key(source), stacks)
 
 
 def stop(allocator: Any = None) -> None:
     """Stops recording (CUDA, or one Allocator) and its stack capture."""
-    if allocator is None:
-        _C.cuda_record(0)
-        _state["cuda"] = False
-    else:
-        allocator._core.stop_trace()
-    _use_stacks(_recorder_key(allocator), None)
+    source = device_source(allocator)
+    source.stop_trace()
+    _use_stacks(_recorder_key(source), None)
 
 
 def is_recording(allocator: Any = None) -> bool:
     """Whether amem's CUDA allocators (or the given Allocator) are recording."""
-    return bool(allocator._core.tracing) if allocator is not None else bool(_state["cuda"])
+    return device_source(allocator).recording
 
 
 # ---------------------------------------------------------------------------- always-on mode
@@ -212,15 +142,40 @@ def oom_path(path: str | os.PathLike) -> Path:
     return p.with_name(f"{p.stem}.oom{p.suffix}") if p.suffix else p.with_name(p.name + ".oom")
 
 
+def rank_of(env: Any = None) -> int | None:
+    """This process's rank under torchrun (RANK), or None outside a multi-process job."""
+    env = os.environ if env is None else env
+    text = env.get("RANK", "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"RANK: bad value {text!r}; torchrun sets it to the process's rank (0, 1, ...)")
+    return int(text)
+
+
+def rank_path(path: str, env: Any = None) -> str:
+    """AMEM_TRACE for this process: `{rank}` replaced by the rank; under torchrun (RANK set) a path
+    without the placeholder gets `.rank<N>` before its suffix, so ranks never write one file."""
+    rank = rank_of(env)
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank or 0))
+    if rank is None:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}") if p.suffix else p.with_name(f"{p.name}.rank{rank}"))
+
+
 def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
     """AMEM_TRACE / AMEM_TRACE_STACKS / AMEM_TRACE_ENTRIES as start_always_on() arguments.
 
-    None when AMEM_TRACE is unset or empty; ValueError naming the variable for a bad value.
+    None when AMEM_TRACE is unset or empty; ValueError naming the variable for a bad value. The
+    path is this rank's (rank_path): one file per process under torchrun.
     """
     env = os.environ if env is None else env
     path = env.get(TRACE_ENV, "").strip()
     if not path:
         return None
+    path = rank_path(path, env)
     stacks = env.get("AMEM_TRACE_STACKS", "").strip() or None
     if stacks not in STACK_MODES:
         raise ValueError(f"AMEM_TRACE_STACKS: bad value {stacks!r}; accepted: 'python' or empty")
@@ -234,10 +189,8 @@ def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
 
 
 def _dump_quietly(path: Path, why: str) -> None:
-    from .snapshot import dump_snapshot
-
     try:
-        dump_snapshot(path, allocator=_always_on.get("allocator"))
+        dump_snapshot(path, allocator=_always_on["source"])
     except Exception as err:  # never turn an exit or an OOM into a second failure
         print(f"amem: could not write the trace {why} to {path}: {err}", file=sys.stderr)
 
@@ -260,21 +213,22 @@ def start_always_on(path: str | os.PathLike, stacks: str | None = None,
     Allocator is accepted for tests on a CPU (its OOMs do not call the callback: the CUDA entry
     point does that).
     """
-    record(True, max_entries=max_entries, stacks=stacks, allocator=allocator)
+    source = device_source(allocator)
+    record(True, max_entries=max_entries, stacks=stacks, allocator=source)
     first = not _always_on
-    _always_on.update(path=str(path), allocator=allocator, on_oom=_on_oom)
-    if allocator is None:
-        _C.set_oom_callback(_on_oom)
+    _always_on.update(path=str(path), source=source, on_oom=_on_oom)
+    source.set_oom_callback(_on_oom)
     if first:
         atexit.register(_at_exit)
 
 
 def stop_always_on() -> None:
     """Stops the exit and out-of-memory dumps (recording itself goes on; see stop())."""
-    if _always_on.get("allocator") is None:
-        _C.set_oom_callback(None)
+    source = _always_on.get("source")
+    if source is not None:
+        source.set_oom_callback(None)
     _always_on["path"] = None
-    _always_on["allocator"] = None
+    _always_on["source"] = None
 
 
 def always_on_path() -> str | None:

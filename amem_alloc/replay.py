@@ -92,8 +92,22 @@ class Program:
 
     @classmethod
     def load(cls, path: str | Path) -> "Program":
-        with np.load(path, allow_pickle=False) as data:
-            return cls(data["ops"].astype(OPS), int(data["prologue"]), int(data["device"]))
+        """Reads a program saved by save(); ValueError naming the file for anything else."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                ops, prologue, device = data["ops"], int(data["prologue"]), int(data["device"])
+                if ops.dtype.names is None or set(OPS.names) - set(ops.dtype.names) or ops.ndim != 1:
+                    raise ValueError(f"its ops array is {ops.dtype}, not amem's program records")
+                program = cls(ops.astype(OPS), prologue, device)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read it: {err.strerror or err}") from None
+        except Exception as err:  # noqa: BLE001 - truncated zip, foreign arrays, missing keys: the file's problem
+            raise ValueError(f"{path}: not a program recorded by amem compare ({type(err).__name__}: {err}); "
+                             "give a program.npz from amem compare, or a snapshot pickle") from None
+        if not 0 <= program.prologue <= len(program) or program.device < 0:
+            raise ValueError(f"{path}: not a program recorded by amem compare (prologue {program.prologue} of "
+                             f"{len(program)} ops, device {program.device})")
+        return program
 
 
 def pack(ops: Iterable[tuple[int, int, int, int]]) -> np.ndarray:
@@ -117,7 +131,11 @@ class Native:
     segment_events: list[tuple[int, str, int]]  # (op index in the program, action, bytes)
     initial_reserved: int                       # bytes reserved when recording began (if known)
     expandable: bool                            # expandable_segments was on
-    ooms: list[dict] = field(default_factory=list)  # {op, size, device_free}
+    ooms: list[dict] = field(default_factory=list)  # {op, size, device_free, reserved_change}
+
+    def reserved_at(self, oom: dict) -> int:
+        """Bytes the native allocator held when `oom` was recorded (initial + segments until then)."""
+        return self.initial_reserved + oom.get("reserved_change", 0)
 
     @property
     def peak_reserved(self) -> int:
@@ -161,6 +179,7 @@ class _Scan:
     segments: list = field(default_factory=list)        # (op index, action, addr, size, stream)
     ooms: list = field(default_factory=list)
     releases: int = 0
+    reserved_change: int = 0                            # segment bytes made minus freed so far
 
 
 def _scan(events: list[dict], free_action: str) -> _Scan:
@@ -182,8 +201,10 @@ def _scan(events: list[dict], free_action: str) -> _Scan:
             s.ops.append((FREE, addr, 0, stream))
         elif action in SEGMENT_ACTIONS:
             s.segments.append((len(s.ops), action, addr, size, stream))
+            s.reserved_change += size if action in ("segment_alloc", "segment_map") else -size
         elif action == "oom":
-            s.ooms.append({"op": len(s.ops), "size": size, "device_free": ev.get("device_free", 0)})
+            s.ooms.append({"op": len(s.ops), "size": size, "device_free": ev.get("device_free", 0),
+                           "reserved_change": s.reserved_change})
     return s
 
 

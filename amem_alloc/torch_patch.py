@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from . import devices
+from .recording import record
+from .snapshot import build_snapshot
+
 PATCHED_NAMES = (
     "memory_stats_as_nested_dict",
     "reset_peak_memory_stats",
@@ -50,27 +54,18 @@ def nest_stats(flat: dict[str, int]) -> dict[str, Any]:
 
 
 def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
-    from .cuda import memory_stats
-
-    return nest_stats(memory_stats(device))
+    return nest_stats(devices.memory_stats(device))
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    from .cuda import reset_peak_memory_stats as reset
-
-    reset(device)
+    devices.reset_peak_memory_stats(device)
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
-    from . import _C
-    from .cuda import _device_index
-
-    _C.cuda_reset_accumulated_stats(_device_index(device))
+    devices.reset_accumulated_memory_stats(device)
 
 
 def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
-    from .snapshot import build_snapshot
-
     return build_snapshot()
 
 
@@ -80,8 +75,6 @@ def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list
 
 def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
                            max_entries: int = 1_000_000, *args: Any, **kwargs: Any) -> None:
-    from .recording import record
-
     on = enabled not in (None, False)
     record(enabled=on, max_entries=max_entries, stacks="python" if on and stacks in ("all", "python") else None)
 

@@ -24,3 +24,12 @@ def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: flo
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
     full_env.update(env or {})
     return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def shared_traces_dir() -> Path:
+    """../shared/traces beside the checkout (or inside it, or beside a worktree's parent folder)."""
+    for folder in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces",
+                   ROOT.parent.parent / "shared" / "traces"):
+        if folder.is_dir():
+            return folder
+    return ROOT.parent / "shared" / "traces"

@@ -4,17 +4,15 @@ reserved / peak live requested bytes within 0.5% of expandable's on each trace-d
 most 1.03, multistream_4dev at most 1.15, and at most twice expandable's device calls. Also: each
 mechanism's policy is a real core configuration that changes the decisions it should."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from amem_alloc import policies, replay
 from amem_alloc.snapshot import load_snapshot
+from helpers import shared_traces_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = next((d for d in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces",
-                           ROOT.parent.parent / "shared" / "traces") if d.is_dir()), None)  # last: a worktree
+TRACES = shared_traces_dir() if shared_traces_dir().is_dir() else None
 needs_traces = pytest.mark.skipif(TRACES is None, reason="../shared/traces is not present")
 MiB = 1 << 20
 

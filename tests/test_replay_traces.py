@@ -14,10 +14,11 @@ from amem_alloc.cli import main as amem
 from amem_alloc.compare import fidelity
 from amem_alloc.snapshot import build_snapshot, parse_snapshot
 
+from helpers import shared_traces_dir
+
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = next((d for d in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces",
-                           ROOT.parent.parent / "shared" / "traces") if d.is_dir()), None)  # last: a worktree
+TRACES = shared_traces_dir() if shared_traces_dir().is_dir() else None
 needs_traces = pytest.mark.skipif(TRACES is None, reason="../shared/traces is not present")
 
 # trace -> per device (start state, lowest segment-event match rate accepted); measured: all 100%

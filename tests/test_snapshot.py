@@ -17,7 +17,7 @@ import amem_alloc
 from amem_alloc import Allocator, SnapshotError, load_snapshot
 from amem_alloc.snapshot import FORMAT_VERSION, amem_events, build_snapshot, save_snapshot
 
-from helpers import ROOT
+from helpers import ROOT, shared_traces_dir
 
 memory_viz = pytest.importorskip("torch.cuda._memory_viz")
 
@@ -28,10 +28,8 @@ TRACE_KEYS = {"action", "size", "stream", "time_us", "frames", "compile_context"
 
 
 def shared_traces() -> list[Path]:
-    for folder in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces"):
-        if folder.is_dir():
-            return sorted(folder.glob("*.pickle"))
-    return []
+    folder = shared_traces_dir()
+    return sorted(folder.glob("*.pickle")) if folder.is_dir() else []
 
 
 TRACES = shared_traces()

@@ -126,7 +126,7 @@ def _gpu(args: argparse.Namespace) -> dict:
 
     try:
         if args.script:
-            _run_script(args.script, on_step)
+            _run_script(args.script, on_step, reraise=(torch.OutOfMemoryError,))
         else:
             workloads.get(args.workload)(args.size, args.steps, "cuda", 0, on_step)
         torch.cuda.synchronize()

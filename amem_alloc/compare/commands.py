@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import policies as policies_mod
+from .. import usage
 
 PYTHONS = ("python", "python3")
 
@@ -23,6 +24,10 @@ def _policy_names(text: str | None) -> list[str] | None:
 def _replay(args: argparse.Namespace) -> int:
     from . import trace_replay
 
+    for option in ("json", "plot"):
+        if getattr(args, option):
+            usage.output_file(getattr(args, option), f"--{option}")
+    usage.input_file(args.trace, "a snapshot pickle or a program .npz written by amem compare")
     report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,
                                        limit_bytes=int(args.limit_gb * (1 << 30)))
     print(trace_replay.format_text(report))
@@ -53,8 +58,24 @@ def _compare(args: argparse.Namespace) -> int:
     if (args.workload is None) == (script is None):
         raise ValueError("amem compare: give --workload NAME, or -- python script.py args... (one of the two)")
     policies = policies_mod.parse_list(args.policies) if args.policies else None
-    result = compare(workload=args.workload, script=script, size=args.size, steps=args.steps, policies=policies,
-                     mode=args.mode, out_dir=args.out, progress=not args.no_progress)
+    if args.out:
+        usage.output_folder(args.out)
+    if script:
+        from .. import user_script
+
+        user_script.check_target(script[0], module=False)
+    from ..user_script import ScriptFailed
+
+    try:
+        result = compare(workload=args.workload, script=script, size=args.size, steps=args.steps,
+                         policies=policies, mode=args.mode, out_dir=args.out, progress=not args.no_progress)
+    except ScriptFailed as failed:  # its traceback is above; its exit status is amem compare's
+        print(f"amem compare: {failed.script} exited with status {failed.status} (its output is above); "
+              "nothing was compared", file=sys.stderr)
+        return failed.status
+    for row in result.rows:
+        if row.get("error") and row.get("stderr"):
+            print(f"--- {row['policy']}: the run's stderr ---\n{row['stderr'].rstrip()}", file=sys.stderr)
     print(table.format_text(result))
     print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
     return 0 if not any(r.get("error") for r in result.rows) else 1
@@ -72,7 +93,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
                      "default: the policy emulating the trace's own allocator settings")
     rep.add_argument("--device", type=int, help="only this device")
-    rep.add_argument("--limit-gb", type=float, default=0, help="simulated device capacity in GiB (0: unlimited)")
+    rep.add_argument("--limit-gb", type=usage.capacity_gb, default=0, help="simulated device capacity in GiB (0: unlimited)")
     rep.add_argument("--json", help="write the full report (timelines included) as JSON")
     rep.add_argument("--plot", help="write allocated/reserved over time as PNG")
     rep.set_defaults(func=_replay)
@@ -81,8 +102,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                           description="Workloads: " + ", ".join(workloads.WORKLOADS) + ". Policies:\n"
                           + policies_mod.describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp_.add_argument("--workload", choices=list(workloads.WORKLOADS))
-    cmp_.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1: CPU-sized)")
-    cmp_.add_argument("--steps", type=int, help="steps to run (default: the workload's)")
+    cmp_.add_argument("--size", type=usage.positive_int, default=1, help="the workload's size knob (default 1: CPU-sized)")
+    cmp_.add_argument("--steps", type=usage.positive_int, help="steps to run (default: the workload's)")
     cmp_.add_argument("--policies", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
                       "default: " + ",".join(policies_mod.DEFAULT_COMPARE))
     cmp_.add_argument("--mode", choices=MODES, default="auto", help="real needs a GPU; auto picks real when one is there")
@@ -93,7 +114,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:  # for tests: the two commands alone
-    parser = argparse.ArgumentParser(prog="amem")
+    parser = usage.Parser(prog="amem")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -83,12 +82,34 @@ def _record(target, *args) -> tuple[list, list[int], float, object]:
     return _allocation_events(prof), marks, seconds, result
 
 
-def _run_script(argv: list[str], on_step=None) -> dict:
+SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
+
+
+def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
+    """Runs the user's script as Python would (user_script.run); a step is an optimizer.step().
+
+    ScriptFailed if it exits non-zero; its traceback is on stderr by then.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from .. import user_script
+
     script, rest = argv[0], argv[1:]
-    sys.argv = [script, *rest]
-    sys.path.insert(0, str(Path(script).resolve().parent))
-    runpy.run_path(script, run_name="__main__")
-    return {"script": script, "args": rest}
+    steps = [0]
+
+    def count(optimizer, args, kwargs) -> None:
+        steps[0] += 1
+        if on_step is not None:
+            on_step(steps[0])
+
+    hook = register_optimizer_step_post_hook(count)
+    try:
+        status = user_script.run(script, rest, reraise=reraise)
+    finally:
+        hook.remove()
+    if status != 0:
+        raise user_script.ScriptFailed(script, status)
+    return {"script": script, "args": rest, "optimizer_steps": steps[0]}
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
@@ -126,8 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workload and not args.script:
         parser.error("give --workload NAME or --script script.py args...")
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = record(args.out, args.workload, args.size, args.steps, args.script)
-    print(json.dumps({k: meta[k] for k in ("ops", "steps", "cpu_seconds")}))
+    from ..user_script import ScriptFailed
+
+    try:
+        record(args.out, args.workload, args.size, args.steps, args.script)
+    except ScriptFailed as failed:
+        (args.out / SCRIPT_FAILED).write_text(json.dumps({"script": failed.script, "status": failed.status}))
+        return failed.status or 1
     return 0
 
 

@@ -88,7 +88,7 @@ def _child(policy: policies_mod.Policy, out: Path, real: bool, args: list[str]) 
     base = {"policy": policy.name, "conf": policy.conf, "description": policy.description,
             "native": policy.native}
     if proc.returncode != 0 or not out.exists():
-        return dict(base, error=_error(proc), pid=None)
+        return dict(base, error=_error(proc), pid=None, stderr=proc.stderr[-20_000:])
     return dict(base, **json.loads(out.read_text()))
 
 
@@ -99,6 +99,15 @@ def _record(work: Path, workload: str | None, size: int, steps: int | None, scri
     if steps is not None and not script:
         args += ["--steps", str(steps)]
     proc = _spawn("amem_alloc.compare.recorder", args, _env(None, False))
+    if script:  # the script's own output and traceback, as it printed them
+        sys.stdout.write(proc.stdout)
+        sys.stdout.flush()
+    failed = work / "script_failed.json"
+    if failed.exists():
+        from ..user_script import ScriptFailed
+
+        sys.stderr.write(proc.stderr)
+        raise ScriptFailed(script[0], json.loads(failed.read_text())["status"])
     if proc.returncode != 0:
         raise RuntimeError(f"amem compare: recording the workload on the CPU failed: {_error(proc)}")
     return json.loads((work / "recording.json").read_text())

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .. import policies as policies_mod
 from .. import replay
 from ..introspection import format_bytes
@@ -21,10 +23,54 @@ BARS = " ▁▂▃▄▅▆▇█"
 
 
 @dataclass
+class Capacity:
+    """The device capacity a replay assumes, and where that figure comes from."""
+
+    bytes: int            # 0: unlimited
+    source: str           # "unlimited", "--limit-gb" or "oom event"
+    reason: str           # the sentence the report prints
+    oom_op: int | None = None  # the request at which the native run hit it
+
+    @property
+    def limited(self) -> bool:
+        return self.bytes > 0
+
+
+def start_bytes(tp: replay.TraceProgram) -> int:
+    """What the start state takes: the native allocator's reserved bytes when recording began, or
+    (where those are unknown) the bytes of the blocks live then."""
+    ops = tp.program.ops[: tp.program.prologue]
+    live = int(ops["size"][ops["kind"] == replay.ALLOC].sum()) if len(ops) else 0
+    return max(tp.native.initial_reserved, live)
+
+
+def capacity_of(tp: replay.TraceProgram, limit_bytes: int) -> Capacity:
+    """--limit-gb if given; else the capacity the trace's first oom event shows (free + reserved then)."""
+    if limit_bytes:
+        return Capacity(limit_bytes, "--limit-gb", f"{format_bytes(limit_bytes)}, as --limit-gb says")
+    if not tp.native.ooms:
+        return Capacity(0, "unlimited", "unlimited: the trace has no oom event (--limit-gb N sets a capacity)")
+    oom = tp.native.ooms[0]
+    if not tp.reproducible or not (tp.native.segment_events or tp.start == "empty"):
+        why = tp.start_reason if not tp.reproducible else "the trace has no segment events"
+        return Capacity(0, "unlimited", "unlimited: the trace has an oom event, but the native allocator's reserved "
+                        f"bytes at that moment are unknown ({why}), so its capacity is too; --limit-gb N sets one")
+    reserved = tp.native.reserved_at(oom)
+    total = reserved + oom["device_free"]
+    return Capacity(total, "oom event", f"{format_bytes(total)}, from the trace's oom event at request "
+                    f"{oom['op']}: {format_bytes(oom['device_free'])} free on the device + "
+                    f"{format_bytes(reserved)} reserved by the allocator then (a {format_bytes(oom['size'])} "
+                    "request failed)", oom["op"])
+
+
+@dataclass
 class DeviceReplay:
     trace: replay.TraceProgram
     runs: list[tuple[policies_mod.Policy, replay.Run]]
     fidelity: fidelity_mod.Fidelity | None = None
+    capacity: Capacity = field(default_factory=lambda: Capacity(0, "unlimited", "unlimited"))
+    needs: dict = field(default_factory=dict)  # policy name -> peak reserved without a limit (where it OOMed)
+    refused: str | None = None  # why nothing was replayed (a capacity below the start state)
 
     @property
     def native_timeline(self) -> list[tuple[int, int | None, int]]:
@@ -49,7 +95,9 @@ class TraceReplay:
 def _device_dict(d: DeviceReplay) -> dict:
     tp = d.trace
     native = tp.native
-    return {"device": tp.device, "events": tp.events, "ops": len(tp.program), "prologue": tp.program.prologue,
+    return {"device": tp.device, "events": tp.events,
+            "capacity": {"bytes": d.capacity.bytes, "source": d.capacity.source, "reason": d.capacity.reason,
+                         "oom_op": d.capacity.oom_op}, "refused": d.refused, "unlimited_peak_reserved": d.needs, "ops": len(tp.program), "prologue": tp.program.prologue,
             "free_action": tp.free_action, "releases": tp.releases, "trace_ooms": native.ooms,
             "start": tp.start, "start_reason": tp.start_reason, "reproducible": tp.reproducible,
             "native": {"segment_events": len(native.segment_events), "device_mallocs": native.device_mallocs,
@@ -82,15 +130,44 @@ def replay_trace(path: str | Path, policy_names: list[str] | None = None, device
             continue
         native_policy = policies_mod.from_settings((snapshot or {}).get("allocator_settings"), tp.native.expandable)
         chosen = [policies_mod.get(n) for n in policy_names] if policy_names else [native_policy]
-        runs = [(p, replay.run(tp.program, p.conf, max_samples=max_samples, limit_bytes=limit_bytes))
-                for p in chosen]
-        fid = None
-        if snapshot is not None and (tp.native.segment_events or tp.start != "empty"):
-            fid = fidelity_mod.measure_program(Path(path).name, snapshot, tp)
-        out.devices.append(DeviceReplay(tp, runs, fid))
+        out.devices.append(_replay_device(path, snapshot, tp, chosen, max_samples, limit_bytes))
     if device is not None and not out.devices:
         raise ValueError(f"amem replay: {path} has no events for device {device}")
     return out
+
+
+def with_failed_requests(tp: replay.TraceProgram) -> replay.Program:
+    """The program plus each request the native run failed (its oom events), tried where it failed
+    and freed at once: a replay under a capacity then shows whether the policy would have served it."""
+    if not tp.native.ooms:
+        return tp.program
+    ops, pieces, last = tp.program.ops, [], 0
+    for i, oom in enumerate(sorted(tp.native.ooms, key=lambda o: o["op"])):
+        key = replay.TEMP_KEY - 1 - i
+        pieces += [ops[last: oom["op"]], replay.pack([(replay.ALLOC, key, oom["size"], 0), (replay.FREE, key, 0, 0)])]
+        last = oom["op"]
+    pieces.append(ops[last:])
+    return replay.Program(np.concatenate(pieces), tp.program.prologue, tp.program.device)
+
+
+def _replay_device(path, snapshot, tp: replay.TraceProgram, chosen: list, max_samples: int,
+                   limit_bytes: int) -> DeviceReplay:
+    capacity = capacity_of(tp, limit_bytes)
+    fid = None
+    if snapshot is not None and (tp.native.segment_events or tp.start != "empty"):
+        fid = fidelity_mod.measure_program(Path(path).name, snapshot, tp)
+    start = start_bytes(tp)
+    if capacity.limited and start > capacity.bytes:
+        why = (f"the capacity, {format_bytes(capacity.bytes)}, is below the start state: the trace began with "
+               f"{format_bytes(start)} already held, so every request would fail; give --limit-gb of at least "
+               f"{start / (1 << 30):.2f}")
+        return DeviceReplay(tp, [], fid, capacity, {}, why)
+    program = with_failed_requests(tp) if capacity.limited else tp.program  # unlimited: they would just fit
+    runs = [(p, replay.run(program, p.conf, max_samples=max_samples, limit_bytes=capacity.bytes))
+            for p in chosen]
+    needs = {p.name: replay.run(program, p.conf, max_samples=2).peak_reserved
+             for p, r in runs if r.failed_allocs and capacity.limited}
+    return DeviceReplay(tp, runs, fid, capacity, needs)
 
 
 # ---------------------------------------------------------------------------- text
@@ -146,21 +223,51 @@ def _fidelity_line(f: fidelity_mod.Fidelity) -> str:
 
 def _device_text(d: DeviceReplay) -> list[str]:
     tp = d.trace
-    lines = [f"device {tp.device}: {tp.events} trace events -> {len(tp.program)} requests "
+    n_oom = len(tp.native.ooms)
+    tried = f" + {_count(n_oom, 'request')} that failed in the trace, tried where {'it' if n_oom == 1 else 'they'} " \
+        "failed" if n_oom and d.runs and d.capacity.limited else ""
+    lines = [f"device {tp.device}: {tp.events} trace events -> {len(tp.program)} requests{tried} "
              f"({tp.program.prologue} rebuild the start state); frees at {tp.free_action}; "
              f"{tp.releases} cache releases; {len(tp.native.ooms)} OOMs in the trace",
              f"  start: {tp.start}" + ("" if tp.reproducible else " (NOT reproducible)") + f": {tp.start_reason}"]
     rows = [_row("native (trace)", None, d)] if tp.native.segment_events else []
     rows += [_row(p.name, r) for p, r in d.runs]
+    lines.append(f"  capacity: {d.capacity.reason}")
+    if d.refused:
+        return lines + [f"  not replayed: {d.refused}"]
     lines += [""] + _table(rows) + [""]
+    lines += _verdicts(d)
     if d.fidelity is not None:
-        lines.append(_fidelity_line(d.fidelity))
+        lines.append(_fidelity_line(d.fidelity) + (" (measured without a capacity limit)" if d.capacity.limited else ""))
     for p, r in d.runs:
         lines.append(f"  timeline ({p.name}), {len(tp.program)} requests, peaks {format_bytes(r.peak_reserved)} "
                      f"reserved / {format_bytes(r.peak_allocated)} allocated:")
         lines.append("    reserved  " + sparkline([(s[0], s[2]) for s in r.timeline]))
         lines.append("    allocated " + sparkline([(s[0], s[1]) for s in r.timeline]))
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _verdicts(d: DeviceReplay) -> list[str]:
+    """Whether each policy would have hit the capacity (only where there is one)."""
+    cap = d.capacity
+    if not cap.limited:
+        return []
+    out = []
+    if cap.source == "oom event":
+        out.append(f"  native (trace): hit it at request {cap.oom_op}")
+    for p, r in d.runs:
+        if r.failed_allocs:
+            need = d.needs.get(p.name)
+            more = f"; it needs {format_bytes(need)} reserved without a limit" if need else ""
+            out.append(f"  {p.name}: would hit it: {_count(r.failed_allocs, 'request')} fail{'s' if r.failed_allocs == 1 else ''}{more}")
+        else:
+            out.append(f"  {p.name}: would fit, with {format_bytes(cap.bytes - r.peak_reserved)} to spare "
+                       f"(peak reserved {format_bytes(r.peak_reserved)})")
+    return out + [""]
 
 
 def format_text(report: TraceReplay) -> str:

@@ -15,7 +15,9 @@ from __future__ import annotations
 from .accounting import block_of
 from .classify import describe_saved, module_label
 from .dispatch import _dtype_name
+from .module_paths import module_order
 from .records import MODEL_STATE_KINDS
+from .report import activations_text
 
 _ACCOUNTING = {
     "cpu": "CPU tensors: nominal bytes, and allocator bytes as torch's CUDA caching allocator would "
@@ -34,14 +36,6 @@ def _add(acc: dict, row: dict) -> None:
     acc["nominal_bytes"] += row["nominal_bytes"]
     acc["allocator_bytes"] += row["allocator_bytes"]
     acc["storages"] += 1
-
-
-def module_order(path):
-    """Sort key: the model first, then module paths in natural order (layers.2 before layers.10),
-    code outside the model last."""
-    if path is None:
-        return (1, ())
-    return (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split(".")) if path else ())
 
 
 def _ancestors(path):
@@ -215,8 +209,6 @@ class ActivationReport:
         return {"module": path, "label": module_label(path), "self": _acc(), "total": _acc()}
 
     def __str__(self) -> str:
-        from .report import activations_text
-
         return activations_text(self.data)
 
     def __repr__(self) -> str:

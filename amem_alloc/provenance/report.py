@@ -6,8 +6,8 @@ the text, the JSON and the HTML report always show the same figures.
 from __future__ import annotations
 
 from ..introspection import format_bytes
-from .activations import module_order
 from .classify import module_label
+from .module_paths import module_order
 from .records import CATEGORIES, PHASES
 
 

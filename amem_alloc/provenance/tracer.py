@@ -23,6 +23,7 @@ import weakref
 import torch
 from torch.optim import optimizer as optim_hooks
 
+from ..usage import output_file
 from . import activations as activations_mod
 from . import lookup, report
 from .accounting import exact_blocks_on, storage_of
@@ -317,6 +318,8 @@ class Tracer:
         return data
 
     def to_json(self, path=None, indent: int | None = None, allocations: bool = True) -> str:
+        if path is not None:  # a path that cannot be written is said before the work, in one line
+            output_file(path, "Tracer.to_json")
         text = json.dumps(self.to_dict(allocations=allocations), indent=indent)
         if path is not None:
             with open(path, "w") as f:
@@ -333,6 +336,8 @@ class Tracer:
     def to_html(self, path=None) -> str:
         from . import html
 
+        if path is not None:
+            output_file(path, "Tracer.to_html")
         text = html.page(self.to_dict(allocations=False))
         if path is not None:
             with open(path, "w") as f:

@@ -18,7 +18,7 @@ from pathlib import Path
 from . import html as _html
 from .data import report_data
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["render_ranks_report", "render_report", "write_ranks_report", "write_report"]
 
 
 def _subtitle(source: str, data: dict) -> str:
@@ -68,4 +68,25 @@ def write_report(trace: str | os.PathLike | dict, out: str | os.PathLike, proven
         raise ValueError(f"amem: provenance must be a dict (e.g. Tracer.to_json()), got {type(provenance).__name__}")
     out = Path(out)
     out.write_text(render_report(snapshot, provenance, title, source, top), encoding="utf-8")
+    return out
+
+
+def render_ranks_report(snapshots: list[tuple[str, dict]], title: str | None = None) -> str:
+    """Several ranks' traces ((source, checked snapshot) each) on one page: see report/ranks.py."""
+    from .. import __version__
+    from .ranks import load_ranks, rank_data, ranks_section
+
+    data = rank_data(load_ranks(snapshots))
+    title = title or f"Memory report: {len(snapshots)} ranks"
+    subtitle = ", ".join(Path(source).name for source, _ in snapshots)
+    return _html.page(title, subtitle, ranks_section(data), {"devices": [], "ranks": data}, __version__)
+
+
+def write_ranks_report(traces: list, out: str | os.PathLike, title: str | None = None) -> Path:
+    """Loads every trace (safely) and writes the side-by-side page to `out`."""
+    from ..snapshot import load_snapshot
+
+    snapshots = [(str(t), load_snapshot(t)) for t in traces]
+    out = Path(out)
+    out.write_text(render_ranks_report(snapshots, title), encoding="utf-8")
     return out

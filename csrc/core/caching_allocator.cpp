@@ -53,8 +53,9 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
-  if (it == pool.free_blocks.end())
-    return options_.cross_stream_reuse == CrossStream::kOff ? nullptr : find_foreign_block(pool, stream, rounded);
+  // No cross-stream handover while capturing: no event may be recorded or waited on then.
+  const bool cross = options_.cross_stream_reuse != CrossStream::kOff && !capturing();
+  if (it == pool.free_blocks.end()) return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -65,7 +66,7 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
   Block* block = it->block;
   if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
   if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
-  return find_foreign_block(pool, stream, rounded);
+  return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
 }
 
 bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
@@ -99,9 +100,12 @@ Block* CachingAllocator::find_foreign_block(BlockPool& pool, StreamId stream, si
 }
 
 bool CachingAllocator::reusable_by(const Block* block, StreamId stream) {
-  if (options_.cross_stream_reuse != CrossStream::kWait) return true;  // handover orders it when taken
-  for (const Fence& f : block->fences)
-    if (f.stream != stream && !fences_.passed(f)) return false;
+  for (const Fence& f : block->fences) {
+    if (f.stream == stream) continue;             // its own stream orders itself
+    if (capturing()) return false;                // no events during capture (Note [private pools])
+    if (options_.cross_stream_reuse == CrossStream::kHandover) continue;  // ordered when taken
+    if (!fences_.passed(f)) return false;
+  }
   return true;
 }
 
@@ -260,7 +264,7 @@ void CachingAllocator::free_block(Block* block) {
   books.remove(block);
   for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_into(block, neighbour, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on));
+  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
   books.add(block);

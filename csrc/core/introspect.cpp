@@ -37,6 +37,25 @@ std::string ratio(double num, double den) {
   return buf;
 }
 
+// A size as a person reads it: "512 B", "3.00 GiB", "64.00 PiB" (never thousands of MiB).
+std::string human_bytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  size_t unit = 0;
+  while (bytes >= 1024.0 && unit + 1 < sizeof kUnits / sizeof kUnits[0]) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, unit == 0 ? "%.0f %s" : "%.2f %s", bytes, kUnits[unit]);
+  return buf;
+}
+
+std::string percent(double num, double den) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", den > 0 ? 100.0 * num / den : 0.0);
+  return buf;
+}
+
 // One snapshot segment: the blocks from `first` up to (not including) `stop`.
 std::string segment_entry(const Segment& seg, const Block* first, const Block* stop) {
   size_t total = 0, allocated = 0, active = 0, requested = 0;
@@ -180,11 +199,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
   if (trace_.on()) trace_.record(TraceAction::k_oom, info.free_bytes, rounded, rounded, stream, 0);
   const auto reserved = stats_.reserved_bytes.current();
   const auto allocated = stats_.allocated_bytes.current();
-  auto mib = [](double bytes) {
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / static_cast<double>(kMiB));
-    return std::string(buf);
-  };
+  auto mib = [](double bytes) { return human_bytes(bytes); };
   std::string msg =
       "amem: out of memory on the " + std::string(backend_->name()) + " backend: tried to allocate " +
       mib(static_cast<double>(size)) + " (" + std::to_string(rounded) + " bytes rounded) on stream " +
@@ -193,7 +208,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
       mib(static_cast<double>(info.free_bytes)) + " of " + mib(static_cast<double>(info.total_bytes)) +
       "; largest cached free block: " + mib(static_cast<double>(free_space().largest)) +
       "; fragmentation (1 - allocated/reserved): " +
-      ratio(static_cast<double>(reserved - allocated), static_cast<double>(reserved)) + ".";
+      percent(static_cast<double>(reserved - allocated), static_cast<double>(reserved)) + ".";
   if (fraction_set_) msg += " A memory fraction caps amem at " + mib(static_cast<double>(allowed_bytes_)) + ".";
   msg += " Try a smaller batch or sequence, free tensors you no longer need, or, if reserved is much"
          " larger than allocated, set max_split_size_mb or roundup_power2_divisions in AMEM_CONF.";

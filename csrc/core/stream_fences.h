@@ -48,11 +48,13 @@ class StreamFences {
       for (auto& [seq, event] : s.events) backend_.destroy_event(event);
   }
 
-  // A block used on `stream` was freed now.
-  Fence mark(StreamId stream) {
+  // A block used on `stream` was freed now. During graph capture no event is
+  // recorded (Note [private pools]): the fence then passes with the stream's
+  // next completed event, or at a synchronize.
+  Fence mark(StreamId stream, bool may_record = true) {
     PerStream& s = streams_[stream];
     const uint64_t seq = ++s.marked;
-    if (record_) s.events.emplace_back(seq, backend_.record_event(stream));
+    if (record_ && may_record) s.events.emplace_back(seq, backend_.record_event(stream));
     return {stream, seq};
   }
 

@@ -73,6 +73,19 @@ TEST(CrossStreamReuse, MergedAndSplitBlocksKeepEveryStreamsFence) {
   streams_of(*a).set_stream_busy(kS2, false);
 }
 
+TEST(CrossStreamReuse, NeverDuringGraphCapture) {
+  auto a = make_sim(0, "cross_stream_reuse:handover,debug_checks:True");
+  a->begin_allocate_to_pool({1, 1}, [](StreamId) { return true; });  // capture: no events may be used
+  uintptr_t p = alloc(*a, kBig, kS1);
+  release(*a, p);
+  uintptr_t q = alloc(*a, kBig, kS2);
+  EXPECT_NE(q, p);
+  a->end_allocate_to_pool({1, 1});
+  release(*a, q);
+  a->release_pool({1, 1});
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), 0);
+}
+
 // ================================================================ pages
 
 TEST(LargePages, TwoMiBPagesMapWhatARequestNeeds) {

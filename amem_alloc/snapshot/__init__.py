@@ -1,0 +1,44 @@
+"""Snapshots in PyTorch's format: build one from amem's allocators, dump it, load one safely.
+
+Design note
+-----------
+A snapshot is the dict torch.cuda.memory._snapshot() returns, so torch's own tools
+(`python -m torch.cuda._memory_viz stats|trace|segments|memory|trace_plot|segment_plot` and the
+web viewer) read ours, and ours read theirs:
+
+    {"segments": [{device, address, total_size, allocated_size, active_size, requested_size,
+                   stream, segment_type, segment_pool_id, is_expandable, frames,
+                   blocks: [{address, size, requested_size, state, frames}]}],
+     "device_traces": [[{action, addr | device_free, size, stream, time_us, frames,
+                         compile_context, user_metadata}, ...] per device],
+     "allocator_settings": {...},
+     "amem": {...}}                      # amem's extras; torch's tools never look at it
+
+Trace entries hold exactly torch's keys. What torch has no key for lives under "amem"
+(FORMAT_VERSION): per device the ring's recorded/dropped counts, the allocator's stats, one
+column per extra field aligned with device_traces[d] (seq, rounded_size, thread, tag, context,
+alloc_seq), and the `empty_cache` events, which torch's trace has no action for. The tag table
+maps tag ids to names (each entry's user_metadata also carries its tag's name). With these,
+amem_events() gives back amem's own events exactly (ours -> dump -> load -> ours).
+
+The package is split by job: build.py (a device source -> a snapshot, written to disk),
+load.py (reading a file safely and checking every field; the caller's dict is never changed),
+frames.py (reading and formatting stack frames) and format.py (the constants, SnapshotError,
+and reading amem's own events back). Every public name is importable from amem_alloc.snapshot.
+
+Loading refuses every class lookup (a snapshot holds only dicts, lists, tuples, numbers and
+strings), then checks every field that amem's readers use. Anything wrong — an unreadable
+file, a truncated or hostile pickle, a wrong type, a missing key, an unknown amem format
+version — raises SnapshotError naming the file and the problem; nothing else escapes.
+"""
+from __future__ import annotations
+
+from .build import build_snapshot, dump_snapshot, save_snapshot
+from .format import (BLOCK_STATES, EXTRA_COLUMNS, FORMAT_VERSION, MAX_FILE_BYTES, PICKLE_PROTOCOL, TORCH_ACTIONS,
+                     SnapshotError, amem_events, device_extra, round_block, tag_table)
+from .frames import format_frames, frame_fields
+from .load import load_snapshot, parse_snapshot
+
+__all__ = ["BLOCK_STATES", "EXTRA_COLUMNS", "FORMAT_VERSION", "MAX_FILE_BYTES", "PICKLE_PROTOCOL", "TORCH_ACTIONS",
+           "SnapshotError", "amem_events", "build_snapshot", "device_extra", "dump_snapshot", "format_frames",
+           "frame_fields", "load_snapshot", "parse_snapshot", "round_block", "save_snapshot", "tag_table"]

@@ -1,0 +1,87 @@
+"""Running the user's own script (`amem run`, `amem compare -- python script.py`) as Python would.
+
+Design note
+-----------
+The script's errors are the script's: an exception it raises (a torch.OutOfMemoryError
+included) is printed as Python prints it — the full traceback, from the script's first frame
+on (amem's and runpy's frames above it are left out) — and the exit status is Python's: 1 for
+an exception, the code of sys.exit(), 130 for Ctrl-C. amem never turns them into "amem: ..."
+lines. Only problems amem finds before the script starts (no such file or module) are amem's.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from .usage import UsageError
+
+_RUNPY = os.path.dirname(runpy.__file__)
+
+
+class ScriptFailed(Exception):
+    """The user's script ended with a non-zero exit status (its traceback already printed)."""
+
+    def __init__(self, script: str, status: int) -> None:
+        super().__init__(f"{script} exited with status {status}")
+        self.script, self.status = script, status
+
+
+def check_target(target: str, module: bool) -> None:
+    """UsageError if the script or module does not exist (amem's to say, before anything runs)."""
+    if module:
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise UsageError(f"no module named {target!r}; check the name, or give a script path instead of -m")
+    elif not Path(target).is_file():
+        what = "is a folder" if Path(target).is_dir() else "no such file"
+        raise UsageError(f"{target}: {what}; give the path of a Python script (amem run train.py args...)")
+
+
+def _user_frames(tb):
+    """The traceback from the first frame that is neither amem's run machinery nor runpy's."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and not name.startswith(_RUNPY) and "<frozen runpy>" not in name:
+            return tb
+        tb = tb.tb_next
+    return None
+
+
+def exit_status(code) -> int:
+    """What Python's exit status would be for SystemExit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF  # what the shell sees: sys.exit(-1) is 255, as under python itself
+    print(code, file=sys.stderr)  # sys.exit("message"): Python prints it and exits 1
+    return 1
+
+
+def run(target: str, args: list[str], module: bool = False, reraise: tuple = ()) -> int:
+    """Runs the script or module as __main__; returns its exit status (its traceback printed).
+
+    Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
+    torch.OutOfMemoryError as the run's OOM).
+    """
+    sys.argv = [target, *args]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as done:
+        return exit_status(done.code)
+    except reraise:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
+        traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
+    return 0

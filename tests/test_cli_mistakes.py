@@ -1,0 +1,181 @@
+"""Every user mistake on the `amem` command line is one line saying what was wrong and what to do,
+with a non-zero exit status and no Python traceback; never a doubled "amem: amem:" prefix; sizes
+in units a person reads. Most cases run in this process through cli.main (fast); those that need
+a process of their own (amem run, Ctrl-C) run one."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import amem_alloc
+from amem_alloc import cli
+
+from helpers import ROOT, shared_traces_dir
+
+TRACE = shared_traces_dir() / "small_train.pickle"
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="../shared/traces is not present")
+AMEM = str(Path(sys.executable).parent / "amem")
+
+
+def amem(argv, capsys):
+    """(exit status, stdout, stderr) of one in-process command."""
+    try:
+        rc = cli.main([str(a) for a in argv])
+    except SystemExit as done:  # argparse's mistakes
+        rc = done.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line(rc, err, *words):
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc not in (0, None), err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "amem: amem" not in err and "amem replay: amem" not in err
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.fixture()
+def a_file(tmp_path):
+    """A plain file: a path beneath it can never be written, whoever runs the tests."""
+    f = tmp_path / "plain-file"
+    f.write_text("x")
+    return f
+
+
+# ---------------------------------------------------------------------------- output paths
+@needs_trace
+@pytest.mark.parametrize("argv, option", [
+    (["report", TRACE, "-o", "{bad}/r.html"], "-o"),
+    (["export", TRACE, "-o", "{bad}/t.json"], "-o"),
+    (["replay", TRACE, "--json", "{bad}/r.json"], "--json"),
+    (["replay", TRACE, "--plot", "{bad}/r.png"], "--plot"),
+])
+def test_an_output_in_a_missing_folder_is_one_line(argv, option, tmp_path, capsys):
+    bad = tmp_path / "no-such-folder"
+    rc, out, err = amem([str(a).format(bad=bad) for a in argv], capsys)
+    assert_one_line(rc, err, option, "does not exist", "create it first")
+    assert not bad.exists()
+
+
+@needs_trace
+def test_an_output_beneath_a_file_is_one_line(a_file, capsys):
+    rc, _, err = amem(["report", TRACE, "-o", a_file / "r.html"], capsys)
+    assert_one_line(rc, err, "is not a folder")
+
+
+def test_compare_out_beneath_a_file_is_one_line_before_any_work(a_file, capsys):
+    started = time.perf_counter()
+    rc, _, err = amem(["compare", "--workload", "mlp", "--out", a_file / "c", "--no-progress"], capsys)
+    assert_one_line(rc, err, "--out", "is a file, not a folder")
+    assert time.perf_counter() - started < 5  # said before recording anything
+
+
+def test_tracer_to_json_to_a_missing_folder_says_so(tmp_path):
+    t = amem_alloc.Tracer()
+    with pytest.raises(ValueError, match="Tracer.to_json .*does not exist; create it first"):
+        t.to_json(tmp_path / "nowhere" / "p.json")
+
+
+# ---------------------------------------------------------------------------- numbers
+@needs_trace
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "lots"])
+def test_replay_limit_gb_must_be_a_finite_capacity(value, capsys):
+    rc, _, err = amem(["replay", TRACE, "--limit-gb", value], capsys)
+    assert_one_line(rc, err, "--limit-gb", "GiB")
+
+
+@needs_trace
+def test_report_top_must_be_positive(tmp_path, capsys):
+    rc, _, err = amem(["report", TRACE, "--top", "-3", "-o", tmp_path / "r.html"], capsys)
+    assert_one_line(rc, err, "--top", ">= 1")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("argv", [["demo", "--steps", "0"], ["compare", "--workload", "mlp", "--steps", "0"]])
+def test_steps_must_be_positive(argv, capsys):
+    rc, _, err = amem(argv, capsys)
+    assert_one_line(rc, err, "--steps", ">= 1")
+
+
+def test_demo_limit_gb_must_not_be_negative(capsys):
+    rc, _, err = amem(["demo", "--limit-gb", "-2"], capsys)
+    assert_one_line(rc, err, "--limit-gb")
+
+
+# ---------------------------------------------------------------------------- input files
+def test_run_a_missing_script_is_one_line():
+    proc = subprocess.run([AMEM, "run", "/nonexistent/train.py"], capture_output=True, text=True, timeout=120)
+    assert_one_line(proc.returncode, proc.stderr, "/nonexistent/train.py", "no such file")
+
+
+@pytest.mark.parametrize("content", [b"PK\x03\x04truncated", b"not a zip at all", "foreign"])
+def test_a_program_file_that_is_not_amems_is_one_line(content, tmp_path, capsys):
+    path = tmp_path / "program.npz"
+    if content == "foreign":
+        np.savez(path, weights=np.arange(4.0))  # a valid .npz, but someone else's
+    else:
+        path.write_bytes(content)
+    rc, _, err = amem(["replay", path], capsys)
+    assert_one_line(rc, err, "not a program recorded by amem compare")
+
+
+def test_a_program_with_foreign_arrays_is_refused(tmp_path):
+    path = tmp_path / "program.npz"
+    np.savez(path, ops=np.arange(8.0), prologue=0, device=0)
+    with pytest.raises(ValueError, match="not a program recorded by amem compare"):
+        amem_alloc.replay.Program.load(path)
+
+
+@needs_trace
+@pytest.mark.parametrize("content, why", [
+    ('{"x": 1}', '"format"'), ("[1, 2]", "JSON list"), ("{not json", "not valid JSON"),
+    ('{"format": "amem_alloc.provenance/1", "activations": [{"step": 1}]}', "activations[0]"),
+])
+def test_provenance_of_the_wrong_shape_is_one_line(content, why, tmp_path, capsys):
+    prov = tmp_path / "prov.json"
+    prov.write_text(content)
+    rc, _, err = amem(["report", TRACE, "--provenance", prov, "-o", tmp_path / "r.html"], capsys)
+    assert_one_line(rc, err, why, "Tracer.to_json")
+    assert not (tmp_path / "r.html").exists()
+
+
+@needs_trace
+def test_export_a_device_the_trace_does_not_have(tmp_path, capsys):
+    out = tmp_path / "t.csv"
+    rc, _, err = amem(["export", TRACE, "-f", "rmm", "--device", "5", "-o", out], capsys)
+    assert_one_line(rc, err, "no events for device 5", "devices with events: 0")
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- wording
+def test_messages_that_already_name_amem_are_not_prefixed_again(capsys):
+    rc, _, err = amem(["compare", "--no-progress"], capsys)  # neither a workload nor a script
+    assert_one_line(rc, err, "amem compare: give --workload")
+
+
+def test_out_of_memory_messages_use_units_a_person_reads():
+    a = amem_alloc.Allocator(backend="sim", limit_bytes=1 << 30)
+    with pytest.raises(amem_alloc.OutOfMemoryError) as err:
+        a.malloc(3 << 30)
+    text = str(err.value)
+    assert "3.00 GiB" in text and "1.00 GiB" in text and "MiB" not in text and "0.0%" in text
+
+
+# ---------------------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_during_compare_is_one_line_and_status_130(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    proc = subprocess.Popen([AMEM, "compare", "--workload", "gpt", "--no-progress", "--out", str(tmp_path / "c")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    time.sleep(4)  # importing, then recording on the CPU (it takes longer than this)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "amem compare: interrupted" in err

@@ -1,0 +1,138 @@
+"""A user's own error is never relabelled as amem's: under `amem run`, `amem compare -- python
+script.py` and AMEM_ENABLE=1 the script's exception keeps its traceback (file and line) and its
+exit status; only amem's own problems (a bad AMEM_CONF, a bad AMEM_ENABLE value) are amem's, and
+those stop the process with one line, as `amem run` does."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, run_command, run_python
+
+pytest.importorskip("torch")
+AMEM = str(Path(sys.executable).parent / "amem")
+
+FAILING = textwrap.dedent("""\
+    print("step 1 done")
+    def step():
+        raise RuntimeError("shape mismatch")
+    step()
+""")
+
+
+def _script(tmp_path, text, name="b.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_run_keeps_the_scripts_traceback_and_exit_status(tmp_path):
+    script = _script(tmp_path, FAILING)
+    proc = run_command([AMEM, "run", str(script)])
+    assert proc.returncode == 1
+    assert "step 1 done" in proc.stdout
+    assert f'File "{script}", line 3, in step' in proc.stderr
+    assert proc.stderr.rstrip().endswith("RuntimeError: shape mismatch")
+    assert "amem: shape mismatch" not in proc.stderr and "amem_alloc/cli.py" not in proc.stderr
+
+
+def test_run_keeps_a_torch_out_of_memory_error_as_the_scripts(tmp_path):
+    script = _script(tmp_path, "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')\n")
+    proc = run_command([AMEM, "run", str(script)])
+    assert proc.returncode == 1
+    assert f'File "{script}", line 2' in proc.stderr and "torch.OutOfMemoryError: CUDA out of memory" in proc.stderr
+
+
+@pytest.mark.parametrize("code, status", [("sys.exit(7)", 7), ("sys.exit('bye')", 1), ("raise KeyboardInterrupt", 130)])
+def test_run_gives_pythons_exit_status(tmp_path, code, status):
+    script = _script(tmp_path, f"import sys\n{code}\n")
+    proc = run_command([AMEM, "run", str(script)])
+    assert proc.returncode == status, proc.stderr
+
+
+def test_run_a_syntax_error_is_the_scripts(tmp_path):
+    script = _script(tmp_path, "x = (\n")
+    proc = run_command([AMEM, "run", str(script)])
+    assert proc.returncode == 1 and "SyntaxError" in proc.stderr and str(script) in proc.stderr
+
+
+def test_run_with_a_bad_amem_conf_is_amems_one_line(tmp_path):
+    script = _script(tmp_path, "print('ran')\n")
+    proc = run_command([AMEM, "run", str(script)], env={"AMEM_CONF": "max_split_size_mb:1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert len(lines) == 1 and lines[0].startswith("amem run: ") and "max_split_size_mb" in lines[0]
+
+
+# ---------------------------------------------------------------------------- AMEM_ENABLE
+def test_amem_enable_with_a_bad_conf_fails_like_amem_run():
+    proc = run_python("print('ran')", env={"AMEM_ENABLE": "1", "AMEM_CONF": "max_split_size_mb:1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert len(lines) == 1 and "AMEM_ENABLE=1 but amem could not be enabled" in lines[0]
+    assert "max_split_size_mb" in lines[0] and "amem: amem" not in lines[0]
+
+
+@pytest.mark.parametrize("value", ["true", "yes"])
+def test_amem_enable_other_than_0_or_1_is_an_error(value):
+    proc = run_python("print('ran')", env={"AMEM_ENABLE": value})
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert f"AMEM_ENABLE={value!r}: use 1" in proc.stderr
+
+
+def test_the_pth_line_hands_any_non_zero_value_to_amem():
+    """The start-up hook itself (site runs this line): AMEM_ENABLE=2 reaches the check, 0 does not."""
+    line = (ROOT / "amem_alloc" / "amem_alloc_autoenable.pth").read_text()
+    for value, code in (("2", 1), ("0", 0), ("", 0)):
+        proc = run_python(line + "\nprint('ran')", env={"AMEM_ENABLE": value})
+        assert proc.returncode == code, (value, proc.stderr)
+    assert "AMEM_ENABLE='2'" in run_python(line, env={"AMEM_ENABLE": "2"}).stderr
+
+
+def test_amem_enable_0_leaves_torchs_allocator():
+    probe = "import amem_alloc; print('enabled:', amem_alloc.is_enabled())"
+    assert "enabled: False" in run_python(probe, env={"AMEM_ENABLE": "0"}).stdout
+
+
+def test_a_script_under_amem_enable_keeps_its_traceback(tmp_path):
+    script = _script(tmp_path, FAILING)
+    proc = run_command([sys.executable, str(script)], env={"AMEM_ENABLE": "1"})
+    assert proc.returncode == 1 and f'File "{script}", line 3, in step' in proc.stderr
+    assert "RuntimeError: shape mismatch" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- amem compare -- python
+TRAIN = textwrap.dedent("""\
+    import torch
+    w = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(w.parameters(), lr=0.1)
+    for i in range(3):
+        w(torch.randn(32, 64)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"trained step {i}")
+""")
+
+
+def test_compare_a_failing_script_shows_its_output_traceback_and_status(tmp_path):
+    script = _script(tmp_path, FAILING.replace("raise RuntimeError", "import sys; sys.stdout.flush(); raise RuntimeError"))
+    proc = run_command([AMEM, "compare", "--no-progress", "--out", str(tmp_path / "c"), "--", "python", str(script)],
+                       timeout=300)
+    assert proc.returncode == 1
+    assert "step 1 done" in proc.stdout
+    assert f'File "{script}", line 3, in step' in proc.stderr and "RuntimeError: shape mismatch" in proc.stderr
+    assert "exited with status 1" in proc.stderr and "amem compare: recording" not in proc.stderr
+
+
+def test_compare_a_script_counts_its_optimizer_steps_and_shows_its_output(tmp_path):
+    script = _script(tmp_path, TRAIN, "train.py")
+    out = tmp_path / "c"
+    proc = run_command([AMEM, "compare", "--no-progress", "--policies", "torch", "--out", str(out),
+                        "--", "python", str(script)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained step 2" in proc.stdout
+    import json
+    recording = json.loads((out / "compare.json").read_text())["recording"]
+    assert recording["steps"] == 3 and len(recording["step_ops"]) == 3
