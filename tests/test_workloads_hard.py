@@ -20,7 +20,6 @@ import bench_fragmentation  # noqa: E402
 
 def _record(name, steps, size=1):
     """(program, info): the workload run once on the CPU under the profiler."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     streams.SWITCHES.clear()
