@@ -19,7 +19,8 @@ if sys.argv[2] == "amem":
     amem_alloc.enable()
 import torch
 from amem_alloc import workloads
-torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
+if sys.argv[2] == "native":
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
 info = workloads.get(sys.argv[1])(1, 2, "cuda", 0)
 torch.cuda.synchronize()
 if sys.argv[2] == "native":
