@@ -19,7 +19,7 @@ SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
                  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
                  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu bench gtest chromium clean
+.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu test-torch-versions bench gtest chromium clean
 
 setup: $(VENV)/.ready build
 
@@ -70,6 +70,24 @@ define sanitized_ctest
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(1)
 	$(SANITIZER_ENV) ctest --test-dir $(1) --output-on-failure -j2
 endef
+
+# torch 2.11/2.12 keep c10::OutOfMemoryError elsewhere than 2.13+ (Note [OutOfMemoryError before
+# 2.13] in csrc/bind/torch_oom.h): build a copy of the tree against torch 2.11 in a venv of its own
+# and run the tests that raise torch.OutOfMemoryError through torch's bindings there. Not part of
+# `make test`: the venv downloads several GB. OLD_TORCH_VENV may name an existing venv with it.
+OLD_TORCH      ?= torch==2.11.0
+OLD_TORCH_VENV ?= build/venv-torch-2.11
+OLD_TORCH_TREE := build/torch-2.11-tree
+
+test-torch-versions:
+	test -x $(OLD_TORCH_VENV)/bin/python || ($(PYTHON) -m venv $(OLD_TORCH_VENV) && \
+	  $(OLD_TORCH_VENV)/bin/python -m pip install -q "$(OLD_TORCH)" numpy pybind11 ninja "cmake>=3.18" setuptools wheel pytest hypothesis)
+	rm -rf $(OLD_TORCH_TREE) && mkdir -p $(OLD_TORCH_TREE)
+	git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C $(OLD_TORCH_TREE)
+	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python setup.py -q build_ext --inplace
+	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python -c "import torch; print('torch', torch.__version__)"
+	cd $(OLD_TORCH_TREE) && PYTHONPATH=$$PWD $(abspath $(OLD_TORCH_VENV))/bin/python -m pytest -q -p no:cacheprovider \
+	  tests/test_torch_parity.py tests/test_extension_abi.py
 
 bench: setup
 	$(PY) benchmarks/run.py

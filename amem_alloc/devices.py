@@ -22,10 +22,16 @@ def device_index(device: Any = None) -> int:
     else:
         import torch
 
+        if isinstance(device, torch.cuda.device):  # a torch.cuda.device(...) context object
+            device = device.idx
+            if isinstance(device, int):
+                return device_index(device)
         dev = torch.device(device)
         if dev.type != "cuda":
             raise ValueError(f"amem: {device!r} is not a CUDA device")
-        index = 0 if dev.index is None else dev.index
+        # "cuda" without an index means the current device, as in torch.cuda.memory_allocated("cuda")
+        index = dev.index if dev.index is not None else (
+            torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
     if index < 0:
         raise ValueError(f"amem: CUDA device index {index} is negative")
     return index

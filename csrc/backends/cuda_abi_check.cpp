@@ -16,6 +16,11 @@ static_assert(cudaSuccess == c::kSuccess, "cudaSuccess differs");
 static_assert(cudaErrorMemoryAllocation == c::kErrorMemoryAllocation, "cudaErrorMemoryAllocation differs");
 static_assert(cudaErrorNotReady == c::kErrorNotReady, "cudaErrorNotReady differs");
 static_assert(cudaEventDisableTiming == c::kEventDisableTiming, "cudaEventDisableTiming differs");
+static_assert(cudaStreamCaptureModeRelaxed == c::kStreamCaptureModeRelaxed, "cudaStreamCaptureModeRelaxed differs");
+static_assert(sizeof(cudaStreamCaptureMode) == sizeof(int), "cudaStreamCaptureMode is not int-sized");
+static_assert(std::is_same_v<decltype(&cudaThreadExchangeStreamCaptureMode), cudaError_t (*)(cudaStreamCaptureMode*)>,
+              "signature");
+static_assert(std::is_same_v<decltype(&cudaEventSynchronize), cudaError_t (*)(cudaEvent_t)>, "signature");
 static_assert(std::is_same_v<decltype(&cudaGetErrorString), const char* (*)(cudaError_t)>, "signature");
 static_assert(std::is_same_v<decltype(&cudaMalloc), cudaError_t (*)(void**, size_t)>, "signature");
 static_assert(std::is_same_v<decltype(&cudaEventRecord), cudaError_t (*)(cudaEvent_t, cudaStream_t)>, "signature");

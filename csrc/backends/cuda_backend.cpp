@@ -12,7 +12,9 @@
 // touched until the first CUDA allocation.
 //
 // Every call runs with the backend's device made current and the caller's
-// device restored afterwards (DeviceGuard). An out-of-memory from cudaMalloc is
+// device restored afterwards (DeviceGuard); every call that allocates, frees,
+// maps or unmaps runs with the thread in relaxed stream-capture mode
+// (RelaxedCapture; Note [capture mode] in backend.h). An out-of-memory from cudaMalloc is
 // reported as 0, with CUDA's sticky error cleared; any other CUDA error throws
 // BackendError with CUDA's own message.
 #include <dlfcn.h>
@@ -44,7 +46,10 @@ struct CudaRuntime {
   cudart::EventQueryFn event_query = nullptr;
   cudart::EventDestroyFn event_destroy = nullptr;
   cudart::StreamWaitEventFn stream_wait_event = nullptr;
+  cudart::EventSynchronizeFn event_synchronize = nullptr;
   cudart::DeviceSynchronizeFn device_synchronize = nullptr;
+  cudart::ThreadExchangeStreamCaptureModeFn exchange_capture_mode = nullptr;
+  cudart::StreamGetDeviceFn stream_get_device = nullptr;  // null before CUDA 12.8
   cudart::GetLastErrorFn get_last_error = nullptr;
   cudart::GetErrorStringFn error_string = nullptr;
 
@@ -87,7 +92,10 @@ const CudaRuntime& CudaRuntime::get() {
     resolve(lib, rt.event_query, "cudaEventQuery");
     resolve(lib, rt.event_destroy, "cudaEventDestroy");
     resolve(lib, rt.stream_wait_event, "cudaStreamWaitEvent");
+    resolve(lib, rt.event_synchronize, "cudaEventSynchronize");
     resolve(lib, rt.device_synchronize, "cudaDeviceSynchronize");
+    resolve(lib, rt.exchange_capture_mode, "cudaThreadExchangeStreamCaptureMode");
+    rt.stream_get_device = reinterpret_cast<cudart::StreamGetDeviceFn>(dlsym(lib, "cudaStreamGetDevice"));
     resolve(lib, rt.get_last_error, "cudaGetLastError");
     resolve(lib, rt.error_string, "cudaGetErrorString");
   });
@@ -117,6 +125,31 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// Switches this thread to relaxed stream-capture mode for a scope and restores
+// its mode (torch: CUDAStreamCaptureModeGuard in cudaMallocMaybeCapturing).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const CudaRuntime& rt) : rt_(rt) {
+    check(rt_, rt_.exchange_capture_mode(&mode_), "cudaThreadExchangeStreamCaptureMode");
+  }
+  ~RelaxedCapture() { rt_.exchange_capture_mode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const CudaRuntime& rt_;
+  int mode_ = cudart::kStreamCaptureModeRelaxed;  // holds the caller's mode while the scope lasts
+};
+
+// The device `stream` belongs to: the default stream is the current device's;
+// without cudaStreamGetDevice (CUDA < 12.8) assume `fallback`.
+int stream_device(const CudaRuntime& rt, cudart::Stream stream, int fallback) {
+  if (stream == nullptr || rt.stream_get_device == nullptr) return fallback;
+  int device = fallback;
+  check(rt, rt.stream_get_device(stream, &device), "cudaStreamGetDevice");
+  return device;
+}
+
 // ---------------------------------------------------------------- the backend
 
 class CudaBackend final : public Backend {
@@ -139,23 +172,28 @@ class CudaBackend final : public Backend {
 
   uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     return pages().reserve(bytes, page_bytes);
   }
   void release_address_range(uintptr_t address, size_t bytes) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     pages().release(address, bytes);
   }
   bool map_pages(uintptr_t address, size_t bytes) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     return pages().map(address, bytes);
   }
   void unmap_pages(uintptr_t address, size_t bytes) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     pages().unmap(address, bytes);
   }
 
   uintptr_t allocate_segment(size_t bytes) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     void* p = nullptr;
     Error err = rt_.malloc(&p, bytes);
     if (err == cudart::kErrorMemoryAllocation) {
@@ -168,22 +206,32 @@ class CudaBackend final : public Backend {
 
   void release_segment(uintptr_t address, size_t) override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     check(rt_, rt_.free(reinterpret_cast<void*>(address)), "cudaFree");
   }
 
   DeviceMemoryInfo memory_info() override {
     DeviceGuard guard(rt_, device_);
+    RelaxedCapture relaxed(rt_);
     size_t free_bytes = 0, total_bytes = 0;
     check(rt_, rt_.mem_get_info(&free_bytes, &total_bytes), "cudaMemGetInfo");
     return {free_bytes, total_bytes};
   }
 
+  // The event is created on the stream's own device, as CUDA requires (torch: insert_events).
   EventId record_event(StreamId stream) override {
-    DeviceGuard guard(rt_, device_);
+    auto s = reinterpret_cast<cudart::Stream>(stream);
+    DeviceGuard guard(rt_, stream_device(rt_, s, device_));
     cudart::Event event = nullptr;
     check(rt_, rt_.event_create(&event, cudart::kEventDisableTiming), "cudaEventCreateWithFlags");
-    check(rt_, rt_.event_record(event, reinterpret_cast<cudart::Stream>(stream)), "cudaEventRecord");
+    Error err = rt_.event_record(event, s);
+    if (err != cudart::kSuccess) rt_.event_destroy(event);  // nothing left behind
+    check(rt_, err, "cudaEventRecord");
     return reinterpret_cast<EventId>(event);
+  }
+
+  void wait_event(EventId event) override {
+    check(rt_, rt_.event_synchronize(reinterpret_cast<cudart::Event>(event)), "cudaEventSynchronize");
   }
 
   bool event_completed(EventId event) override {
@@ -201,8 +249,8 @@ class CudaBackend final : public Backend {
   }
 
   // cross_stream_reuse:handover: later work on `stream` waits for `event` (no host sync).
-  void wait_event(StreamId stream, EventId event) override {
-    DeviceGuard guard(rt_, device_);
+  void stream_wait_event(StreamId stream, EventId event) override {
+    DeviceGuard guard(rt_, stream_device(rt_, reinterpret_cast<cudart::Stream>(stream), device_));
     check(rt_, rt_.stream_wait_event(reinterpret_cast<cudart::Stream>(stream), reinterpret_cast<cudart::Event>(event), 0),
           "cudaStreamWaitEvent");
   }

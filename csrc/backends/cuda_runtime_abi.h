@@ -22,6 +22,7 @@ constexpr Error kSuccess = 0;                  // cudaSuccess
 constexpr Error kErrorMemoryAllocation = 2;    // cudaErrorMemoryAllocation
 constexpr Error kErrorNotReady = 600;          // cudaErrorNotReady
 constexpr unsigned kEventDisableTiming = 0x02; // cudaEventDisableTiming
+constexpr int kStreamCaptureModeRelaxed = 2;   // cudaStreamCaptureModeRelaxed
 
 using MallocFn = Error (*)(void**, size_t);
 using FreeFn = Error (*)(void*);
@@ -34,7 +35,10 @@ using EventRecordFn = Error (*)(Event, Stream);
 using EventQueryFn = Error (*)(Event);
 using EventDestroyFn = Error (*)(Event);
 using StreamWaitEventFn = Error (*)(Stream, Event, unsigned);
+using EventSynchronizeFn = Error (*)(Event);
 using DeviceSynchronizeFn = Error (*)();
+using ThreadExchangeStreamCaptureModeFn = Error (*)(int*);  // cudaStreamCaptureMode* (an int-sized enum)
+using StreamGetDeviceFn = Error (*)(Stream, int*);           // CUDA 12.8+; optional
 using GetLastErrorFn = Error (*)();
 using GetErrorStringFn = const char* (*)(Error);
 

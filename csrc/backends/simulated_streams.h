@@ -31,6 +31,10 @@ class SimulatedStreams {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_.count(event) == 0;
   }
+  void wait(EventId event) {  // its stream's work up to it is done
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.erase(event);
+  }
   void destroy(EventId event) {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.erase(event);
@@ -64,6 +68,7 @@ class SimulatedBackend : public Backend {
 
   EventId record_event(StreamId stream) override { return streams_.record(stream); }
   bool event_completed(EventId event) override { return streams_.completed(event); }
+  void wait_event(EventId event) override { streams_.wait(event); }
   void destroy_event(EventId event) override { streams_.destroy(event); }
   void synchronize() override { streams_.synchronize(); }
   DeviceMemoryInfo memory_info() override {

@@ -15,6 +15,7 @@
 // amem_free must never throw (torch calls it from deleters that cannot), so a
 // bad free is counted in the device's stats (num_invalid_frees) and reported
 // on stderr instead, and the allocator's state stays untouched.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -54,8 +55,8 @@ void report_to_profiler(amem::CachingAllocator& a, uintptr_t address, int64_t by
 }
 
 void report_free_error(const char* what) {
-  static int reported = 0;
-  if (reported++ < 10) std::fprintf(stderr, "%s\n", what);
+  static std::atomic<int> reported{0};  // frees come from any thread
+  if (reported.fetch_add(1, std::memory_order_relaxed) < 10) std::fprintf(stderr, "%s\n", what);
 }
 
 }  // namespace
@@ -101,6 +102,7 @@ AMEM_API void amem_free(void* ptr, size_t /*size*/, int device, void* /*stream*/
 // torch's record_stream hook (tensor.record_stream(s)): the block is not reused
 // until the work queued on `stream` so far has finished (Note [record_stream]).
 AMEM_API void amem_record_stream(void* ptr, void* stream) {
+  if (ptr == nullptr) return;  // an empty tensor: nothing to order (Note [size 0])
   int device = amem::registry_owner(reinterpret_cast<uintptr_t>(ptr));
   if (device < 0) {
     report_free_error("amem: record_stream on a pointer amem does not hold; ignored");

@@ -5,8 +5,10 @@
 
 namespace amem {
 
-void* libc10_symbol(const char* mangled) {
-  void* lib = dlopen("libc10.so", RTLD_NOW | RTLD_NOLOAD);  // torch's own copy, if loaded
+void* libc10_symbol(const char* mangled) { return torch_library_symbol("libc10.so", mangled); }
+
+void* torch_library_symbol(const char* soname, const char* mangled) {
+  void* lib = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);  // torch's own copy, if loaded
   if (lib == nullptr) return nullptr;
   void* symbol = dlsym(lib, mangled);
   dlclose(lib);  // drops only the reference NOLOAD added; torch keeps the library loaded

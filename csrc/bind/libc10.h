@@ -12,5 +12,8 @@ namespace amem {
 
 // The address of `mangled` in the loaded libc10, or nullptr.
 void* libc10_symbol(const char* mangled);
+// The address of `mangled` in torch's already loaded library `soname` (e.g.
+// "libtorch_cuda.so"), or nullptr when the library is not loaded or lacks it.
+void* torch_library_symbol(const char* soname, const char* mangled);
 
 }  // namespace amem

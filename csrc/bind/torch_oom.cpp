@@ -4,6 +4,7 @@
 #include <cxxabi.h>
 
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <typeinfo>
 
@@ -25,19 +26,49 @@ constexpr size_t kExceptionBytes = 4096;  // more than any c10::Error subclass n
 constexpr const char* kConstructor =
     "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
 constexpr const char* kTypeInfo = "_ZTIN3c1016OutOfMemoryErrorE";
+// torch 2.11/2.12 (Note [OutOfMemoryError before 2.13] in torch_oom.h).
+constexpr const char* kErrorConstructor =
+    "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+constexpr const char* kVtable = "_ZTVN3c1016OutOfMemoryErrorE";
+constexpr const char* kTypeName = "N3c1016OutOfMemoryErrorE";  // std::type_info::name()
+constexpr const char* const kWeakCopies[] = {"libc10_cuda.so", "libtorch_cuda.so", "libtorch_python.so"};
 
 struct TorchOom {
   Constructor construct = nullptr;
   std::type_info* type = nullptr;
+  void* const* vtable = nullptr;  // set: construct is c10::Error's, and the object becomes an OutOfMemoryError
 };
+
+// torch 2.13+: libc10 exports the class's constructor and type_info.
+TorchOom from_libc10() {
+  auto construct = reinterpret_cast<Constructor>(libc10_symbol(kConstructor));
+  auto type = static_cast<std::type_info*>(libc10_symbol(kTypeInfo));
+  if (construct == nullptr || type == nullptr) return {};
+  return {construct, type, nullptr};
+}
+
+// torch 2.11/2.12: c10::Error's exported constructor, then the vtable and
+// type_info of a weak copy of the class in one of torch's CUDA libraries.
+TorchOom from_weak_copies() {
+  auto construct = reinterpret_cast<Constructor>(libc10_symbol(kErrorConstructor));
+  if (construct == nullptr) return {};
+  for (const char* lib : kWeakCopies) {
+    auto vtable = static_cast<void* const*>(torch_library_symbol(lib, kVtable));
+    // Itanium ABI: a vtable starts {offset to top = 0, &type_info}; anything else is not what we think.
+    if (vtable == nullptr || vtable[0] != nullptr || vtable[1] == nullptr) continue;
+    auto type = static_cast<std::type_info*>(vtable[1]);  // the copy the loader bound this vtable to
+    if (std::strcmp(type->name(), kTypeName) != 0) continue;
+    return {construct, type, vtable};
+  }
+  return {};
+}
 
 const TorchOom& resolve() {
   static TorchOom oom;
   static std::once_flag once;
   std::call_once(once, [] {
-    auto construct = reinterpret_cast<Constructor>(libc10_symbol(kConstructor));
-    auto type = static_cast<std::type_info*>(libc10_symbol(kTypeInfo));
-    if (construct != nullptr && type != nullptr) oom = {construct, type};
+    oom = from_libc10();
+    if (oom.construct == nullptr) oom = from_weak_copies();
   });
   return oom;
 }
@@ -60,6 +91,8 @@ void throw_torch_oom(const std::string& message) {
     abi::__cxa_free_exception(object);
     return;
   }
+  // A c10::Error made an OutOfMemoryError: the vtable's address point is 2 entries in.
+  if (oom.vtable != nullptr) *static_cast<void* const**>(object) = oom.vtable + 2;
   abi::__cxa_throw(object, oom.type, &destroy);
 }
 

@@ -20,6 +20,18 @@
 // ABI: c10::Error's primary base is std::exception, whose first virtual
 // function is its destructor).
 //
+// Note [OutOfMemoryError before 2.13]: torch 2.11 and 2.12's libc10 exports
+// neither that constructor nor that type_info; the class's type_info and
+// vtable exist only as weak copies in libc10_cuda, libtorch_cuda and
+// libtorch_python. OutOfMemoryError adds no data members to c10::Error
+// (`using Error::Error;`, c10/util/Exception.h), so we construct a c10::Error
+// with libc10's exported constructor, point the object's vptr at
+// OutOfMemoryError's vtable (its address point, 16 bytes in), and throw it with
+// that copy's type_info. The catch in torch's bindings matches it: libstdc++
+// compares type_infos by name, and the copy's bases are libc10's c10::Error.
+// We take the vtable and type_info from the same library and check that the
+// vtable names that type_info before using them.
+//
 // Robustness: the mangled constructor name encodes the std::string ABI, so a
 // torch built with another ABI simply does not match; c10::SourceLocation has
 // been {function, file, line} in every torch we support. If anything is

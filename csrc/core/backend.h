@@ -42,15 +42,26 @@ class Backend {
   virtual void release_segment(uintptr_t address, size_t bytes) = 0;
   virtual DeviceMemoryInfo memory_info() = 0;
 
-  // Stream ordering, for blocks used on streams other than their own.
+  // Stream ordering, for blocks used on streams other than their own. The
+  // event belongs to the stream's device, which may not be the backend's.
   virtual EventId record_event(StreamId stream) = 0;
   virtual bool event_completed(EventId event) = 0;
+  // Blocks until the work before `event` has finished.
+  virtual void wait_event(EventId event) = 0;
   virtual void destroy_event(EventId event) = 0;
   // Waits for all work on the device (before memory goes back to it).
   virtual void synchronize() = 0;
   // Makes later work on `stream` wait until `event` completed, without blocking
   // the host (cudaStreamWaitEvent). Host and sim run no device work: nothing to order.
-  virtual void wait_event(StreamId stream, EventId event) {}
+  virtual void stream_wait_event(StreamId stream, EventId event) {}
+
+  // Note [capture mode]: the cuda backend makes every call that allocates,
+  // frees, maps or unmaps device memory with the calling thread switched to
+  // relaxed stream-capture mode (torch: cudaMallocMaybeCapturing), so a CUDA
+  // graph being captured in global mode, on this thread or another, is not
+  // invalidated by it. Synchronizing calls (synchronize, wait_event,
+  // event_completed) are never legal during a capture: the allocator must not
+  // make them while one is under way.
 
   // Expandable segments (torch's expandable_segments:True): reserve a range of
   // addresses once, then back pages of it with memory on demand. A backend that

@@ -35,6 +35,7 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
   ++clock_;
+  if (capturing()) drop_failed_captures();
   if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
   const PoolKind kind = pool_kind_for(rounded);
@@ -135,7 +136,7 @@ void CachingAllocator::settle_fences(Block* block, StreamId stream) {
 // No cached block fits: get a new segment, freeing cached memory to make room
 // if the backend refuses (torch: the alloc_block / release_* chain in malloc).
 Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
+  if (fraction_set_ && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
   if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
   if (release_available_cached_blocks(pool, stream, rounded))
     if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
@@ -147,7 +148,8 @@ Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, 
 Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size_t rounded,
                                           bool is_retry) {
   if (is_retry) stats_.num_alloc_retries += 1;
-  if (options_.expandable_segments) return allocate_expandable(pool, stream, rounded);
+  // Private pools never expand (Note [private pools]): as in torch, a graph's pool gets plain segments.
+  if (options_.expandable_segments && pool.owner == kDefaultPool) return allocate_expandable(pool, stream, rounded);
   size_t size = segment_size_for(rounded);
   int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
@@ -199,7 +201,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
-    rest->fences = block->fences;  // its bytes were used where the block's were
+    if (!block->fences.empty()) rest->fences = block->fences;  // its bytes were used where the block's were
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
@@ -233,6 +235,8 @@ void CachingAllocator::free(uintptr_t address) {
     stats_.num_invalid_frees += 1;
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
+  StreamEvents events;  // recorded first: if the device refuses, nothing has changed yet
+  if (!block->stream_uses.empty() && !capturing()) events = record_stream_events(block);
   allocated_.erase(address);
   Ledger books = ledger(block->pool->kind);
   books.remove(block);
@@ -249,7 +253,7 @@ void CachingAllocator::free(uintptr_t address) {
     block->pending_events += 1;
     deferred_.push_back(block);
   } else {
-    insert_events(block);  // Note [record_stream]
+    insert_events(block, std::move(events));  // Note [record_stream]
   }
   if (options_.debug_checks) check_valid_locked();
 }
@@ -303,8 +307,21 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
-void CachingAllocator::insert_events(Block* block) {
-  for (StreamId s : block->stream_uses) events_.record(s, block);
+// An event on each stream that used `block`, all or none: a failure destroys
+// those already recorded and rethrows, with nothing else changed.
+CachingAllocator::StreamEvents CachingAllocator::record_stream_events(const Block* block) {
+  StreamEvents events;
+  try {
+    for (StreamId s : block->stream_uses) events.emplace_back(s, backend_->record_event(s));
+  } catch (...) {
+    for (auto& [stream, event] : events) backend_->destroy_event(event);
+    throw;
+  }
+  return events;
+}
+
+void CachingAllocator::insert_events(Block* block, StreamEvents events) {
+  for (auto& [stream, event] : events) events_.add(stream, event, block);
   block->stream_uses.clear();
 }
 
@@ -313,28 +330,33 @@ void CachingAllocator::process_events() {
   events_.poll([this](Block* b) { free_block(b); });
 }
 
+// Waits for each pending event, not for the whole device: only what is
+// pending is waited for, and with nothing pending nothing waits (torch does the same).
 void CachingAllocator::synchronize_and_free_events() {
-  backend_->synchronize();
   stats_.num_sync_all_streams += 1;
-  events_.complete_all([this](Block* b) { free_block(b); });
-  fences_.synchronized();
+  events_.wait_all([this](Block* b) { free_block(b); });
 }
 
 // ================================================================ releasing memory
 
 void CachingAllocator::empty_cache() {
   Guard guard(*this);
+  if (capturing()) drop_failed_captures();
   stats_.num_empty_cache += 1;
   if (trace_.on()) trace_.record(TraceAction::k_empty_cache, 0, 0, 0, 0, 0);
   release_cached_blocks();
   if (options_.debug_checks) check_valid_locked();
 }
 
-// Frees every cached whole segment (torch: release_cached_blocks).
+// Frees every cached whole segment (torch: release_cached_blocks). While a
+// capture is under way nothing may wait for the device: the shared pools keep
+// their memory, and only pools no graph uses any more give theirs back.
 bool CachingAllocator::release_cached_blocks() {
-  synchronize_and_free_events();
-  release_pool_segments(large_);
-  release_pool_segments(small_);
+  if (!capturing()) {
+    synchronize_and_free_events();
+    release_pool_segments(large_);
+    release_pool_segments(small_);
+  }
   release_freeable_private_pools();
   return true;
 }
@@ -346,7 +368,11 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
     if (b->segment->expandable) expandable.push_back(b);
     else if (!b->is_split()) whole.push_back(b);
   }
-  for (Block* b : whole) release_segment_of(b);
+  for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
+  if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
+    backend_->synchronize();
+    fences_.synchronized();
+  }
   for (Block* b : expandable) unmap_block(b);
 }
 

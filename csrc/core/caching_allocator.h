@@ -95,8 +95,9 @@ class CachingAllocator {
   // CUDA graph capture and MemPool).
   void begin_allocate_to_pool(PoolId id, std::function<bool(StreamId)> filter);
   void end_allocate_to_pool(PoolId id);
-  // The pool's owner is done with it: its cached memory goes back now, and the
-  // pool disappears once its last block is freed and released.
+  // The pool's owner is done with it: its cached memory goes back at the next
+  // empty_cache or out-of-memory retry (Note [lazy pool release]), and the pool
+  // disappears once its last block is freed and released.
   void release_pool(PoolId id);
   size_t private_pool_count() const;
 
@@ -171,7 +172,9 @@ class CachingAllocator {
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
   size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);
-  void insert_events(Block* block);
+  using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
+  StreamEvents record_stream_events(const Block* block);  // all or nothing
+  void insert_events(Block* block, StreamEvents events);
   void process_events();
   void synchronize_and_free_events();
 
@@ -188,6 +191,7 @@ class CachingAllocator {
   bool capturing() const { return !routes_.empty(); }
   std::vector<const BlockPool*> all_pools() const;
   void release_freeable_private_pools();
+  void drop_failed_captures();
   void insert_deferred_events();
   void note_reserved_increase(PoolKind kind, size_t bytes);
   void note_reserved_decrease(PoolKind kind, size_t bytes);
@@ -233,7 +237,12 @@ class CachingAllocator {
     int users = 0;  // begin_allocate_to_pool calls not yet matched by release_pool
   };
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
-  std::vector<std::pair<PoolId, std::function<bool(StreamId)>>> routes_;  // open scopes
+  struct Route {                                      // an open allocate-to-pool scope
+    PoolId id;
+    std::function<bool(StreamId)> filter;
+    std::vector<StreamId> served;                     // streams it took (Note [failed capture])
+  };
+  std::vector<Route> routes_;
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks

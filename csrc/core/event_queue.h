@@ -10,8 +10,8 @@
 // up to its first unfinished event: O(streams) per poll, not O(pending events)
 // (torch does the same).
 //
-// The queue owns the events it records and destroys each once it completed (or
-// at synchronize / destruction). It calls `on_ready(block)` for a block whose
+// The queue owns the events given to it and destroys each once it completed
+// (or was waited for, or at destruction). It calls `on_ready(block)` for a block whose
 // last event completed; what "ready" means (free the block, hand it to another
 // stream) is the allocator's policy.
 #pragma once
@@ -37,9 +37,9 @@ class EventQueue {
 
   bool empty() const { return pending_.empty(); }
 
-  // One event on `stream` that `block` waits for.
-  void record(StreamId stream, Block* block) {
-    pending_[stream].emplace_back(backend_.record_event(stream), block);
+  // `event`, recorded on `stream`, is one that `block` waits for; the queue owns it now.
+  void add(StreamId stream, EventId event, Block* block) {
+    pending_[stream].emplace_back(event, block);
     block->pending_events += 1;
   }
 
@@ -57,11 +57,16 @@ class EventQueue {
     }
   }
 
-  // Every event has completed (the caller synchronized the device).
+  // Waits for every pending event (the host blocks on each; the rest of the
+  // device runs on), then completes them all. Nothing pending: nothing waits.
   template <typename OnReady>
-  void complete_all(OnReady on_ready) {
-    for (auto& [stream, queue] : pending_)
-      for (auto& [event, block] : queue) complete(event, block, on_ready);
+  void wait_all(OnReady on_ready) {
+    for (auto& [stream, queue] : pending_) {
+      for (auto& [event, block] : queue) {
+        backend_.wait_event(event);
+        complete(event, block, on_ready);
+      }
+    }
     pending_.clear();
   }
 

@@ -181,6 +181,8 @@ void CachingAllocator::reclaim_idle_pages(size_t wanted) {
   const size_t min_bytes = wanted / kReclaimHoleShare;  // small holes cost calls and gain little
   if (!budget() || idle_pages(min_bytes).empty()) return;
   synchronize_and_free_events();  // may free and merge blocks: collect afterwards
+  backend_->synchronize();        // nothing unmapped may still be in use
+  fences_.synchronized();
   size_t reclaimed = 0;
   for (Block* b : idle_pages(min_bytes)) {
     if (reclaimed >= wanted || !budget()) break;

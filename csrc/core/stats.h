@@ -80,7 +80,7 @@ struct PoolStat {
   int64_t all_current = 0;
   int64_t all_peak = 0;
 
-  void increase(PoolKind pool, int64_t n) {
+  inline __attribute__((always_inline)) void increase(PoolKind pool, int64_t n) {
     pools[static_cast<int>(pool)].increase(n);
     all_current += n;
     if (all_current > all_peak) all_peak = all_current;
@@ -89,7 +89,7 @@ struct PoolStat {
     pools[static_cast<int>(pool)].decrease(n);
     all_current -= n;
   }
-  void add(PoolKind pool, int64_t n) { n >= 0 ? increase(pool, n) : decrease(pool, -n); }
+  void add(PoolKind pool, int64_t n) { n >= 0 ? increase(pool, n) : decrease(pool, -n); }  // signed
   // Index 0 = all, 1 = small_pool, 2 = large_pool (torch's export order).
   Stat by_pool(int index) const {
     if (index > 0) return pools[index - 1];

@@ -74,7 +74,7 @@ class StreamFences {
   // Makes `consumer` wait for the work queued so far on `producer` (handover mode).
   void hand_over(StreamId producer, StreamId consumer) {
     EventId e = backend_.record_event(producer);
-    backend_.wait_event(consumer, e);
+    backend_.stream_wait_event(consumer, e);
     backend_.destroy_event(e);
   }
 

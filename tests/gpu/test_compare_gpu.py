@@ -11,6 +11,7 @@ import pytest
 
 from amem_alloc import policies
 from amem_alloc.compare import compare, fidelity, format_markdown, format_text
+from conftest import save_artifact
 
 pytestmark = pytest.mark.gpu
 SIZE = 4  # large enough that one 20 MiB segment is well under 2% of the peak
@@ -20,7 +21,12 @@ WORKLOADS = ("gpt", "mlp", "mlp-checkpoint", "decode")
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare-real")
-    return {w: compare(workload=w, size=SIZE, mode="real", out_dir=out / w, progress=False) for w in WORKLOADS}
+    if os.environ.get("AMEM_GPU_ARTIFACTS"):  # keep every run's traces and tables for offline diagnosis
+        out = Path(os.environ["AMEM_GPU_ARTIFACTS"]) / "compare-real"
+    results = {w: compare(workload=w, size=SIZE, mode="real", out_dir=out / w, progress=False) for w in WORKLOADS}
+    for w, result in results.items():
+        save_artifact(f"compare-real/{w}/table.txt", format_text(result))
+    return results
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

@@ -9,12 +9,15 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 namespace {
 
 constexpr int kDevices = 2;
 constexpr size_t kGranularity = size_t{2} << 20;
 constexpr int kInvalidValue = 1, kOutOfMemory = 2, kInvalidDevice = 101, kNotFound = 500;
+constexpr int kCaptureUnsupported = 900;  // cudaErrorStreamCaptureUnsupported / CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+constexpr int kGlobal = 0, kThreadLocal = 1, kRelaxed = 2;  // cudaStreamCaptureMode
 
 struct Handle { size_t bytes; int device; int mappings; };
 struct Mapping { size_t bytes; unsigned long long handle; bool access; };
@@ -24,7 +27,7 @@ struct State {
   size_t capacity = 0;
   size_t used[kDevices] = {};
   bool vmm = true;
-  std::map<std::string, int> failures;               // function -> code for its next call
+  std::map<std::string, std::pair<int, int>> failures;  // function -> {calls to let through, code}
   std::set<uint64_t> busy_streams;
   std::map<unsigned long long, Handle> handles;
   unsigned long long next_handle = 1;
@@ -33,7 +36,23 @@ struct State {
   size_t allocations = 0, events = 0, violations = 0;
   std::set<std::pair<uint64_t, uint64_t>> waits;      // (consumer, producer) stream pairs
   int sticky = 0;
+  int fatal = 0;                                      // a sticky error: every runtime call fails
+  std::map<uint64_t, int> stream_devices;             // cudaStreamGetDevice
 };
+
+struct Capture { int mode; std::thread::id thread; bool invalidated; };
+
+struct Captures {
+  std::mutex mutex;
+  std::map<uint64_t, Capture> by_stream;  // streams capturing now
+  size_t refusals = 0, invalidated = 0;
+};
+
+Captures& captures() {
+  static Captures c;
+  return c;
+}
+thread_local int thread_capture_mode = kGlobal;  // cudaThreadExchangeStreamCaptureMode
 
 State& state() {
   static State s;
@@ -82,6 +101,12 @@ void fake_cuda_reset(size_t capacity) {
   s.allocations = s.events = s.violations = 0;
   s.waits.clear();
   s.sticky = 0;
+  s.fatal = 0;
+  s.stream_devices.clear();
+  std::lock_guard<std::mutex> capture_lock(captures().mutex);
+  captures().by_stream.clear();
+  captures().refusals = captures().invalidated = 0;
+  thread_capture_mode = kGlobal;
 }
 
 FakeCudaCounts fake_cuda_counts() {
@@ -98,12 +123,20 @@ FakeCudaCounts fake_cuda_counts() {
   for (int d = 0; d < kDevices; ++d) c.used_bytes[d] = s.used[d];
   c.violations = s.violations;
   c.sticky_error = s.sticky;
+  std::lock_guard<std::mutex> capture_lock(captures().mutex);
+  c.capture_refusals = captures().refusals;
+  c.invalidated_captures = captures().invalidated;
   return c;
 }
 
 void fake_cuda_fail_next(const char* function, int code) {
   std::lock_guard<std::mutex> lock(state().mutex);
-  state().failures[function] = code;
+  state().failures[function] = {0, code};
+}
+
+void fake_cuda_fail_after(const char* function, int skip, int code) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().failures[function] = {skip, code};
 }
 
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy) {
@@ -114,13 +147,24 @@ void fake_cuda_set_stream_busy(uint64_t stream, bool busy) {
 
 void fake_cuda_set_vmm_supported(bool supported) { state().vmm = supported; }
 
+void fake_cuda_set_stream_device(uint64_t stream, int device) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().stream_devices[stream] = device;
+}
+
+void fake_cuda_set_fatal_error(int code) { state().fatal = code; }
+
 // ---------------------------------------------------------------- shared with the runtime
 
 bool fake_cuda_take_failure(const char* function, int* code) {
   auto& failures = state().failures;
   auto it = failures.find(function);
   if (it == failures.end()) return false;
-  *code = it->second;
+  if (it->second.first > 0) {
+    it->second.first -= 1;
+    return false;
+  }
+  *code = it->second.second;
   failures.erase(it);
   return true;
 }
@@ -150,6 +194,65 @@ bool fake_cuda_waited(uint64_t consumer, uint64_t producer) {
   std::lock_guard<std::mutex> lock(state().mutex);
   return state().waits.count({consumer, producer}) != 0;
 }
+int fake_cuda_fatal_error() { return state().fatal; }
+
+int fake_cuda_stream_device(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto it = state().stream_devices.find(stream);
+  return it == state().stream_devices.end() ? 0 : it->second;
+}
+
+// CUDA's rule for potentially unsafe calls during stream capture (fake_cuda.h).
+int fake_cuda_capture_check(bool sync) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto self = std::this_thread::get_id();
+  bool refused = false;
+  for (auto& [stream, capture] : c.by_stream) {
+    const bool own = capture.thread == self && capture.mode != kRelaxed;
+    const bool conflicts = sync || (thread_capture_mode == kGlobal && (own || capture.mode == kGlobal)) ||
+                           (thread_capture_mode == kThreadLocal && own);
+    if (!conflicts) continue;
+    refused = true;
+    if (!capture.invalidated) c.invalidated += 1;
+    capture.invalidated = true;
+  }
+  if (!refused) return 0;
+  c.refusals += 1;
+  return kCaptureUnsupported;
+}
+
+// ---------------------------------------------------------------- stream capture (runtime API)
+
+int fake_cuda_begin_capture(uint64_t stream, int mode) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (mode < kGlobal || mode > kRelaxed || c.by_stream.count(stream)) return violation(kInvalidValue);
+  c.by_stream[stream] = Capture{mode, std::this_thread::get_id(), false};
+  return 0;
+}
+
+// 0, or cudaErrorStreamCaptureInvalidated (901) when a refused call broke the capture.
+int fake_cuda_end_capture(uint64_t stream) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.by_stream.find(stream);
+  if (it == c.by_stream.end()) return violation(kInvalidValue);
+  const bool invalidated = it->second.invalidated;
+  c.by_stream.erase(it);
+  return invalidated ? 901 : 0;
+}
+
+bool fake_cuda_stream_capturing(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(captures().mutex);
+  return captures().by_stream.count(stream) != 0;
+}
+
+int fake_cuda_exchange_capture_mode(int mode) {
+  const int previous = thread_capture_mode;
+  thread_capture_mode = mode;
+  return previous;
+}
 
 // ---------------------------------------------------------------- the driver API
 
@@ -157,6 +260,11 @@ bool fake_cuda_waited(uint64_t consumer, uint64_t producer) {
   do {                                                  \
     int code_ = 0;                                      \
     if (fake_cuda_take_failure(name, &code_)) return code_; \
+  } while (0)
+
+#define CAPTURE_CHECK()                                            \
+  do {                                                             \
+    if (int code_ = fake_cuda_capture_check(false)) return code_; \
   } while (0)
 
 struct FakeLocation { int type; int id; };
@@ -184,6 +292,7 @@ int cuGetErrorString(int error, const char** text) {
     case kOutOfMemory: *text = "out of memory"; return 0;
     case kInvalidDevice: *text = "invalid device ordinal"; return 0;
     case kNotFound: *text = "named symbol not found"; return 0;
+    case kCaptureUnsupported: *text = "operation not supported when stream is capturing"; return 0;
     default: *text = nullptr; return kInvalidValue;
   }
 }
@@ -198,6 +307,7 @@ int cuMemGetAllocationGranularity(size_t* granularity, const FakeProp* prop, int
 int cuMemAddressReserve(unsigned long long* address, size_t bytes, size_t alignment, unsigned long long hint,
                         unsigned long long flags) {
   FAKE_FAILURE("cuMemAddressReserve");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (bytes == 0 || bytes % kGranularity != 0) return violation(kInvalidValue);
@@ -210,6 +320,7 @@ int cuMemAddressReserve(unsigned long long* address, size_t bytes, size_t alignm
 
 int cuMemAddressFree(unsigned long long address, size_t bytes) {
   FAKE_FAILURE("cuMemAddressFree");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.ranges.find(address);
@@ -222,6 +333,7 @@ int cuMemAddressFree(unsigned long long address, size_t bytes) {
 
 int cuMemCreate(unsigned long long* handle, size_t bytes, const FakeProp* prop, unsigned long long flags) {
   FAKE_FAILURE("cuMemCreate");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (prop == nullptr || prop->type != 1 || prop->location.type != 1 || prop->location.id < 0 ||
@@ -235,6 +347,7 @@ int cuMemCreate(unsigned long long* handle, size_t bytes, const FakeProp* prop, 
 
 int cuMemRelease(unsigned long long handle) {
   FAKE_FAILURE("cuMemRelease");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.handles.find(handle);
@@ -247,6 +360,7 @@ int cuMemRelease(unsigned long long handle) {
 int cuMemMap(unsigned long long address, size_t bytes, size_t offset, unsigned long long handle,
              unsigned long long flags) {
   FAKE_FAILURE("cuMemMap");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto h = s.handles.find(handle);
@@ -260,6 +374,7 @@ int cuMemMap(unsigned long long address, size_t bytes, size_t offset, unsigned l
 
 int cuMemUnmap(unsigned long long address, size_t bytes) {
   FAKE_FAILURE("cuMemUnmap");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.mappings.find(address);
@@ -271,6 +386,7 @@ int cuMemUnmap(unsigned long long address, size_t bytes) {
 
 int cuMemSetAccess(unsigned long long address, size_t bytes, const FakeAccess* desc, size_t count) {
   FAKE_FAILURE("cuMemSetAccess");
+  CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (desc == nullptr || count != 1 || desc->flags != 3 || desc->location.type != 1) return violation(kInvalidValue);

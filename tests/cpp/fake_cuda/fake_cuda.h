@@ -16,6 +16,17 @@
 // Breaking a rule returns an error code and counts a violation, which the
 // tests assert is zero. No memory is touched: addresses come from reserved,
 // inaccessible host address space.
+//
+// Stream capture (CUDA graphs) follows CUDA's rules: while a stream captures,
+// "potentially unsafe" calls (cudaMalloc, cudaFree, cudaMemGetInfo, event
+// queries, the virtual memory API) are refused with
+// cudaErrorStreamCaptureUnsupported — and every capture they conflict with is
+// invalidated, so its cudaStreamEndCapture fails — when the calling thread's
+// capture mode forbids them (cudaThreadExchangeStreamCaptureMode): global
+// mode forbids them while this thread captures in a non-relaxed mode or any
+// thread captures in global mode; thread-local mode only for this thread's
+// own non-relaxed captures; relaxed mode never. cudaDeviceSynchronize is
+// refused during any capture, whatever the mode.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +45,8 @@ struct FakeCudaCounts {
   size_t used_bytes[2] = {};    // per device: cudaMalloc + cuMemCreate
   size_t violations = 0;        // calls that broke the API's rules (see above)
   int sticky_error = 0;         // the runtime's pending error
+  size_t capture_refusals = 0;  // calls refused because a capture forbade them
+  size_t invalidated_captures = 0;  // captures ended by such a call
 };
 
 // Resets everything: 2 devices of `capacity` bytes each, virtual memory supported.
@@ -41,10 +54,16 @@ void fake_cuda_reset(size_t capacity);
 FakeCudaCounts fake_cuda_counts();
 // The next call to `function` (e.g. "cudaMalloc", "cuMemMap") returns `code`.
 void fake_cuda_fail_next(const char* function, int code);
+// The call to `function` after the next `skip` ones returns `code`.
+void fake_cuda_fail_after(const char* function, int skip, int code);
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy);
 void fake_cuda_set_vmm_supported(bool supported);
 // Whether `consumer` was made to wait (cudaStreamWaitEvent) on an event recorded on `producer`.
 bool fake_cuda_waited(uint64_t consumer, uint64_t producer);
+// Stream `stream` belongs to `device` (cudaStreamGetDevice; default: device 0).
+void fake_cuda_set_stream_device(uint64_t stream, int device);
+// An unrecoverable ("sticky") error: every runtime call fails with `code` from now on (0 clears).
+void fake_cuda_set_fatal_error(int code);
 
 // Shared with fake_cudart.cpp (internal).
 bool fake_cuda_take_failure(const char* function, int* code);
@@ -58,4 +77,14 @@ bool fake_cuda_stream_busy(uint64_t stream);
 size_t* fake_cuda_live_counter(const char* what);  // "allocations" or "events"
 int* fake_cuda_sticky_error();
 void fake_cuda_note_wait(uint64_t consumer, uint64_t producer);
+// 0 when the calling thread may make a potentially unsafe call now; else the
+// error to answer (the conflicting captures are invalidated). `sync`: the call
+// waits for the device, which no capture allows.
+int fake_cuda_capture_check(bool sync);
+int fake_cuda_stream_device(uint64_t stream);
+int fake_cuda_fatal_error();
+int fake_cuda_begin_capture(uint64_t stream, int mode);
+int fake_cuda_end_capture(uint64_t stream);
+bool fake_cuda_stream_capturing(uint64_t stream);
+int fake_cuda_exchange_capture_mode(int mode);  // returns the thread's previous mode
 }

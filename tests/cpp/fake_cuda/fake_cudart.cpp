@@ -10,10 +10,11 @@
 
 namespace {
 
-constexpr int kInvalidValue = 1, kMemoryAllocation = 2, kInvalidDevice = 101, kNotReady = 600;
+constexpr int kInvalidValue = 1, kMemoryAllocation = 2, kInvalidDevice = 101, kInvalidResourceHandle = 400,
+              kNotReady = 600, kCaptureUnsupported = 900, kCaptureInvalidated = 901;
 
 struct Allocation { size_t bytes; int device; };
-struct Event { uint64_t stream = 0; bool recorded = false; };
+struct Event { uint64_t stream = 0; bool recorded = false; int device = 0; };
 
 std::mutex& mutex() {
   static std::mutex m;
@@ -36,10 +37,17 @@ int fail(int code) {
   return code;
 }
 
-#define FAKE_FAILURE(name)                                    \
-  do {                                                        \
-    int code_ = 0;                                            \
-    if (fake_cuda_take_failure(name, &code_)) return fail(code_); \
+// A sticky (fatal) error fails every call; else a failure the test asked for.
+#define FAKE_FAILURE(name)                                        \
+  do {                                                            \
+    int code_ = fake_cuda_fatal_error();                          \
+    if (code_ != 0 || fake_cuda_take_failure(name, &code_)) return fail(code_); \
+  } while (0)
+
+// A potentially unsafe call during a capture that forbids it (fake_cuda.h).
+#define CAPTURE_CHECK(sync)                                          \
+  do {                                                               \
+    if (int code_ = fake_cuda_capture_check(sync)) return fail(code_); \
   } while (0)
 
 }  // namespace
@@ -48,6 +56,7 @@ extern "C" {
 
 int cudaMalloc(void** p, size_t bytes) {
   FAKE_FAILURE("cudaMalloc");
+  CAPTURE_CHECK(false);
   std::lock_guard<std::mutex> lock(mutex());
   if (!fake_cuda_charge(current_device, bytes)) return fail(kMemoryAllocation);
   void* q = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -63,6 +72,7 @@ int cudaMalloc(void** p, size_t bytes) {
 
 int cudaFree(void* p) {
   FAKE_FAILURE("cudaFree");
+  CAPTURE_CHECK(false);
   std::lock_guard<std::mutex> lock(mutex());
   auto it = allocations().find(p);
   if (it == allocations().end()) {
@@ -70,6 +80,7 @@ int cudaFree(void* p) {
     return fail(kInvalidValue);
   }
   munmap(p, it->second.bytes);
+  fake_cuda_finish_all_work();  // cudaFree synchronizes the device
   fake_cuda_refund(it->second.device, it->second.bytes);
   allocations().erase(it);
   *fake_cuda_live_counter("allocations") -= 1;
@@ -78,6 +89,7 @@ int cudaFree(void* p) {
 
 int cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   FAKE_FAILURE("cudaMemGetInfo");
+  CAPTURE_CHECK(false);
   *total_bytes = fake_cuda_capacity();
   *free_bytes = *total_bytes - fake_cuda_counts().used_bytes[current_device];
   return 0;
@@ -106,7 +118,7 @@ int cudaEventCreateWithFlags(void** event, unsigned flags) {
   FAKE_FAILURE("cudaEventCreateWithFlags");
   std::lock_guard<std::mutex> lock(mutex());
   const uintptr_t id = next_event++;
-  events()[id] = Event{};
+  events()[id] = Event{0, false, current_device};
   *fake_cuda_live_counter("events") += 1;
   *event = reinterpret_cast<void*>(id);
   return 0;
@@ -117,12 +129,19 @@ int cudaEventRecord(void* event, void* stream) {
   std::lock_guard<std::mutex> lock(mutex());
   auto it = events().find(reinterpret_cast<uintptr_t>(event));
   if (it == events().end()) return fail(kInvalidValue);
-  it->second = Event{reinterpret_cast<uint64_t>(stream), true};
+  const auto id = reinterpret_cast<uint64_t>(stream);
+  if (id != 0 && fake_cuda_stream_device(id) != it->second.device) {  // CUDA: event and stream share a device
+    fake_cuda_note_violation();
+    return fail(kInvalidResourceHandle);
+  }
+  it->second.stream = id;
+  it->second.recorded = true;
   return 0;
 }
 
 int cudaEventQuery(void* event) {
   FAKE_FAILURE("cudaEventQuery");
+  CAPTURE_CHECK(false);
   std::lock_guard<std::mutex> lock(mutex());
   auto it = events().find(reinterpret_cast<uintptr_t>(event));
   if (it == events().end()) return fail(kInvalidValue);
@@ -151,11 +170,55 @@ int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
 
 int cudaDeviceSynchronize() {  // all work finishes
   FAKE_FAILURE("cudaDeviceSynchronize");
+  CAPTURE_CHECK(true);
   fake_cuda_finish_all_work();
   return 0;
 }
 
+int cudaEventSynchronize(void* event) {  // the event's work finishes
+  FAKE_FAILURE("cudaEventSynchronize");
+  CAPTURE_CHECK(false);
+  std::lock_guard<std::mutex> lock(mutex());
+  auto it = events().find(reinterpret_cast<uintptr_t>(event));
+  if (it == events().end()) return fail(kInvalidValue);
+  fake_cuda_set_stream_busy(it->second.stream, false);
+  return 0;
+}
+
+int cudaStreamBeginCapture(void* stream, int mode) {
+  FAKE_FAILURE("cudaStreamBeginCapture");
+  return fake_cuda_begin_capture(reinterpret_cast<uint64_t>(stream), mode);
+}
+
+int cudaStreamEndCapture(void* stream, void** graph) {
+  FAKE_FAILURE("cudaStreamEndCapture");
+  const int code = fake_cuda_end_capture(reinterpret_cast<uint64_t>(stream));
+  *graph = code == 0 ? reinterpret_cast<void*>(0x6000) : nullptr;
+  return code == 0 ? 0 : fail(code);
+}
+
+int cudaStreamIsCapturing(void* stream, int* status) {  // cudaStreamCaptureStatus: 0 none, 1 active
+  FAKE_FAILURE("cudaStreamIsCapturing");
+  *status = fake_cuda_stream_capturing(reinterpret_cast<uint64_t>(stream)) ? 1 : 0;
+  return 0;
+}
+
+int cudaThreadExchangeStreamCaptureMode(int* mode) {
+  FAKE_FAILURE("cudaThreadExchangeStreamCaptureMode");
+  if (*mode < 0 || *mode > 2) return fail(kInvalidValue);
+  *mode = fake_cuda_exchange_capture_mode(*mode);
+  return 0;
+}
+
+int cudaStreamGetDevice(void* stream, int* device) {
+  FAKE_FAILURE("cudaStreamGetDevice");
+  const auto id = reinterpret_cast<uint64_t>(stream);
+  *device = id == 0 ? current_device : fake_cuda_stream_device(id);
+  return 0;
+}
+
 int cudaGetLastError() {
+  if (int fatal = fake_cuda_fatal_error()) return fatal;  // sticky: never cleared
   int* sticky = fake_cuda_sticky_error();
   const int error = *sticky;
   *sticky = 0;
@@ -169,6 +232,10 @@ const char* cudaGetErrorString(int error) {
     case kMemoryAllocation: return "out of memory";
     case kInvalidDevice: return "invalid device ordinal";
     case kNotReady: return "device not ready";
+    case kInvalidResourceHandle: return "invalid resource handle";
+    case kCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case kCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case 700: return "an illegal memory access was encountered";
     default: return "unrecognized error code";
   }
 }
