@@ -1,6 +1,6 @@
 # amem_alloc — the commands the README gives. Each sets up what it needs first.
 #
-#   make demo     set up, build, and run the main job: amem compare on a GPT workload (simulated without a GPU)
+#   make demo     set up, build, and run the main job: amem compare on a GPT workload (predicted without a GPU)
 #   make test     set up, build, and run every test (Python, C++, and the C++ tests again under
 #                 AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer)
 #   make bench    run every benchmark and write benchmarks/RESULTS.md (not part of `make test`;

@@ -10,6 +10,8 @@
     with amem_alloc.Tracer(model) as t: ...  # which op, module, autograd node owns each block
     amem_alloc.provenance(tensor); t.activations(); t.report()
 
+    amem_alloc.predict(step_fn, gpu="H100-80GB")  # GPU memory predicted without a GPU (docs/predict.md)
+
     amem_alloc.record(stacks="python")       # allocation traces (AMEM_TRACE=path: always on)
     amem_alloc.dump_snapshot("trace.pickle") # torch's snapshot format; `amem report trace.pickle`
 """
@@ -47,6 +49,8 @@ __all__ = [
     "load_snapshot",
     "memory_stats",
     "option_table",
+    "predict",
+    "predicting",
     "record",
     "render_report",
     "replay_program",
@@ -69,6 +73,11 @@ def __getattr__(name: str):
 
         module = importlib.import_module(".provenance", __name__)  # a callable module: provenance(t)
         return module.Tracer if name == "Tracer" else module
+    if name in ("predict", "predicting"):  # the predict package is callable: amem_alloc.predict(fn)
+        import importlib
+
+        module = importlib.import_module(".predict", __name__)
+        return module if name == "predict" else module.predicting
     if name in _LAZY:  # replay and compare import numpy: loaded on first use too
         import importlib
 

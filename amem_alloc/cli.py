@@ -7,7 +7,8 @@
     amem report TRACE -o report.html   an offline HTML report of a snapshot (amem's or torch's)
     amem export TRACE -f chrome|rmm -o OUT   Chrome/Perfetto JSON, or RMM's replay CSV
     amem replay TRACE --policy torch,amem   replay a trace under allocator policies (sim backend)
-    amem compare --workload gpt             every policy on a workload, one process each (simulated without a GPU)
+    amem compare --workload gpt             every policy on a workload, one process each (predicted without a GPU)
+    amem predict --gpu H100-80GB -- python train.py   GPU memory per policy, predicted without a GPU
 """
 from __future__ import annotations
 
@@ -139,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     from .compare.commands import add_commands as _add_compare_commands
 
     _add_compare_commands(sub)
+    from .predict.cli import add_command as _add_predict_command
+
+    _add_predict_command(sub)
     return parser
 
 

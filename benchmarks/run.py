@@ -17,6 +17,9 @@ What runs (each program's docstring says how it measures):
   benchmarks/bench_fragmentation.py  memory beyond what programs ask for, per policy, over every
                               shared trace and bundled workload (its own section of RESULTS.md,
                               between its own markers; --quick: two small traces, one short workload)
+  benchmarks/bench_predict.py a LLaMA-7B training step predicted without a GPU: wall time and peak
+                              RSS of the predicting process (--quick: a tiny config); its own
+                              RESULTS.md section is written by `bench_predict.py --write`
 
 Within each figure the variants are interleaved repetition by repetition, so a ratio compares
 numbers taken side by side. A value is the median over repetitions; a ratio is the median of the
@@ -332,6 +335,17 @@ def write_results(section: str, path: Path = RESULTS) -> None:
 # ============================================================================ main
 
 
+def prediction_rows(r: dict, quick: bool) -> list[Row]:
+    """bench_predict's two judged figures (a tiny config under --quick)."""
+    if "error" in r:
+        return [Row("Prediction at scale: LLaMA-7B training step", f"failed: {r['error']}", "< 60 s", "misses")]
+    what = "LLaMA-7B training step" if r["config"] == "7b" else "tiny LLaMA step (--quick)"
+    return [Row(f"Prediction at scale: {what}, wall time", f"{r['seconds']:.1f} s", "< 60 s",
+                judge(r["seconds"], 60, quick)),
+            Row(f"Prediction at scale: {what}, peak RSS", f"{r['maxrss'] / (1 << 30):.2f} GiB", "< 4 GiB",
+                judge(r["maxrss"] / (1 << 30), 4, quick))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: short, judges nothing, writes nothing")
@@ -344,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import bench_fragmentation
     import bench_gpu
+    import bench_predict
     import bench_replay
 
     load_before = loadavg()
@@ -355,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     replay = bench_replay.measure(args.quick)
     print("running the GPU benchmarks ...", file=sys.stderr, flush=True)
     gpu = bench_gpu.measure(args.quick)
+    print("running the prediction benchmark ...", file=sys.stderr, flush=True)
+    predicted = bench_predict.measure(args.quick)
     load_after = loadavg()
     print("profiling the hot path with callgrind ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -364,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     fragmentation = bench_fragmentation.run(args.quick)
 
     samples = {f["id"]: f["samples"] for f in core["figures"] + replay["figures"] + gpu["figures"]}
-    rows = rows_for(samples, args.quick, gpu.get("skipped"))
+    rows = rows_for(samples, args.quick, gpu.get("skipped")) + prediction_rows(predicted, args.quick)
     command = "python benchmarks/run.py" + (" --quick" if args.quick else "")
     section = render(rows, machine(), command, core["reps"], (load_before, load_after), profile)
     print(section)

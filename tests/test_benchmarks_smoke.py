@@ -19,7 +19,7 @@ def test_every_benchmark_runs_and_prints_its_ratios(tmp_path):
     for figure in ("Hot path: cached malloc+free pair, sim backend", "Hot path: cached malloc+free pair, host backend",
                    "Free holes: 64k vs 10", "Threads: throughput with 8 threads", "Recording: pair with",
                    "Pending events", "Replay throughput: the C++ replay loop", "GPU: torch.empty/del loop",
-                   "GPU: training step"):
+                   "GPU: training step", "Prediction at scale"):
         assert figure in table, f"{figure!r} missing from:\n{table}"
     ratios = re.findall(r"(\d+(?:\.\d+)?)×", table)  # holes, threads, recording, pending, replay
     assert len(ratios) >= 9 and all(float(r) > 0 for r in ratios), table
@@ -49,3 +49,18 @@ def test_bench_stacks_quick_prints_its_ratios():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| on+stacks |" in out.stdout and "x |" in out.stdout
+
+
+def test_bench_predict_gpu_skips_cleanly_without_a_gpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
+        import pytest
+
+        pytest.skip("a GPU machine: the script runs for real there")
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_predict_gpu.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "skipped: no CUDA device", (out.stdout, out.stderr)

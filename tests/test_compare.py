@@ -1,5 +1,6 @@
-"""`amem compare` on a CPU: the workload is recorded once, every configuration replays it in a
-process of its own (checked by pid), and the table, JSON, PNG and HTML say it was simulated."""
+"""`amem compare` without a GPU: the workload's CUDA allocations are predicted once, every
+configuration replays them in a process of its own (checked by pid), and the table, JSON, PNG and
+HTML say it was predicted without a GPU."""
 import json
 import os
 import textwrap
@@ -11,7 +12,6 @@ from amem_alloc import policies, replay
 from amem_alloc.cli import main as amem
 from amem_alloc.compare import compare, format_markdown, format_text
 from amem_alloc.compare.commands import _script
-from amem_alloc.compare.recorder import program_from_allocations
 
 
 def _check_rows(result, names):
@@ -33,14 +33,15 @@ def test_compare_a_bundled_workload_simulated(tmp_path):
     by = {r["policy"]: r for r in result.rows}
     assert by["amem"]["peak_reserved"] <= by["torch-expandable"]["peak_reserved"]  # amem's policy wastes no more
     assert result.recording["steps"] == 3 and result.recording["ops"] > 100
+    assert result.recording["method"].startswith("prediction")
     text = format_text(result)
-    assert "SIMULATED: no GPU was used" in text and "torch-expandable" in text
+    assert "PREDICTED without a GPU" in text and "torch-expandable" in text
     assert format_markdown(result).count("\n") == len(result.rows) + 1
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["mode"] == "simulated" and len(saved["rows"]) == len(result.rows)
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     page = (tmp_path / "compare.html").read_text()
-    assert "data:image/png;base64," in page and "SIMULATED" in page
+    assert "data:image/png;base64," in page and "PREDICTED" in page
     assert not any(p.name.startswith("amem-compare-") for p in tmp_path.iterdir())  # work folder removed
     assert len(replay.Program.load(result.files["program"])) == result.recording["ops"]  # kept for amem replay
 
@@ -50,9 +51,10 @@ def test_compare_a_script_through_the_cli(tmp_path, capsys):
     script.write_text(textwrap.dedent("""
         import sys, torch
         n = int(sys.argv[1])
-        w = torch.randn(256, 256, requires_grad=True)
+        device = "cuda" if torch.cuda.is_available() else "cpu"   # prediction says it is there
+        w = torch.randn(256, 256, requires_grad=True, device=device)
         for i in range(n):
-            x = torch.randn(64 * (i + 1), 256)
+            x = torch.randn(64 * (i + 1), 256, device=device)
             (x @ w).relu().sum().backward()
     """))
     out = tmp_path / "out"
@@ -60,7 +62,7 @@ def test_compare_a_script_through_the_cli(tmp_path, capsys):
                "--no-progress", "--", "python", str(script), "3"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "SIMULATED" in text and "conf:garbage_collection_threshold:0.5" in text
+    assert "PREDICTED" in text and "conf:garbage_collection_threshold:0.5" in text
     saved = json.loads((out / "compare.json").read_text())
     assert saved["recording"]["script"] == [str(script), "3"] and saved["recording"]["ops"] > 6
     assert len({r["pid"] for r in saved["rows"]}) == 2
@@ -84,12 +86,22 @@ def test_bad_arguments():
         _script(["--", "bash", "run.sh"])
 
 
-def test_recorder_pairs_frees_with_allocations_by_address():
-    events = [(1, 0, 0xA0, 100), (2, 1, 0xB0, -50), (3, 2, 0xA0, -100), (4, 3, 0xA0, 200), (5, 4, 0xC0, 0)]
-    program, times, orphans = program_from_allocations(events)
-    assert program.ops[["kind", "key", "size"]].tolist() == [(replay.ALLOC, 1, 100), (replay.FREE, 1, 0),
-                                                             (replay.ALLOC, 2, 200)]
-    assert times == [1, 3, 4] and orphans == 1    # the free at 0xB0 had no allocation; size 0 is skipped
+def test_compare_without_a_gpu_models_cuda_allocations(tmp_path):
+    """The recorded program is CUDA's: a matmul's cuBLAS workspace is in it, which no CPU run allocates."""
+    from amem_alloc.compare.recorder import record
+
+    meta = record(tmp_path, "mlp", 1, 1, None)
+    program = replay.Program.load(tmp_path / "program.npz")
+    sizes = program.ops[program.ops["kind"] == replay.ALLOC]["size"].tolist()
+    assert meta["steps"] == 1 and len(sizes) == meta["allocations"] > 0
+    assert (32 << 20) in sizes                  # cuBLAS's workspace on an H100 (the default card): 32 MiB
+
+
+def test_code_that_needs_values_fails_with_one_line(tmp_path):
+    script = tmp_path / "dd.py"
+    script.write_text("import torch\nx = torch.randn(4, device='cuda')\nprint(float(x.sum()))\n")
+    with pytest.raises(RuntimeError, match=rf"predicting the workload's allocations failed: cannot predict.*dd.py:3"):
+        compare(script=[str(script)], policies=["torch"], out_dir=tmp_path / "out", progress=False)
 
 
 def test_policy_lists():

@@ -5,7 +5,7 @@ current-device query."""
 import pytest
 
 torch = pytest.importorskip("torch")
-from amem_alloc.cuda import _device_index  # noqa: E402
+from amem_alloc.devices import device_index as _device_index  # noqa: E402
 
 
 @pytest.fixture

@@ -25,8 +25,14 @@ def traced():
     return t
 
 
-def test_report_prints_the_summary_and_the_activation_tables(traced, capsys):
+def test_report_returns_the_text_and_a_repl_shows_it_once(traced, capsys):
     text = traced.report()
+    assert capsys.readouterr().out == ""  # returned, not printed as well
+    sys.displayhook(text)  # what the interactive prompt does with `t.report()`
+    shown = capsys.readouterr().out
+    assert shown.count("allocations inside the tracer") == 1 and shown.strip() == text.strip()
+    assert "\\n" not in shown  # the text itself, not a quoted string with escaped newlines
+    traced.report(file=sys.stdout)  # a file is still written to
     assert capsys.readouterr().out.strip() == text.strip()
     assert "allocations inside the tracer" in text and "Activation memory, step 1 of 1 [freed]" in text
     assert "ReluBackward0.result" in text and "AddmmBackward0.mat1" in text
@@ -58,8 +64,13 @@ def test_everything_is_json(traced, tmp_path):
 def test_html_is_offline_and_shows_the_tables(traced, tmp_path):
     page = traced.to_html(tmp_path / "p.html")
     assert (tmp_path / "p.html").read_text() == page
-    assert "<script" not in page and "http" not in page
-    assert "ReluBackward0.result" in page and "<table>" in page
+    assert "<script" not in page and "http:" not in page and "https:" not in page
+    assert "ReluBackward0.result" in page and '<table class="prov">' in page
+    # styled like the report of allocator traces: its stylesheet, header, cards and footer
+    from amem_alloc.report.html import HERE
+    assert (HERE / "report.css").read_text() in page
+    assert '<header>\n<h1>amem provenance: Sequential</h1>' in page and '<div class="cards">' in page
+    assert "Written by amem_alloc" in page and "default-src 'none'" in page
     fragment = html.section(traced.to_dict())
     assert fragment.startswith('<section class="amem-prov">')
     assert html.section(traced.activations().to_dict()).count("<h3>") == 1
@@ -117,3 +128,31 @@ def test_the_traces_report_shows_provenance_tables_for_tracer_json():
     assert 'class="amem-prov"' in html and "AddmmBackward0" in html     # the tracer's own tables
     plain = render_report(alloc.snapshot(), provenance={"note": "anything else"})
     assert 'class="amem-prov"' not in plain and "anything else" in plain
+
+
+def test_a_layout_clone_under_autocast_is_not_an_autocast_copy():
+    """matmul reshapes a non-contiguous 3-d input with a clone, and .contiguous() clones: under
+    autocast these keep their dtype, so they are not autocast's copies."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            h = self.fc(x)  # bfloat16 under autocast
+            c = h.transpose(0, 1).contiguous()
+            m = torch.matmul(h.transpose(1, 2), self.w)
+            return (c * c).sum() + m.sum()
+
+    model = M()
+    with Tracer(model) as t, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(4, 8, 8)).backward()
+    saved = {r["label"]: r for r in t.activations().saved}
+    for label in ("MmBackward0.self", "MulBackward0.self"):
+        assert saved[label]["dtype"] == "bfloat16"
+        assert "autocast" not in saved[label]["what"], saved[label]["what"]
+        assert saved[label]["what"].endswith("(a layout copy: reshape or .contiguous())")
+    # autocast's real copies still say so
+    assert saved["MmBackward0.mat2"]["what"] == "autocast copy of parameter w (float32 -> bfloat16)"

@@ -1,10 +1,9 @@
 """`amem report`: a self-contained HTML page for our dumps and torch's. Its figures (rebuilt from the
 events) are checked against amem's stats; traces that start mid-run never go negative and say so;
-nothing on the page reaches the network; and a real headless browser (Debian's chromium) loads the
-page and draws every plot."""
+nothing on the page reaches the network. The headless-browser check of these pages is in
+test_report_forensics.py (one chromium launch for every page it loads)."""
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from helpers import run_command
 from test_snapshot import TRACES, host_run, needs_traces
 
 AMEM = str(Path(sys.executable).parent / "amem")
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +100,8 @@ def test_our_report_shows_tags_stacks_and_no_external_resources(ours):
     assert external_references(page) == []
     assert "default-src 'none'" in page  # the page's CSP forbids every fetch
     for text in ("Allocated vs reserved over time", "Fragmentation over time", "Segment map at the peak",
-                 "largest allocations", "warmup", "test_snapshot.py", "Allocator settings"):
+                 "largest allocations", "warmup", "test_snapshot.py", "Allocator settings",
+                 "Allocated memory by call site over time", "What holds memory at the peak"):
         assert text in page
     data = json.loads(re.search(r'<script type="application/json" id="amem-data">(.*?)</script>', page, re.S).group(1))
     assert data["devices"][0]["segmap"]["rows"] and data["devices"][0]["series"]["allocated"]
@@ -165,10 +164,16 @@ def test_amem_report_command(tmp_path, ours):
 
     src = save_snapshot(snap, tmp_path / "ours.pickle")
     prov = tmp_path / "prov.json"
-    prov.write_text(json.dumps({"format": "amem_alloc.provenance/1", "activations": []}))  # Tracer.to_json's shape
+    data = parse_snapshot(snap)
+    live = {b["address"] for seg in data["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+    seqs = [(e["addr"], s) for e, s in zip(data["device_traces"][0], data["amem"]["devices"][0]["columns"]["alloc_seq"])
+            if e["action"] == "alloc" and e["addr"] in live]
+    rows = [{"alloc_seq": s, "address": a, "category": "activation", "module": "encoder"} for a, s in seqs]
+    prov.write_text(json.dumps({"format": "amem_alloc.provenance/1", "activations": [], "allocations": rows}))
     proc = run_command([AMEM, "report", str(src), "-o", str(tmp_path / "r.html"), "--provenance", str(prov)])
     assert proc.returncode == 0, proc.stderr
-    assert "Provenance" in (tmp_path / "r.html").read_text()
+    page = (tmp_path / "r.html").read_text()
+    assert "Provenance" in page and "By category" in page and "<code>encoder</code>" in page
     prov.write_text("[1, 2]")
     proc = run_command([AMEM, "report", str(src), "-o", str(tmp_path / "r.html"), "--provenance", str(prov)])
     assert proc.returncode == 1 and "not a provenance file" in proc.stderr and "Traceback" not in proc.stderr
@@ -177,70 +182,5 @@ def test_amem_report_command(tmp_path, ours):
     assert proc.returncode == 1 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
 
 
-# ============================================================================ in a real browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="/usr/bin/chromium is absent: `make test-python` installs Debian's chromium (apt-get install chromium)")
-
-
-def dump_dom(page: Path, tmp_path: Path) -> str:
-    """The page's DOM after its script ran, from headless chromium with every network feature off."""
-    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-            "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
-
-
-def start_tag(dom: str, element_id: str) -> str:
-    match = re.search(rf'<div[^>]*\bid="{re.escape(element_id)}"[^>]*>', dom)
-    assert match, f"no element {element_id}"
-    return match.group(0)
-
-
-def attribute(tag: str, name: str) -> str | None:
-    match = re.search(rf'\b{name}="([^"]*)"', tag)
-    return match.group(1) if match else None
-
-
-def check_drawn(dom: str, devices: list[int]) -> None:
-    assert "data-error" not in dom.split("<body", 1)[1].split(">", 1)[0]
-    body = re.search(r"<body[^>]*>", dom).group(0)
-    assert attribute(body, "data-plots-drawn") == str(3 * len(devices))
-    for d in devices:
-        for kind, paths in (("timeline", "2"), ("fragmentation", "1")):
-            tag = start_tag(dom, f"{kind}-{d}")
-            assert attribute(tag, "data-drawn") == "true" and attribute(tag, "data-paths") == paths
-        seg = start_tag(dom, f"segmap-{d}")
-        assert attribute(seg, "data-drawn") == "true" and int(attribute(seg, "data-rows")) > 0
-    lines = re.findall(r'<path[^>]*class="plot-line"[^>]*>', dom)
-    assert len(lines) == 3 * len(devices)
-    assert all(len(attribute(p, "d")) > 10 for p in lines)
-
-
-@needs_chromium
-def test_browser_draws_every_plot_of_our_report(ours, tmp_path):
-    _, snap = ours
-    page = tmp_path / "ours.html"
-    page.write_text(render_report(parse_snapshot(snap)))
-    dom = dump_dom(page, tmp_path)
-    check_drawn(dom, [0])
-    assert int(attribute(start_tag(dom, "segmap-0"), "data-rects")) >= 4
-    assert dom.count('class="block"') == int(attribute(start_tag(dom, "segmap-0"), "data-rects"))
-
-
-@needs_chromium
-@needs_traces
-@pytest.mark.parametrize("name", ["expandable_oom.pickle", "multistream_4dev.pickle"])
-def test_browser_draws_every_plot_of_a_torch_report(name, tmp_path):
-    path = next((p for p in TRACES if p.name == name), None)
-    if path is None:
-        pytest.skip(f"{name} is not in ../shared/traces")
-    page = write_report(path, tmp_path / "r.html")
-    devices = [d["device"] for d in report_data(load_snapshot(path))["devices"]]
-    dom = dump_dom(page, tmp_path)
-    check_drawn(dom, devices)
-    if name == "expandable_oom.pickle":
-        assert 'class="oom-marker"' in dom
+# In a real browser: tests/test_report_forensics.py loads our report, torch's and the new sections in
+# one headless chromium launch (tests/report_browser.py).

@@ -4,8 +4,8 @@
     result = compare(workload="gpt")          # one fresh process per configuration
     print(format_text(result))                # also result.files: compare.json, .png, .html
 
-runner.py orchestrates, child.py is one configuration's process, recorder.py records a workload
-on the CPU, table.py and plot.py render, fidelity.py measures the emulation of torch's policy
+runner.py orchestrates, child.py is one configuration's process, recorder.py records a workload's
+CUDA allocations by prediction (no GPU), table.py and plot.py render, fidelity.py measures the emulation of torch's policy
 against traces that carry the native allocator's own decisions, and trace_replay.py is
 `amem replay`.
 """

@@ -1,23 +1,21 @@
-"""Record a workload's allocation sequence on the CPU, once, for replay under every policy.
+"""Record a workload's CUDA allocation sequence without a GPU, once, for replay under every policy.
 
 Design note
 -----------
-Without a GPU there is no CUDA allocator to watch, but the workload's tensors still come and
-go in the same order on the CPU. torch's profiler with profile_memory=True reports every call
-into the CPU allocator: the address, the signed byte count (negative for a free) and a
-nanosecond time stamp. Allocations are paired with their frees by address in time order,
-which gives each block a stable identity (an address is only reused after its free); each
-becomes a key of a replay program (replay.OPS), all on stream 0. Blocks that were live before
-profiling began (freed with no allocation) are left out; the workload is built inside the
-profiler, so there are none but torch's own.
+Without a GPU there is no CUDA allocator to watch, so the workload runs under prediction
+(amem_alloc.predict): its CUDA tensors are fake (no compute, no device memory) and the engine
+records what PyTorch's CUDA caching allocator would be asked — every storage's requested bytes,
+stream and free, in order, including what CUDA kernels allocate and CPU kernels do not (cuBLAS
+workspaces, fused dropout masks, attention backends; docs/predict.md). The sequence becomes a
+replay program (replay.OPS); the workload's on_step calls become step boundaries (op indices).
 
-What this sees is the CPU kernels' allocations: the same tensors as on a GPU, but CPU kernels
-may use other temporaries than CUDA kernels (and no cuBLAS workspaces), so a simulated figure
-is an estimate of the GPU's, not a measurement (docs/replay.md).
+Code that needs a tensor's value (loss.item() deciding what to do next) cannot be predicted: the
+recording stops with the engine's one-line DataDependentError naming the file and line, and
+`amem compare` reports it; run such code on a GPU (`--mode real`).
 
 Used as `python -m amem_alloc.compare.recorder --workload gpt --out DIR` (or `--script
 script.py args...`), always in a fresh process: it writes DIR/program.npz and
-DIR/recording.json (what ran, the step boundaries, the CPU time per step).
+DIR/recording.json (what ran, the step boundaries, the recording's time).
 """
 from __future__ import annotations
 
@@ -28,58 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .. import replay
 
-PROFILER_API = "torch.profiler kineto_results.experimental_event_tree, _ExtraFields_Allocation"
-
-
-def _allocation_events(prof) -> list[tuple[int, int, int, int]]:
-    """(time ns, order, ptr, signed bytes) of every CPU allocator call the profiler saw."""
-    out: list[tuple[int, int, int, int]] = []
-    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
-    while stack:
-        node = stack.pop()
-        extra = node.extra_fields
-        if type(extra).__name__ == "_ExtraFields_Allocation" and str(extra.device) == "cpu":
-            out.append((node.start_time_ns, len(out), extra.ptr, extra.alloc_size))
-        stack.extend(reversed(node.children))
-    out.sort()
-    return out
-
-
-def program_from_allocations(events: list[tuple[int, int, int, int]]) -> tuple[replay.Program, list[int], int]:
-    """(program, time ns of each op, frees of blocks allocated before recording)."""
-    live: dict[int, int] = {}
-    ops, times, orphans, next_key = [], [], 0, 0
-    for t, _, ptr, size in events:
-        if size > 0:
-            next_key += 1
-            live[ptr] = next_key
-            ops.append((replay.ALLOC, next_key, size, 0))
-        elif size < 0:
-            key = live.pop(ptr, None)
-            if key is None:
-                orphans += 1
-                continue
-            ops.append((replay.FREE, key, 0, 0))
-        else:
-            continue
-        times.append(t)
-    return replay.Program(replay.pack(ops)), times, orphans
-
-
-def _record(target, *args) -> tuple[list, list[int], float, object]:
-    """Runs target(*args, on_step=...) under the profiler: (events, step time stamps ns, seconds, result)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    marks: list[int] = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        started = time.perf_counter()
-        result = target(*args, on_step=lambda i: marks.append(time.time_ns()))
-        seconds = time.perf_counter() - started
-    return _allocation_events(prof), marks, seconds, result
+METHOD = "prediction: fake CUDA tensors (amem_alloc.predict), the allocations CUDA's caching allocator would receive"
 
 
 SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
@@ -113,25 +62,25 @@ def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
-    """Records one run into out_dir; returns the recording's description (also written as JSON)."""
+    """Records one predicted run into out_dir; returns the recording's description (also written as JSON)."""
     import torch
 
     from .. import workloads
+    from ..predict.api import engine, predicting
 
-    torch.manual_seed(0)
-    if script:
-        events, marks, seconds, info = _record(_run_script, script)
-    else:
-        events, marks, seconds, info = _record(workloads.get(workload), size, steps, "cpu", 0)
-    program, times, orphans = program_from_allocations(events)
-    step_ops = [int(np.searchsorted(np.asarray(times, dtype=np.int64), m, side="right")) for m in marks]
+    started = time.perf_counter()
+    with predicting(policies=[], target=workload or script[0], analyse=False) as run:
+        if script:
+            info = _run_script(script, lambda i: run.marker("step"), reraise=(engine()[1],))  # a value read is prediction's limit, not the script's error
+        else:
+            info = workloads.get(workload)(size, steps, "cuda", 0, lambda i: run.marker("step"))
+    seconds = time.perf_counter() - started
+    program = run.live.program()
     program.save(out_dir / "program.npz")
+    step_ops = [i for i, name in run.live.markers if name == "step"]
     meta = {"workload": workload, "script": script, "size": size, "info": info, "pid": os.getpid(),
-            "method": f"CPU run under the profiler ({PROFILER_API}); allocations paired with frees by address",
-            "ops": len(program), "allocations": int((program.ops["kind"] == replay.ALLOC).sum()),
-            "orphan_frees": orphans, "step_ops": step_ops, "steps": len(marks),
-            "cpu_seconds": seconds, "seconds_per_step": seconds / len(marks) if marks else None,
-            "torch": torch.__version__}
+            "method": METHOD, "ops": len(program), "allocations": int((program.ops["kind"] == replay.ALLOC).sum()),
+            "step_ops": step_ops, "steps": len(step_ops), "record_seconds": seconds, "torch": torch.__version__}
     (out_dir / "recording.json").write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -146,14 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.workload and not args.script:
         parser.error("give --workload NAME or --script script.py args...")
+    from ..predict.api import engine
+
     args.out.mkdir(parents=True, exist_ok=True)
     from ..user_script import ScriptFailed
 
     try:
-        record(args.out, args.workload, args.size, args.steps, args.script)
-    except ScriptFailed as failed:
+        meta = record(args.out, args.workload, args.size, args.steps, args.script)
+    except engine()[1] as err:  # DataDependentError: the parent shows this last line
+        print(f"cannot predict this code: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 3
+    except ScriptFailed as failed:  # the script's own error: its traceback is on stderr already
         (args.out / SCRIPT_FAILED).write_text(json.dumps({"script": failed.script, "status": failed.status}))
         return failed.status or 1
+    print(json.dumps({k: meta[k] for k in ("ops", "steps", "record_seconds")}))
     return 0
 
 

@@ -8,10 +8,10 @@ its own (compare/child.py), and each child reports its pid.
 * real (a GPU is present): the workload runs once per configuration: torch's allocator with
   PYTORCH_CUDA_ALLOC_CONF unset or "expandable_segments:True", and amem with AMEM_ENABLE=1 and
   each policy's AMEM_CONF. Runs go one after another, so their step times do not interfere.
-* simulated (no GPU): the workload runs once on the CPU under the profiler
-  (compare/recorder.py); then every configuration replays that one allocation sequence through
-  the core on the sim backend, the children running side by side. The output says plainly that
-  the figures are simulated.
+* simulated (no GPU): the workload runs once under prediction (compare/recorder.py: fake CUDA
+  tensors, the allocations CUDA's caching allocator would receive); then every configuration
+  replays that one allocation sequence through the core on the sim backend, the children running
+  side by side. The output says plainly that the figures are predicted without a GPU.
 
 A tqdm bar on stderr shows the runs in progress (only when stderr is a terminal). The result
 goes to OUT/compare.json (every figure and timeline), OUT/compare.png and OUT/compare.html
@@ -41,7 +41,7 @@ class CompareResult:
     mode: str                     # "real" or "simulated"
     target: str                   # "workload gpt (size 1)" or "script train.py"
     rows: list[dict]              # one per configuration, in order
-    recording: dict | None        # the CPU recording (simulated mode)
+    recording: dict | None        # the predicted recording (simulated mode)
     out_dir: Path
     environment: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
@@ -109,7 +109,7 @@ def _record(work: Path, workload: str | None, size: int, steps: int | None, scri
         sys.stderr.write(proc.stderr)
         raise ScriptFailed(script[0], json.loads(failed.read_text())["status"])
     if proc.returncode != 0:
-        raise RuntimeError(f"amem compare: recording the workload on the CPU failed: {_error(proc)}")
+        raise RuntimeError(f"amem compare: predicting the workload's allocations failed: {_error(proc)}")
     return json.loads((work / "recording.json").read_text())
 
 
@@ -166,7 +166,7 @@ def _environment(mode: str, rows: list[dict], recording: dict | None) -> dict:
     device = next((r.get("device") for r in rows if r.get("device")), None)
     torch_version = next((r.get("torch") for r in rows if r.get("torch")), None) or (recording or {}).get("torch")
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "torch": torch_version,
-            "python": platform.python_version(), "device": device or "none: simulated on the CPU",
+            "python": platform.python_version(), "device": device or "none: predicted without a GPU",
             "mode": mode}
 
 
@@ -185,8 +185,8 @@ def _check(workload: str | None, script: list[str] | None, size: int, mode: str)
 
 
 def _simulated(out: Path, work: Path, policies: list, target: tuple, bar, jobs: int | None) -> tuple[list, dict]:
-    """Records once on the CPU, then replays per policy; keeps program.npz in `out` for amem replay."""
-    bar.set_postfix_str("recording on the CPU")
+    """Records once by prediction, then replays per policy; keeps program.npz in `out` for amem replay."""
+    bar.set_postfix_str("predicting the allocations")
     recording = _record(work, *target)
     bar.update(1)
     program = (work / "program.npz").replace(out / "program.npz")

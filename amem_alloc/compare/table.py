@@ -34,12 +34,13 @@ def preamble(result: Any) -> list[str]:
         return [f"amem compare: {result.target} on {env.get('device')} (torch {env.get('torch')}, {env.get('date')}); "
                 "each configuration ran for real in its own process."]
     rec = result.recording or {}
-    return [f"amem compare: {result.target}. SIMULATED: no GPU was used.",
-            f"The workload ran once on the CPU ({rec.get('ops', 0)} allocator calls over {rec.get('steps', 0)} "
-            f"steps, recorded with torch's profiler in {rec.get('cpu_seconds', 0):.1f} s); each configuration "
-            "replayed that sequence through amem's C++ core on the sim backend, in its own process.",
-            "The figures are what each allocator policy does with that sequence of requests, not GPU "
-            "measurements (CUDA kernels may allocate other temporaries than CPU kernels)."]
+    return [f"amem compare: {result.target}. PREDICTED without a GPU: no GPU was used.",
+            f"The workload ran once on fake CUDA tensors (amem predict: no compute; {rec.get('ops', 0)} allocator "
+            f"calls over {rec.get('steps', 0)} steps, recorded in {rec.get('record_seconds', 0):.1f} s); each "
+            "configuration replayed that sequence through amem's C++ core on the sim backend, in its own process.",
+            "The figures are what each allocator policy does with the allocations CUDA's caching allocator "
+            "would receive (cuBLAS workspaces and CUDA kernels' own buffers included): a prediction, not a GPU "
+            "measurement (docs/predict.md says what is modelled)."]
 
 
 def footnotes(result: Any) -> list[str]:
@@ -91,7 +92,7 @@ def write_html(result: Any, path: Path, png: Path | None) -> Path:
     from .. import __version__
 
     title = f"amem compare: {result.target}"
-    subtitle = "simulated on the CPU" if result.mode == "simulated" else f"on {result.environment.get('device')}"
+    subtitle = "predicted without a GPU" if result.mode == "simulated" else f"on {result.environment.get('device')}"
     try:
         from ..report import html as report_html
 

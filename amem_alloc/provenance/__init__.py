@@ -2,7 +2,7 @@
 
     with amem_alloc.Tracer(model) as t:          # around forward, backward and optimizer step
         loss = model(x).sum(); loss.backward(); opt.step()
-    t.report()                                   # readable tables
+    print(t.report())                            # readable tables (returned; a REPL shows them)
     t.activations()                              # per node, per module, totals (.to_dict(): JSON)
     amem_alloc.provenance(tensor)                # one tensor: block, op, module, phase, category ...
 

@@ -99,8 +99,19 @@ def describe_saved(state, is_input: bool, rec, dtype: str):
         return copy
     if rec is None:
         return "external", "a tensor allocated before the tracer started"
-    how = f" (autocast copy, {rec.source[1]} -> {dtype})" if rec.source is not None and rec.autocast else ""
-    return "output", f"output of {rec.op} in {module_label(rec.module)}{how}"
+    return "output", f"output of {rec.op} in {module_label(rec.module)}{_copy_note(rec, dtype)}"
+
+
+def _copy_note(rec, dtype: str) -> str:
+    """What kind of copy an op's output is: autocast's only when it changed the dtype; a clone with
+    the same dtype (matmul's reshape of a non-contiguous input, .contiguous()) is a layout copy."""
+    if rec.source is None:
+        return ""
+    if rec.autocast and rec.source[1] != dtype:
+        return f" (autocast copy, {rec.source[1]} -> {dtype})"
+    if rec.source[1] != dtype:
+        return f" (copy, {rec.source[1]} -> {dtype})"
+    return " (a layout copy: reshape or .contiguous())" if "clone" in str(rec.op) else ""
 
 
 def describe(key, rec, know: Knowledge, dtype: str) -> str:

@@ -177,6 +177,17 @@ def compare_text(a, b, labels=None) -> str:
     return "Activation memory side by side\n" + "\n".join(lines)
 
 
+class ReportText(str):
+    """The readable report: a str that an interactive prompt (the REPL, IPython, Jupyter) shows as
+    the text itself, once, rather than as a quoted string with escaped newlines."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # IPython and Jupyter
+        printer.text(str(self))
+
+
 def tracer_text(tracer, compare=None, top: int = 25, labels=None) -> str:
     parts = [f"amem provenance: {type(tracer.model).__name__ if tracer.model is not None else 'no model'}",
              summary_text(tracer.summary()), activations_text(tracer.activations().to_dict(), top)]

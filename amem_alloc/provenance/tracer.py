@@ -327,10 +327,12 @@ class Tracer:
         return text
 
     def report(self, file=None, compare=None, top: int = 25, labels=None) -> str:
-        """Prints (to file, default stdout) and returns a readable account; with compare=another
-        Tracer or ActivationReport, the activation figures of both side by side."""
-        text = report.tracer_text(self, compare=compare, top=top, labels=labels)
-        print(text, file=file)
+        """A readable account, returned (a REPL or notebook shows it once, as text) and written to
+        `file` if one is given (print(t.report()) in a script); with compare=another Tracer or
+        ActivationReport, the activation figures of both side by side."""
+        text = report.ReportText(report.tracer_text(self, compare=compare, top=top, labels=labels))
+        if file is not None:
+            print(text, file=file)
         return text
 
     def to_html(self, path=None) -> str:

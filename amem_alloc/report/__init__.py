@@ -4,11 +4,18 @@
     write_report("trace.pickle", "report.html")
 
 The page needs no network: its CSS, script and data are inline and its Content-Security-Policy
-forbids every fetch. Per device it shows allocated vs reserved over time, fragmentation over
-time, the segment map at the allocated peak (blocks coloured by state), the largest allocations
-with their stacks or tags, and notes on what the trace could not tell (see report/timeline.py
-for how totals are rebuilt). An optional `provenance` dict (e.g. amem_alloc.provenance's
-Tracer.to_json()) adds a section listing its top-level entries.
+forbids every fetch. Per device it shows, for each out-of-memory error, a forensics panel
+(report/oom.py: the request, free and reserved memory, whether fragmentation caused it, what
+held memory, and which policy would have avoided it, replayed); allocated vs reserved over time;
+allocated memory by call site over time (stacked); what holds memory at the peak, by call site
+(report/callsite.py: the user's frame or the autograd node, never the allocator's) and by tag,
+category and module where the trace or a Tracer's JSON carries them (report/breakdown.py);
+fragmentation over time; the segment map at the allocated peak (every segment; the smaller ones
+aggregated when there are many); the largest allocations; and notes on what the trace could not
+tell (see report/timeline.py for how totals are rebuilt). An optional `provenance` dict (e.g.
+amem_alloc.provenance's Tracer.to_json()) adds its own section, and its allocation rows label
+the blocks with category and module (and, joined by allocation number, stack the categories over
+time).
 """
 from __future__ import annotations
 
@@ -41,7 +48,8 @@ def render_report(snapshot: dict, provenance: dict | None = None, title: str | N
     """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
     from .. import __version__
 
-    data = report_data(snapshot, top=top)
+    tracer_json = provenance if provenance is not None and provenance.get("allocations") else None
+    data = report_data(snapshot, top=top, provenance=tracer_json)
     body = [_html.device_section(dev) for dev in data["devices"]]
     if data["empty"]:
         body.append('<section class="empty"><h2>Nothing recorded</h2><p>The snapshot has no segments and no '

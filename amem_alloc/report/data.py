@@ -1,5 +1,6 @@
-"""What the report shows, computed in Python: per device the plotted series (downsampled), the
-segment map at the peak, the largest allocations, and the notes that qualify them.
+"""What the report shows, computed in Python: per device the plotted series (downsampled), what
+held memory at the peak (grouped, and stacked over time), the segment map at the peak, the
+largest allocations with their call sites, out-of-memory panels, and the notes that qualify them.
 
 The page's script only draws what this module computes, so every figure can be tested here.
 """
@@ -7,11 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .timeline import DeviceTimeline, Lifetime, build_timeline, downsample, segments_at, top_lifetimes
+from .breakdown import Provenance, by_call_site, by_category, held_at, stacked
+from .callsite import CallSites
+from .oom import oom_reports
+from .timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
 from ..snapshot import device_extra, format_frames
 
 MAX_POINTS = 4000  # per plotted series; peaks and troughs are kept
-MAX_SEGMENT_ROWS = 64  # segments drawn in the map (largest first); the rest are summarised
+MAX_SEGMENT_ROWS = 120  # up to this many segments, one row each; beyond, the smaller ones are aggregated
+DETAILED_ROWS = 48  # with more segments: the largest this many drawn block by block
 MAX_BLOCKS_DRAWN = 20000
 STATE_CODES = {"active_allocated": 0, "active_pending_free": 1}
 
@@ -22,71 +27,86 @@ def devices_with_data(snapshot: dict) -> list[int]:
     return sorted({d for d, t in enumerate(traces) if t} | seg_devices)
 
 
-def _series(tl: DeviceTimeline) -> dict[str, list]:
-    keep = downsample(len(tl.times), MAX_POINTS, [tl.allocated, tl.reserved])
+def _kept(tl: DeviceTimeline) -> list[int]:
+    return downsample(len(tl.times), MAX_POINTS, [tl.allocated, tl.reserved])
+
+
+def _series(tl: DeviceTimeline, keep: list[int]) -> dict[str, list]:
     frag = tl.fragmentation()
     return {"t": [tl.times[k] for k in keep], "allocated": [tl.allocated[k] for k in keep],
             "reserved": [tl.reserved[k] for k in keep], "fragmentation": [round(frag[k], 5) for k in keep]}
 
 
-def _block_label(lt: Lifetime, state: str) -> str:
-    frames = format_frames(lt.frames, 1, python_only=True)
-    where = f" at {frames[0]}" if frames else ""
+def _block_label(lt: Lifetime, state: str, sites: CallSites) -> str:
+    where = f" at {sites(lt.frames)}" if lt.frames else ""
     tag = f" [{lt.tag}]" if lt.tag else ""
     return f"{state}: {lt.block} B block ({lt.size} B requested), stream {lt.stream}{tag}{where}"
 
 
-def _segment_rows(segments: list) -> tuple[list, dict]:
+def _segment_row(seg: dict, budget: list, sites: CallSites) -> dict:
+    blocks = []
+    for addr, lt, state in seg["blocks"]:
+        if budget[0] <= 0:
+            break
+        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites)])
+        budget[0] -= 1
+    return {"address": hex(seg["address"]), "size": seg["size"], "stream": seg["stream"],
+            "expandable": seg["expandable"], "blocks": blocks, "count": 1,
+            "allocated": sum(lt.block for _, lt, s in seg["blocks"] if s == "active_allocated"),
+            "pending": sum(lt.block for _, lt, s in seg["blocks"] if s == "active_pending_free")}
+
+
+def _size_class(size: int) -> int:
+    """Segments are aggregated by power-of-two size class: (2^(k-1), 2^k]."""
+    return max(0, (size - 1).bit_length())
+
+
+def _aggregate_rows(segments: list) -> list[dict]:
+    groups: dict[tuple, dict] = {}
+    for seg in segments:
+        key = (seg["stream"], seg["expandable"], _size_class(seg["size"]))
+        g = groups.setdefault(key, {"address": "", "size": 0, "stream": seg["stream"], "expandable": seg["expandable"],
+                                    "blocks": [], "count": 0, "allocated": 0, "pending": 0, "aggregate": True,
+                                    "smallest": seg["size"], "largest": seg["size"]})
+        g["count"] += 1
+        g["size"] += seg["size"]
+        g["smallest"], g["largest"] = min(g["smallest"], seg["size"]), max(g["largest"], seg["size"])
+        g["allocated"] += sum(lt.block for _, lt, s in seg["blocks"] if s == "active_allocated")
+        g["pending"] += sum(lt.block for _, lt, s in seg["blocks"] if s == "active_pending_free")
+    return sorted(groups.values(), key=lambda g: (-g["largest"], g["stream"], g["expandable"]))
+
+
+def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
+    """Every segment: one row each when there are few; else the largest one row each (blocks drawn)
+    and the rest aggregated per stream and power-of-two size class (filled by state)."""
     ranked = sorted(segments, key=lambda s: (-s["size"], s["address"]))
-    rows, drawn = [], 0
-    for seg in ranked[:MAX_SEGMENT_ROWS]:
-        blocks = []
-        for addr, lt, state in seg["blocks"]:
-            if drawn >= MAX_BLOCKS_DRAWN:
-                break
-            blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state)])
-            drawn += 1
-        rows.append({"address": hex(seg["address"]), "size": seg["size"], "stream": seg["stream"],
-                     "expandable": seg["expandable"], "blocks": blocks,
-                     "allocated": sum(lt.block for _, lt, s in seg["blocks"] if s == "active_allocated")})
-    rest = ranked[MAX_SEGMENT_ROWS:]
-    hidden = {"count": len(rest), "bytes": sum(s["size"] for s in rest),
-              "allocated": sum(lt.block for s in rest for _, lt, st in s["blocks"] if st == "active_allocated")}
-    return rows, hidden
+    budget = [MAX_BLOCKS_DRAWN]
+    if len(ranked) <= MAX_SEGMENT_ROWS:
+        return [_segment_row(seg, budget, sites) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
+    rows = [_segment_row(seg, budget, sites) for seg in ranked[:DETAILED_ROWS]]
+    rest = ranked[DETAILED_ROWS:]
+    rows += _aggregate_rows(rest)
+    return rows, {"count": len(rows) - DETAILED_ROWS, "segments": len(rest), "bytes": sum(s["size"] for s in rest)}
 
 
-def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int) -> dict[str, Any]:
+def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int, sites: CallSites) -> dict[str, Any]:
     segments, unplaced = segments_at(snapshot, tl, point)
-    rows, hidden = _segment_rows(segments)
-    free_blocks = _free_runs(segments)
-    return {"point": point, "t": tl.times[point] if tl.times else 0, "rows": rows, "hidden": hidden,
+    rows, aggregated = _segment_rows(segments, sites)
+    free_blocks = free_runs(segments)
+    return {"point": point, "t": tl.times[point] if tl.times else 0, "rows": rows, "aggregated": aggregated,
             "unplaced": unplaced, "segments": len(segments), "reserved": sum(s["size"] for s in segments),
             "allocated": sum(lt.block for s in segments for _, lt, st in s["blocks"]),
             "largest_free": max(free_blocks, default=0), "free": sum(free_blocks)}
 
 
-def _free_runs(segments: list) -> list[int]:
-    """The free gaps between active blocks of every segment (what a new request could use)."""
-    runs = []
-    for seg in segments:
-        cursor, end = seg["address"], seg["address"] + seg["size"]
-        for addr, lt, _ in seg["blocks"]:
-            if addr > cursor:
-                runs.append(addr - cursor)
-            cursor = max(cursor, addr + lt.block)
-        if end > cursor:
-            runs.append(end - cursor)
-    return runs
-
-
-def _top_rows(tl: DeviceTimeline, n: int) -> list[dict[str, Any]]:
+def _top_rows(tl: DeviceTimeline, n: int, sites: CallSites) -> list[dict[str, Any]]:
     rows = []
     for lt in top_lifetimes(tl, n):
         start = tl.times[lt.start + 1] if lt.start >= 0 else None
         end = tl.times[lt.end + 1] if lt.end is not None else None
         rows.append({"block": lt.block, "size": lt.size, "stream": lt.stream, "address": hex(lt.addr),
                      "start": start, "end": end, "tag": lt.tag, "frames": format_frames(lt.frames, 40),
-                     "where": format_frames(lt.frames, 1, python_only=True),
+                     "site": sites(lt.frames),
                      "live_at_start": lt.live_at_start, "live_at_end": lt.end is None})
     return rows
 
@@ -109,24 +129,39 @@ _KNOWN_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", 
                   "segment_unmap", "oom", "snapshot"}
 
 
-def device_report(snapshot: dict, device: int, top: int) -> dict[str, Any]:
+def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: Provenance | None) -> dict | None:
+    """Categories over time, when the Tracer's rows join this trace by allocation number."""
+    if prov is None or not prov.by_seq or not any(lt.alloc_seq in prov.by_seq for lt in tl.lifetimes):
+        return None
+    return stacked(tl, keep, peak, by_category(prov), split_before=False)
+
+
+def device_report(snapshot: dict, device: int, top: int, prov: Provenance | None = None,
+                  replay_ooms: bool = True) -> dict[str, Any]:
     tl = build_timeline(snapshot, device)
-    peak = tl.peak_point
+    peak, keep, sites = tl.peak_point, _kept(tl), CallSites()
     return {"device": device, "events": len(tl.events), "time_unit": tl.time_unit,
-            "start_time_us": tl.start_time_us, "series": _series(tl),
+            "start_time_us": tl.start_time_us, "series": _series(tl, keep),
+            "held": held_at(tl, peak, sites, prov), "stacked": stacked(tl, keep, peak, by_call_site(sites)),
+            "stacked_categories": _stacked_categories(tl, keep, peak, prov),
+            "oom_panels": oom_reports(snapshot, tl, sites, prov, replay_ooms),
             "ooms": [{"t": tl.times[i + 1], "size": size, "free": free, "stream": stream}
                      for i, size, free, stream in tl.ooms],
             "peak": {"t": tl.times[peak], "allocated": tl.allocated[peak], "reserved": tl.reserved[peak],
                      "peak_reserved": max(tl.reserved)},
             "end": {"allocated": tl.allocated[-1], "reserved": tl.reserved[-1]},
             "streams": sorted({e.get("stream", 0) for e in tl.events}),
-            "segmap": _segment_map(snapshot, tl, peak), "top": _top_rows(tl, top),
+            "segmap": _segment_map(snapshot, tl, peak, sites), "top": _top_rows(tl, top, sites),
             "notes": _device_notes(snapshot, device, tl)}
 
 
-def report_data(snapshot: dict, top: int = 20) -> dict[str, Any]:
-    """Everything the report shows, per device with data, as plain JSON-able values."""
-    devices = [device_report(snapshot, d, top) for d in devices_with_data(snapshot)]
+def report_data(snapshot: dict, top: int = 20, provenance: dict | None = None,
+                replay_ooms: bool = True) -> dict[str, Any]:
+    """Everything the report shows, per device with data, as plain JSON-able values. A Tracer's
+    JSON (provenance) adds category and module groups; replay_ooms=False skips replaying each
+    out-of-memory error under every policy."""
+    prov = Provenance(provenance) if provenance is not None else None
+    devices = [device_report(snapshot, d, top, prov, replay_ooms) for d in devices_with_data(snapshot)]
     amem = snapshot.get("amem") or {}
     return {"devices": devices, "source": "amem_alloc" if amem else "torch",
             "generator": amem.get("generator", ""), "empty": not devices}

@@ -45,6 +45,7 @@ class Lifetime:
     freed_at: int | None = None  # event index of free_requested
     frames: list = field(default_factory=list)
     tag: str = ""
+    alloc_seq: int | None = None  # amem's allocation number (amem's dumps), to join the Tracer's JSON
 
     @property
     def live_at_start(self) -> bool:
@@ -94,8 +95,10 @@ def _tag_of(i: int, ev: dict, tags: dict, tag_column: list | None) -> str:
 class _Walker:
     """Runs the events forward, pairing allocs with frees."""
 
-    def __init__(self, tl: DeviceTimeline, rounded: list | None, tags: dict, tag_column: list | None):
+    def __init__(self, tl: DeviceTimeline, rounded: list | None, tags: dict, tag_column: list | None,
+                 seq_column: list | None = None):
         self.tl, self.rounded, self.tags, self.tag_column = tl, rounded, tags, tag_column
+        self.seq_column = seq_column
         self.live: dict[int, Lifetime] = {}
         self.unpaired_allocs = 0
 
@@ -104,7 +107,8 @@ class _Walker:
 
     def new_lifetime(self, i: int, ev: dict, start: int) -> Lifetime:
         lt = Lifetime(ev["addr"], ev.get("size", 0), self.block_size(i, ev), ev.get("stream", 0), start,
-                      frames=ev.get("frames", []), tag=_tag_of(i, ev, self.tags, self.tag_column))
+                      frames=ev.get("frames", []), tag=_tag_of(i, ev, self.tags, self.tag_column),
+                      alloc_seq=self.seq_column[i] if self.seq_column is not None else None)
         self.tl.lifetimes.append(lt)
         return lt
 
@@ -179,7 +183,7 @@ def build_timeline(snapshot: dict, device: int) -> DeviceTimeline:
     times, unit, t0 = _times(events)
     tl = DeviceTimeline(device, events, times, unit, [], [], [], [None] * len(events), [], [], t0)
     columns = (device_extra(snapshot, device) or {}).get("columns") or {}
-    walker = _Walker(tl, columns.get("rounded_size"), tag_table(snapshot), columns.get("tag"))
+    walker = _Walker(tl, columns.get("rounded_size"), tag_table(snapshot), columns.get("tag"), columns.get("alloc_seq"))
     alloc_deltas, reserved_deltas = [], []
     for i, ev in enumerate(events):
         da, dr = walker.step(i, ev)
@@ -311,6 +315,26 @@ def _place(ranges: _Intervals, blocks: dict) -> tuple[list, dict]:
         else:
             out[k]["blocks"].append((addr, lt, state))
     return out, unplaced
+
+
+def free_runs(segments: list) -> list[int]:
+    """The free gaps between active blocks of every segment (what a new request could use)."""
+    runs = []
+    for seg in segments:
+        cursor, end = seg["address"], seg["address"] + seg["size"]
+        for addr, lt, _ in seg["blocks"]:
+            if addr > cursor:
+                runs.append(addr - cursor)
+            cursor = max(cursor, addr + lt.block)
+        if end > cursor:
+            runs.append(end - cursor)
+    return runs
+
+
+def live_at(tl: DeviceTimeline, point: int) -> list[Lifetime]:
+    """The blocks allocated at a point of the timeline (0 = start, k = after event k-1): their
+    block sizes add up to tl.allocated[point]."""
+    return [lt for lt in tl.lifetimes if lt.start < point and (lt.end is None or lt.end >= point)]
 
 
 def top_lifetimes(tl: DeviceTimeline, n: int) -> list[Lifetime]:

@@ -1,11 +1,12 @@
 """Workloads: real torch models for `amem compare`, and a synthetic allocation pattern for `amem demo`.
 
 Each bundled workload is run(size=1, steps=None, device="cpu", seed=0, on_step=None) -> dict:
-a real model, small enough for a CPU at size 1, that calls on_step(i) after each step. Workloads
-with more than one stream use workloads/streams.py, which works on CUDA and on the CPU.
+a real model that calls on_step(i) after each step; all but llama7b are small enough for a CPU at
+size 1 (llama7b is 7e9 parameters: for `amem predict`, which runs nothing). Workloads with more
+than one stream use workloads/streams.py, which works on CUDA and on the CPU.
 training_events() is the synthetic pattern (no torch) that `amem demo` allocates.
 """
-from . import decode, fsdp, gpt, mlp, moe, pipeline, serving
+from . import decode, fsdp, gpt, llama, mlp, moe, pipeline, serving
 from .training import training_events
 
 # name -> (run function, what it is)
@@ -20,6 +21,8 @@ WORKLOADS = {
     "pipeline": (pipeline.run, "pipeline-parallel training, 4 stages x 8 micro-batches in the 1F1B schedule"),
     "serving": (serving.run, "LLM serving: continuous batching, per-request key/value caches that grow and are "
                              "freed as requests finish"),
+    "llama7b": (llama.run, "LLaMA-7B-shaped decoder (32 layers, d_model 4096, seq 2048), AdamW, bf16 autocast; "
+                "size = batch; for amem predict (too big for a CPU run)"),
 }
 
 

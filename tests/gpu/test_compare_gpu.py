@@ -1,6 +1,6 @@
 """`amem compare` for real on a GPU: each bundled workload under torch's allocator (with and
 without expandable_segments) and amem's policies, each configuration in a fresh process; the
-simulated native figures (recorded on the CPU, replayed on the sim backend) agree with the real
+simulated native figures (predicted without the GPU, replayed on the sim backend) agree with the real
 native ones; a trace the native allocator writes on this GPU replays with its own decisions.
 Skipped without a GPU (tests/gpu/conftest.py). With AMEM_RESULTS_DIR set, each workload's table
 is written there as markdown (for benchmarks/RESULTS.md)."""

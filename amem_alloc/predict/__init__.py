@@ -1,0 +1,38 @@
+"""Prediction: a training or inference step's GPU memory under every allocator policy, without a GPU.
+
+    amem_alloc.predict(step_fn, gpu="H100-80GB")          # this module is callable: api.predict
+    with amem_alloc.predicting(gpu="A100-40GB") as run: ...
+    amem predict --gpu H100-80GB -- python train.py ...    # the CLI (predict/cli.py)
+
+session.py runs code on fake CUDA tensors and records the allocation sequence; cuda_shims.py
+makes torch.cuda answer from the prediction; outcome.py replays the sequence per policy (peaks,
+smallest capacity, fits) and says what holds memory at the peak; gpus.py is the card table;
+api.py and cli.py are the two ways in. See docs/predict.md. Submodules load on first use, so
+`amem --help` does not pay for numpy and torch.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+_EXPORTS = {"predict": ".api", "predicting": ".api", "is_predicting": ".api", "resolve_gpu": ".api", "resolve_policies": ".api",
+            "GPUS": ".gpus", "Gpu": ".gpus", "NOTE": ".outcome", "Prediction": ".outcome"}
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        from .api import predict
+
+        return predict(*args, **kwargs)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,139 @@
+"""amem_alloc.predict(fn, ...) and `with amem_alloc.predicting(...) as p:` — predict the GPU memory
+of code that builds its model and runs its step itself, on a machine with no GPU.
+
+    import amem_alloc
+    p = amem_alloc.predict(train_step, gpu="H100-80GB")       # calls train_step() once
+    print(p.format_text()); p.row("torch").fits; p.write_trace("predicted.pickle")
+
+    with amem_alloc.predicting(gpu="A100-40GB", policies="torch,amem-roundup4") as run:
+        model = build(); step(model)
+    print(run.result.format_text())
+
+Design note
+-----------
+`predicting` stacks three things, entered in this order and left in the reverse order whatever
+happens inside: the engine's FakeCudaSession (CUDA tensors become fake: no compute, no device
+memory), a LiveAllocator listening to it (the recorded allocations, fed to the sim core as they
+happen), and CudaShims (torch.cuda answers from the chosen card and the LiveAllocator). On a
+clean exit the program is analysed under every requested policy (outcome.analyse) into
+`run.result`; on an exception nothing is analysed and the exception goes on unchanged.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .. import policies as policies_mod
+from . import gpus as gpus_mod
+from .cuda_shims import CudaShims, LiveAllocator
+from .outcome import Prediction, analyse
+
+
+_active = [0]  # predictions running (nested ones count once each)
+
+
+def is_predicting() -> bool:
+    """True while code runs under prediction: guard what needs real values with it, e.g.
+    `if not amem_alloc.predict.is_predicting(): print(loss.item())`."""
+    return _active[0] > 0
+
+
+def engine() -> tuple[type, type]:
+    """(FakeCudaSession, DataDependentError) of the fake-execution engine."""
+    try:
+        from .session import DataDependentError, FakeCudaSession
+    except ImportError as err:  # pragma: no cover - a build without the engine
+        raise RuntimeError(f"amem predict: the fake-execution engine is not available ({err})") from None
+    return FakeCudaSession, DataDependentError
+
+
+def resolve_gpu(gpu: str | gpus_mod.Gpu | None = None, capacity_gb: float | None = None) -> gpus_mod.Gpu:
+    if gpu is not None and capacity_gb is not None:
+        raise ValueError("give a GPU name or a capacity, not both")
+    if capacity_gb is not None:
+        return gpus_mod.custom(capacity_gb)
+    if isinstance(gpu, gpus_mod.Gpu):
+        return gpu
+    return gpus_mod.get(gpu or gpus_mod.DEFAULT)
+
+
+def resolve_policies(policies: Any = None) -> list[policies_mod.Policy]:
+    if policies is None:
+        return [policies_mod.get(n) for n in policies_mod.DEFAULT_COMPARE]
+    if isinstance(policies, str):
+        return policies_mod.parse_list(policies)
+    return [policies_mod.get(p) if isinstance(p, str) else p for p in policies]
+
+
+class predicting:  # noqa: N801 - used like a function in `with`
+    """Context manager: the body runs under prediction; `.result` (a Prediction) after a clean exit.
+    analyse=False skips the per-policy analysis (`.live.ops` is the recorded program)."""
+
+    def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
+                 policies: Any = None, live_policy: str = "torch", device_count: int = 1,
+                 target: str = "code", session_factory: Callable[..., Any] | None = None,
+                 shims: bool = True, analyse: bool = True) -> None:
+        self.gpu = resolve_gpu(gpu, capacity_gb)
+        self.policies = resolve_policies(policies)
+        self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
+        if isinstance(device_count, bool) or not isinstance(device_count, int) or device_count < 1:
+            raise ValueError(f"device_count must be an integer >= 1, got {device_count!r}")
+        self.device_count, self.target = device_count, target
+        self._factory = session_factory
+        self._use_shims, self._analyse = shims, analyse
+        self.live = LiveAllocator(self.live_policy.conf)
+        self.session: Any = None
+        self.shims: CudaShims | None = None
+        self.result: Prediction | None = None
+        self._started = 0.0
+
+    def marker(self, name: str) -> None:
+        """A named point in the program (e.g. "step"); shown in the JSON, kept in the trace's order."""
+        self.session.marker(name)
+
+    def __enter__(self) -> "predicting":
+        factory = self._factory or engine()[0]
+        self.session = factory(device_count=self.device_count, device_name=self.gpu.name,
+                               capability=self.gpu.capability, total_memory=self.gpu.total_memory)
+        self.session.add_listener(self.live)
+        self.session.__enter__()
+        try:
+            if self._use_shims:
+                self.shims = CudaShims(self.gpu, self.live, self.device_count)
+                self.shims.__enter__()
+        except BaseException:
+            self.session.__exit__(None, None, None)
+            raise
+        self._started = time.perf_counter()
+        _active[0] += 1
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        recording = time.perf_counter() - self._started
+        _active[0] -= 1
+        try:
+            if self.shims is not None:
+                self.shims.__exit__(exc_type, exc, tb)
+        finally:
+            self.session.__exit__(exc_type, exc, tb)
+        if exc_type is None and self._analyse:
+            infos = dict(self.live.infos)
+            infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
+            self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
+                                  self.live.markers, self.live_policy.conf, recording)
+        return False
+
+
+def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None = None,
+            capacity_gb: float | None = None, policies: Any = None, live_policy: str = "torch",
+            device_count: int = 1, session_factory: Callable[..., Any] | None = None, **kwargs: Any) -> Prediction:
+    """Runs fn(*args, **kwargs) once under prediction; returns the Prediction (peaks per policy,
+    min capacity, fits, what holds memory at the peak; .write_json/.write_trace/.write_report)."""
+    if not callable(fn):
+        raise TypeError(f"amem_alloc.predict takes a callable (the code to predict), got {type(fn).__name__}")
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    with predicting(gpu, capacity_gb=capacity_gb, policies=policies, live_policy=live_policy,
+                    device_count=device_count, target=name, session_factory=session_factory) as run:
+        fn(*args, **kwargs)
+    assert run.result is not None
+    return run.result

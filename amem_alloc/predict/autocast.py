@@ -1,0 +1,133 @@
+"""CUDA's autocast policy, applied to fake CUDA tensors (meta tensors have no autocast kernels).
+
+Design note
+-----------
+torch.autocast("cuda") sets the thread's CUDA autocast state; the session keeps it on without a
+GPU (session.py patches the availability check autocast makes). Real CUDA tensors then pass the
+AutocastCUDA dispatch key, which casts the arguments of listed ops (aten/src/ATen/autocast_mode.cpp)
+before autograd records the op. Here the same casts are made at the torch-function level, with
+the same lists:
+
+* lower precision (matmul family, linear, convolutions, einsum, attention): floating CUDA
+  arguments not already in the autocast dtype are cast with `.to(dtype)`; a float32 leaf that
+  requires grad (a parameter), not a view, is cast once and cached until the outermost autocast
+  exits, as `cached_cast` does (never in inference mode); other tensors are cast every time.
+* fp32: lower-precision floating CUDA arguments are cast to float32.
+* fp32 with an optional dtype (softmax, log_softmax, sum, prod, cumsum, ...): the op is called
+  with dtype=float32 when its first argument is a floating CUDA tensor (no copy: the kernel
+  writes float32).
+* promote (cat, stack, addcmul, ...): mixed floating arguments are cast to the widest.
+
+The casts are real ops on the fake tensors, so autograd records their ToCopyBackward nodes and
+the recorder sees their allocations, as on CUDA.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+LOWER = {"conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+         "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__",
+         "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "multi_dot", "linalg_multi_dot",
+         "linalg_vecdot", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "scaled_dot_product_attention",
+         "_scaled_dot_product_flash_attention"}
+FP32 = {"acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+        "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "norm", "nuclear_norm",
+        "frobenius_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+        "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+        "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+        "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+        "rms_norm"}
+FP32_OPT_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
+                  "linalg_matrix_norm", "sum"}
+PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put", "scatter_add",
+           "tensordot", "stack", "cat", "concat", "concatenate", "index_copy"}
+
+_cache: dict[int, tuple] = {}   # id(leaf) -> (weakref to leaf, cast copy)
+_session = None
+
+
+def install(session) -> None:
+    global _session
+    _session = session
+
+
+def active() -> bool:
+    return _session is not None and torch.is_autocast_enabled("cuda")
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+def _eligible(t, mode) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and mode.storages.device_of(t) == "cuda"
+
+
+def _cast(t, dtype, mode):
+    if not _eligible(t, mode) or t.dtype == dtype or t.dtype == torch.float64:
+        return t
+    cacheable = (t.is_leaf and t.requires_grad and dtype != torch.float32 and t.dtype == torch.float32
+                 and not t._is_view() and torch.is_autocast_cache_enabled()
+                 and not torch.is_inference_mode_enabled())   # torch >= 2.9 never caches in inference mode
+    if cacheable:
+        hit = _cache.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+    out = t.to(dtype)
+    if cacheable:
+        _cache[id(t)] = (weakref.ref(t), out)
+    return out
+
+
+def _map(x, fn):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(a, fn) for a in x)
+    return fn(x)
+
+
+def call(func, name, args, kwargs, mode):
+    from . import cuda_rules
+    lower = torch.get_autocast_dtype("cuda")
+    if name in LOWER:
+        args, kwargs = _map(args, lambda a: _cast(a, lower, mode)), {k: _map(v, lambda a: _cast(a, lower, mode))
+                                                                    for k, v in kwargs.items()}
+    elif name in FP32:
+        lp = lambda a: _cast(a, torch.float32, mode) if _eligible(a, mode) and a.dtype in (torch.float16, torch.bfloat16) else a
+        args, kwargs = _map(args, lp), {k: _map(v, lp) for k, v in kwargs.items()}
+    elif name in FP32_OPT_DTYPE and args and _eligible(args[0], mode) and kwargs.get("dtype") is None:
+        if not (name in ("softmax", "log_softmax") and len(args) > 2 and args[2] is not None):
+            kwargs = {**kwargs, "dtype": torch.float32}
+    elif name == "cross_entropy" and args and _eligible(args[0], mode) and args[0].dtype != torch.float32:
+        return _cross_entropy(args, kwargs)
+    elif name in PROMOTE:
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if _eligible(a, mode)]
+        if len({t.dtype for t in tensors}) > 1:
+            widest = max((t.dtype for t in tensors), key=lambda d: torch.finfo(d).bits)
+            args, kwargs = _map(args, lambda a: _cast(a, widest, mode)), {k: _map(v, lambda a: _cast(a, widest, mode))
+                                                                         for k, v in kwargs.items()}
+    with _off():
+        return cuda_rules.function(func, name, args, kwargs, mode)
+
+
+class _off:
+    """CUDA autocast off inside an op, as the AutocastCUDA kernel excludes its key while it runs."""
+
+    def __enter__(self):
+        torch.set_autocast_enabled("cuda", False)
+
+    def __exit__(self, *exc):
+        torch.set_autocast_enabled("cuda", True)
+
+
+def _cross_entropy(args, kwargs):
+    """cross_entropy_loss is composite: its log_softmax runs with dtype=float32, its nll_loss in fp32."""
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    logp = torch.log_softmax(p["input"], 1 if p["input"].dim() > 1 else 0, dtype=torch.float32)
+    with _off():
+        return torch.nn.functional.nll_loss(logp, p["target"], weight=p.get("weight"),
+                                            ignore_index=p.get("ignore_index", -100),
+                                            reduction=p.get("reduction", "mean"))

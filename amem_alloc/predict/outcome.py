@@ -1,0 +1,371 @@
+"""The prediction's answer: per policy, peaks, the smallest capacity that runs, whether it fits;
+what holds memory at the peak; JSON, text, a torch-format trace and the HTML report.
+
+Design note
+-----------
+Input is the recorded program (every allocation's requested bytes and stream, every free, every
+empty_cache, in order) and the engine's AllocInfo per allocation key. Everything here is a replay
+of that program through amem's C++ core on the sim backend:
+
+* peaks per policy: `replay.run` (the C++ loop) on an unlimited sim device;
+* min_capacity: the smallest device, in 2 MiB steps, on which the C++ loop finishes the program
+  with no failed allocation. A failed request on a limited device first frees the cache and
+  retries, as torch does, so this can be below the unlimited peak reserved. Binary search
+  between peak allocated (nothing smaller can work) and the unlimited peak reserved (which works
+  by construction) assumes that more memory never hurts, which holds for these policies;
+* fits: min_capacity <= the card's usable memory (total less the CUDA context, gpus.py);
+  headroom = usable - peak reserved (negative while it fits: the run survives by emptying its
+  cache when a cudaMalloc fails, which costs time);
+* at_peak: the storages live when allocated bytes (each request rounded to torch's 512 B)
+  were highest, summed by the engine's category, module, and op / autograd node;
+* the trace: the program re-run step by step on a fresh core with its event ring on, dumped by
+  amem_alloc.snapshot (torch's `_snapshot()` format), each event's frames taken from its
+  allocation's AllocInfo and its user_metadata naming the category and module.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .. import policies as policies_mod
+from .. import replay
+from .._C import CoreAllocator
+from ..introspection import format_bytes
+from .gpus import Gpu
+
+MiB = 1 << 20
+STEP = 2 * MiB          # min_capacity's resolution: the small pool's segment size
+NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute); the figures are what "
+        "each allocator policy does with the allocations CUDA would have received.")
+
+
+def round512(n: int) -> int:
+    return max(512, (n + 511) // 512 * 512)
+
+
+# ============================================================================ per policy
+@dataclass
+class PolicyRow:
+    policy: str
+    conf: str
+    description: str
+    peak_allocated: int
+    peak_reserved: int
+    min_capacity: int
+    fits: bool
+    headroom: int
+    fragmentation_at_peak: float
+    device_mallocs: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _ok(program_bytes: bytes, conf: str, limit: int) -> bool:
+    return replay.replay_program(program_bytes, conf, 1, limit)["failed_allocs"] == 0
+
+
+def min_capacity(program: replay.Program, conf: str, peak_allocated: int, peak_reserved: int) -> int:
+    """The smallest device (a multiple of 2 MiB) the program runs on without a failed allocation."""
+    data = program.to_bytes()
+    lo = max(1, -(-peak_allocated // STEP))          # in STEP units; nothing below peak allocated works
+    hi = max(lo, -(-peak_reserved // STEP))
+    while not _ok(data, conf, hi * STEP):            # safety: should not happen (hi ran unlimited)
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _ok(data, conf, mid * STEP):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi * STEP
+
+
+def policy_row(program: replay.Program, policy: policies_mod.Policy, gpu: Gpu) -> PolicyRow:
+    run = replay.run(program, policy.conf, max_samples=0)
+    cap = min_capacity(program, policy.conf, run.peak_allocated, run.peak_reserved) if len(program) else 0
+    return PolicyRow(policy.name, policy.conf, policy.description, run.peak_allocated, run.peak_reserved, cap,
+                     cap <= gpu.usable, gpu.usable - run.peak_reserved, run.fragmentation_at_peak,
+                     run.device_mallocs)
+
+
+# ============================================================================ at the peak
+@dataclass
+class AtPeak:
+    op: int                           # index of the op after which allocated bytes peaked
+    allocated: int                    # bytes (requests rounded to 512 B) live then
+    categories: dict[str, int]
+    modules: dict[str, int]
+    ops: dict[str, int]               # aten op or autograd node
+    largest: list[dict] = field(default_factory=list)
+
+
+def _sorted(d: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(d.items(), key=lambda kv: -kv[1]))
+
+
+def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
+    sizes: dict[int, int] = {}
+    allocated = peak = 0
+    peak_op = -1
+    for i, (kind, key, size, _) in enumerate(ops):
+        if kind == replay.ALLOC:
+            if key in sizes:
+                allocated -= sizes.pop(key)
+            sizes[key] = round512(size) if size else 0
+            allocated += sizes[key]
+            if allocated > peak:
+                peak, peak_op = allocated, i
+        elif kind == replay.FREE:
+            allocated -= sizes.pop(key, 0)
+    live: dict[int, int] = {}
+    for kind, key, size, _ in ops[: peak_op + 1]:
+        if kind == replay.ALLOC:
+            live[key] = round512(size) if size else 0
+        elif kind == replay.FREE:
+            live.pop(key, None)
+    cats: dict[str, int] = {}
+    mods: dict[str, int] = {}
+    by_op: dict[str, int] = {}
+    for key, n in live.items():
+        info = infos.get(key)
+        cat = getattr(info, "category", None) or "unknown"
+        cats[cat] = cats.get(cat, 0) + n
+        mod = getattr(info, "module", None) or "(outside any module)"
+        mods[mod] = mods.get(mod, 0) + n
+        op = getattr(info, "op", None) or "(unknown op)"
+        by_op[op] = by_op.get(op, 0) + n
+    largest = sorted(live.items(), key=lambda kv: -kv[1])[:top]
+    return AtPeak(peak_op, peak, _sorted(cats), _sorted(mods), _sorted(by_op),
+                  [_describe(k, n, infos.get(k)) for k, n in largest])
+
+
+def _describe(key: int, n: int, info: Any) -> dict:
+    frames = list(getattr(info, "frames", ()) or ())
+    where = f"{frames[0][0]}:{frames[0][1]}" if frames else None
+    return {"bytes": n, "category": getattr(info, "category", None), "module": getattr(info, "module", None),
+            "op": getattr(info, "op", None), "where": where}
+
+
+# ============================================================================ the whole answer
+@dataclass
+class Prediction:
+    target: str
+    gpu: Gpu
+    rows: list[PolicyRow]
+    at_peak: AtPeak
+    ops: list[tuple]
+    infos: dict[int, Any]
+    markers: list[tuple[int, str]]
+    trace_conf: str                     # the policy the trace and the live answers used
+    seconds: dict[str, float]           # recording, analysis
+
+    @property
+    def program(self) -> replay.Program:
+        return replay.Program(replay.pack(self.ops))
+
+    def row(self, policy: str) -> PolicyRow:
+        return next(r for r in self.rows if r.policy == policy)
+
+    def to_dict(self) -> dict:
+        g = self.gpu
+        allocs = sum(1 for op in self.ops if op[0] == replay.ALLOC)
+        return {
+            "predicted": True, "note": NOTE, "target": self.target,
+            "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
+                    "usable_bytes": g.usable, "capability": list(g.capability),
+                    "memory_source": g.memory_source, "context_source": g.context_source},
+            "policies": [r.to_dict() for r in self.rows],
+            "at_peak": self.at_peak.categories,
+            "at_peak_allocated": self.at_peak.allocated,
+            "at_peak_op": self.at_peak.op,
+            "at_peak_modules": self.at_peak.modules,
+            "at_peak_ops": self.at_peak.ops,
+            "at_peak_largest": self.at_peak.largest,
+            "program": {"ops": len(self.ops), "allocations": allocs,
+                        "markers": [[i, name] for i, name in self.markers]},
+            "seconds": self.seconds,
+        }
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    def snapshot(self) -> dict:
+        return predicted_snapshot(self.ops, self.infos, self.trace_conf)
+
+    def write_trace(self, path: str | Path) -> Path:
+        from ..snapshot import save_snapshot
+
+        return save_snapshot(self.snapshot(), path)
+
+    def write_report(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(render_report(self), encoding="utf-8")
+        return path
+
+    def format_text(self, top: int = 8) -> str:
+        return format_text(self, top)
+
+
+def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops: list[tuple],
+            infos: dict[int, Any], markers: list, trace_conf: str = "", recording_s: float = 0.0) -> Prediction:
+    started = time.perf_counter()
+    program = replay.Program(replay.pack(ops))
+    rows = [policy_row(program, p, gpu) for p in policies]
+    peak = at_peak(ops, infos)
+    return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
+                      {"recording": recording_s, "analysis": time.perf_counter() - started})
+
+
+# ============================================================================ text
+def _table(headers: list[str], body: list[list[str]]) -> list[str]:
+    rows = [headers] + body
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+
+
+def _signed(n: int) -> str:
+    return format_bytes(n) if n >= 0 else "-" + format_bytes(-n)
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+def format_text(p: Prediction, top: int = 8) -> str:
+    g = p.gpu
+    ctx = f"context ~{format_bytes(g.context)} ({g.context_source})" if g.context else "no context taken"
+    lines = [f"amem predict: {p.target} on {g.name} ({format_bytes(g.total_memory)}; {ctx}; "
+             f"usable {format_bytes(g.usable)})", NOTE, ""]
+    if not any(op[0] == replay.ALLOC for op in p.ops):
+        lines += ["No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
+                  "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
+    body = []
+    for r in p.rows:
+        fits = "yes" if r.fits else "NO"
+        if r.fits and r.headroom < 0:
+            fits = "yes*"
+        body.append([r.policy, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
+                     format_bytes(r.min_capacity), fits, _signed(r.headroom), f"{r.fragmentation_at_peak:.1%}"])
+    lines += _table(["policy", "peak allocated", "peak reserved", "min capacity", "fits", "headroom",
+                     "frag. at peak"], body)
+    if any(r.fits and r.headroom < 0 for r in p.rows):
+        lines.append("* fits only by emptying its cache when a cudaMalloc fails (torch retries), which costs time")
+    best = min(p.rows, key=lambda r: (r.min_capacity, r.peak_reserved), default=None)
+    if best is not None:
+        lines.append(f"least memory needed: {best.policy} ({format_bytes(best.min_capacity)})")
+    a = p.at_peak
+    lines += ["", f"At the peak ({format_bytes(a.allocated)} allocated, after allocator call {a.op + 1} of "
+                  f"{len(p.ops)}):"]
+    lines += ["  " + ln for ln in _table(["category", "bytes", "share"], [[k, format_bytes(v), _share(v, a.allocated)]
+                                                                       for k, v in a.categories.items()])]
+    lines += ["", "  by module:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.modules.items())[:top]]
+    lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
+    lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {g.memory_source}."]
+    return "\n".join(lines)
+
+
+# ============================================================================ the trace
+class _SimAllocator:
+    """What amem_alloc.snapshot.build_snapshot reads from an Allocator: its core, settings, backend."""
+
+    backend = "sim"
+
+    def __init__(self, conf: str) -> None:
+        self._core = CoreAllocator("sim", conf, 0)
+
+    @property
+    def settings(self) -> str:
+        return self._core.settings
+
+
+def _frames(info: Any) -> list[dict]:
+    return [{"filename": str(f[0]), "line": int(f[1]), "name": str(f[2])} for f in (getattr(info, "frames", ()) or ())]
+
+
+def _label(info: Any) -> str:
+    if info is None:
+        return ""
+    parts = [getattr(info, "category", None), getattr(info, "module", None), getattr(info, "op", None)]
+    return " ".join(str(x) for x in parts if x)
+
+
+def predicted_snapshot(ops: list[tuple], infos: dict[int, Any], conf: str = "", start: int = 0) -> dict:
+    """The program re-run on a fresh sim core, recording from op `start`: torch's snapshot format."""
+    from ..snapshot import build_snapshot
+
+    alloc = _SimAllocator(conf)
+    core, live, order = alloc._core, {}, []
+    for i, (kind, key, size, stream) in enumerate(ops):
+        if i == start:
+            core.start_trace(4 * (len(ops) - start) + 4096)
+        if kind == replay.ALLOC:
+            if key in live:
+                core.free(live.pop(key))
+            address = core.malloc(size, stream)
+            if address:
+                live[key] = address
+                if i >= start:
+                    order.append(key)
+        elif kind == replay.FREE:
+            if key in live:
+                core.free(live.pop(key))
+        else:
+            core.empty_cache()
+    if start >= len(ops):
+        core.start_trace(4096)
+    snap = build_snapshot(alloc)
+    _attach_frames(snap, infos, order, {a: k for k, a in live.items()})
+    snap["allocator_settings"]["prediction"] = NOTE
+    return snap
+
+
+def _attach_frames(snap: dict, infos: dict, order: list[int], final: dict[int, int]) -> None:
+    """Frames and labels from AllocInfo: the n-th alloc event is the n-th successful malloc."""
+    by_addr: dict[int, int] = {}
+    n = 0
+    for ev in (snap["device_traces"] or [[]])[0]:
+        if ev["action"] == "alloc":
+            key = order[n]
+            n += 1
+            by_addr[ev["addr"]] = key
+        elif ev["action"] in ("free_requested", "free_completed"):
+            key = by_addr.get(ev["addr"])
+        else:
+            continue
+        info = infos.get(key)
+        ev["frames"], ev["user_metadata"] = _frames(info), _label(info)
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] in final:
+                b["frames"] = _frames(infos.get(final[b["address"]]))
+
+
+# ============================================================================ the report
+def render_report(p: Prediction) -> str:
+    from .. import __version__
+    from ..report import html as report_html
+    from ..report.data import report_data
+    from ..snapshot import parse_snapshot
+
+    snap = parse_snapshot(p.snapshot(), "<prediction>")
+    data = report_data(snap)
+    summary = {"note": NOTE, "gpu": f"{p.gpu.name} ({format_bytes(p.gpu.total_memory)}, usable "
+                                    f"{format_bytes(p.gpu.usable)})"}
+    for r in p.rows:
+        summary[f"policy {r.policy}"] = (f"peak allocated {format_bytes(r.peak_allocated)}, peak reserved "
+                                         f"{format_bytes(r.peak_reserved)}, min capacity "
+                                         f"{format_bytes(r.min_capacity)}, fits: {'yes' if r.fits else 'no'}")
+    for k, v in p.at_peak.categories.items():
+        summary[f"at peak: {k}"] = format_bytes(v)
+    for k, v in list(p.at_peak.modules.items())[:10]:
+        summary[f"at peak, module {k}"] = format_bytes(v)
+    body = [report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
+    body += [report_html.device_section(dev) for dev in data["devices"]]
+    title = f"Predicted memory: {p.target}"
+    return report_html.page(title, f"predicted without a GPU for {p.gpu.name}", "\n".join(body), data, __version__)

@@ -1,0 +1,311 @@
+"""FakeCudaSession: run user code with fake CUDA tensors and record what CUDA's caching allocator
+would be asked, in order: every storage's requested bytes, stream and free.
+
+Design note
+-----------
+Inside the session every tensor is a meta tensor (execution.py): no compute, no memory on any
+device, so a 7B-parameter model costs only its Python objects. torch's own dispatcher, autograd
+engine and optimizers run unchanged, so lifetimes are torch's. Two modes do the work:
+`execution.DeviceMode` (torch-function level: devices, autocast, attention backends, value reads)
+and `execution.Recorder` (dispatch level: allocations). CUDA-only allocations are in cuda_rules.py.
+
+Each allocation goes to the listeners at once (key, stream, AllocInfo). AllocInfo.category at that
+moment is what the phase tells (an activation in forward, a gradient or autograd detail in
+backward, optimizer state in a step); when the session exits, `infos` holds the final category
+from the Tracer's classifier (provenance/classify.py), which knows which storages became
+parameters, .grad and optimizer state.
+
+What the session patches while active (restored on exit): autocast's "is CUDA available" check
+and `torch.cuda.is_bf16_supported` (so `torch.autocast("cuda")` stays on),
+`torch.clear_autocast_cache` (to drop the emulated cast cache where torch drops its own),
+torch.nn.init's in-place initializers (they only write values; on fake tensors they do nothing),
+and `torch.autograd._engine_run_backward` (so code that runs inside backward, such as
+checkpoint recomputation, runs under the session's device and autocast handling).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from ..provenance import classify
+from ..provenance.records import AllocRecord, next_seq
+from ..replay import ALLOC, FREE, Program, pack
+from . import autocast as autocast_rules
+from . import cuda_rules
+from .execution import DataDependentError, DeviceMode, Recorder, Storages, user_frames
+
+__all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
+
+
+@dataclass(frozen=True)
+class AllocInfo:
+    requested: int          # bytes the storage asked for (before the allocator's rounding)
+    category: str           # the Tracer's categories (provenance/classify.py), or "workspace"
+    module: str | None      # qualified module name active at allocation, if known
+    op: str | None          # aten op, or "cublas_workspace"
+    frames: tuple           # user frames (filename, line, name), innermost first; may be empty
+
+
+class AllocationListener(Protocol):
+    def on_alloc(self, key: int, stream: int, info: AllocInfo) -> None: ...
+    def on_free(self, key: int) -> None: ...
+    def on_marker(self, name: str) -> None: ...
+
+
+_PHASE_GUESS = {"forward": "activation", "backward": "autograd_detail", "optimizer": "optimizer_state",
+                "other": "temporary"}
+
+
+class _Modules:
+    """The qualified name of the module running now, from global forward hooks."""
+
+    def __init__(self):
+        import weakref
+        self.names = weakref.WeakKeyDictionary()
+        self.stack: list[str] = []
+        self.handles = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+        self.handles = [m.register_module_forward_pre_hook(self._pre),
+                        m.register_module_forward_hook(self._post, always_call=True)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _pre(self, module, args):
+        if module not in self.names:
+            for name, sub in module.named_modules():
+                self.names.setdefault(sub, name)
+            self.roots = getattr(self, "roots", [])
+            self.roots.append(module)
+        self.stack.append(self.names.get(module, type(module).__name__))
+
+    def _post(self, module, args, out):
+        if self.stack:
+            self.stack.pop()
+
+    @property
+    def current(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+
+def _value_only(fn):
+    def init(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor):
+            with torch._C.DisableTorchFunction():   # the device as it is, not as the session shows it
+                if tensor.device.type == "meta":
+                    return tensor
+        return fn(tensor, *args, **kwargs)
+    init.__name__ = fn.__name__
+    return init
+
+
+class FakeCudaSession:
+    """Context manager: from __enter__ on, tensors are fake and CUDA storages are recorded."""
+
+    def __init__(self, device_count: int = 1, device_name: str = "NVIDIA H100 80GB HBM3",
+                 capability: tuple[int, int] = (9, 0), total_memory: int = 80 * 2**30, frames: bool = True):
+        self.device_count, self.device_name = device_count, device_name
+        self.capability, self.total_memory = tuple(capability), total_memory
+        self.record_frames = frames
+        self.listeners: list = []
+        self.ops: list[tuple[int, int, int, int]] = []   # (kind, key, size, stream)
+        self.markers: list[tuple[int, str]] = []         # (op index, name)
+        self.infos: dict[int, AllocInfo] = {}
+        self.records: dict[int, AllocRecord] = {}
+        self.know = classify.Knowledge()
+        self.storages = Storages(self._on_alloc, self._on_free)
+        self.modules = _Modules()
+        self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
+        self._patches: list = []
+        self._modes: list = []
+        self._in_backward = False
+        self._stream_id = None
+        self._phase_override: str | None = None
+        self._default_cuda = False
+
+    # ------------------------------------------------------------------ interface
+    def add_listener(self, listener: AllocationListener) -> None:
+        self.listeners.append(listener)
+
+    def marker(self, name: str) -> None:
+        self.markers.append((len(self.ops), name))
+        for lst in self.listeners:
+            lst.on_marker(name)
+
+    @property
+    def program(self) -> Program:
+        return Program(pack(self.ops), 0, 0)
+
+    def __enter__(self) -> "FakeCudaSession":
+        autocast_rules.install(self)
+        self._patch()
+        self.modules.install()
+        self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
+                       register_optimizer_step_post_hook(self._opt_post)]
+        self._modes = [DeviceMode(self.storages, self), Recorder(self.storages, self)]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(None, None, None)
+        self._modes = []
+        for h in self._hooks:
+            h.remove()
+        self.modules.remove()
+        self._unpatch()
+        autocast_rules.install(None)
+        autocast_rules.clear_cache()
+        self._learn_model_state()
+        self.infos = self.final_infos()
+
+    # ------------------------------------------------------------------ recording
+    def default_cuda(self) -> bool:
+        return self._default_cuda
+
+    def stream(self) -> int:
+        """The current stream's id as torch.cuda under prediction tells it (0 without its shims)."""
+        if self._stream_id is None:
+            try:
+                from .cuda_shims import current_stream_id
+                self._stream_id = current_stream_id
+            except ImportError:
+                self._stream_id = lambda: 0
+        return int(self._stream_id())
+
+    def phase(self) -> str:
+        if self._phase_override:
+            return self._phase_override
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return "forward" if self.modules.current is not None or torch.is_grad_enabled() else "other"
+
+    def _on_alloc(self, key: int, nbytes: int, op: str, t) -> None:
+        phase = self.phase()
+        if phase == "backward" and not self._in_backward:
+            self.know.backward_starts.append(next_seq())
+        self._in_backward = phase == "backward"
+        module = self.modules.current
+        rec = AllocRecord(op, module, phase, "cuda:0", key, nbytes,
+                          str(t.dtype).replace("torch.", "") if t is not None else "uint8",
+                          tuple(t.shape) if t is not None else (nbytes,))
+        self.records[key] = rec
+        category = "workspace" if t is None else _PHASE_GUESS[phase]
+        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else ())
+        self.infos[key] = info
+        stream = self.stream()
+        self.ops.append((ALLOC, key, nbytes, stream))
+        for lst in self.listeners:
+            lst.on_alloc(key, stream, info)
+
+    def _on_free(self, key: int) -> None:
+        rec = self.records.get(key)
+        if rec is not None:
+            rec.freed_seq = next_seq()
+        self.ops.append((FREE, key, 0, 0))
+        for lst in self.listeners:
+            lst.on_free(key)
+
+    def _cublas_workspace(self) -> None:
+        """torch keeps one workspace per (cuBLAS handle, stream), and handles are per thread:
+        backward runs on the autograd engine's device thread, so it gets a workspace of its own."""
+        where = ("autograd" if torch._C._current_graph_task_id() != -1 else "main", self.stream())
+        if where not in self._workspaces:
+            self._workspaces[where] = self.storages.alloc_extra(
+                cuda_rules.cublas_workspace_bytes(self.capability), "cublas_workspace")
+
+    # ------------------------------------------------------------------ what storages are
+    def _mark(self, t, table: dict, label: str) -> None:
+        if isinstance(t, torch.Tensor):
+            key = self.storages.key_of(t)
+            if key is not None and key in self.records:
+                table[key] = label
+                rec = self.records[key]
+                if table is self.know.grads:
+                    rec.add_role("gradient")
+                elif table is self.know.optimizer_state:
+                    rec.add_role("optimizer_state")
+
+    def _learn_model_state(self) -> None:
+        for root in getattr(self.modules, "roots", []):
+            for name, p in list(root.named_parameters()) + list(root.named_buffers()):
+                self._mark(p, self.know.model_state, ("parameter", name))
+                self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)
+
+    def _opt_pre(self, optimizer, args, kwargs) -> None:
+        self._learn_model_state()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self._mark(p, self.know.model_state, ("parameter", "optimizer param"))
+                self._mark(p.grad, self.know.grads, "optimizer param")
+        self._phase_override = "optimizer"
+
+    def _opt_post(self, optimizer, args, kwargs) -> None:
+        self._phase_override = None
+        for state in optimizer.state.values():
+            for name, v in state.items():
+                self._mark(v, self.know.optimizer_state, name)
+
+    def final_infos(self) -> dict[int, AllocInfo]:
+        """AllocInfo per key with the Tracer's category as known now."""
+        out = {}
+        for key, info in self.infos.items():
+            rec = self.records.get(key)
+            if info.category == "workspace" or rec is None:
+                out[key] = info
+                continue
+            cat = classify.category(key, rec, self.know) or info.category
+            out[key] = replace(info, category=cat)
+        return out
+
+    # ------------------------------------------------------------------ patches
+    def _patch(self) -> None:
+        import torch.cuda.amp.common as amp_common
+        cap = self.capability
+        self._set(amp_common, "amp_definitely_not_available", lambda: False)
+        self._set(torch.cuda, "is_bf16_supported", lambda *a, **k: cap[0] >= 8)
+        orig_clear = torch.clear_autocast_cache
+
+        def clear():
+            autocast_rules.clear_cache()
+            orig_clear()
+        self._set(torch, "clear_autocast_cache", clear)
+        self._patch_init()
+        orig_run = torch.autograd._engine_run_backward
+
+        def run_backward(*args, **kwargs):
+            # backward() is a torch function: the mode runs it with itself popped. Push a mode
+            # again so that checkpoint recomputation in backward gets CUDA's autocast and kernels;
+            # it leaves devices as they are, as the checkpoint saw them in forward (from inside an
+            # op, where the mode is popped).
+            with DeviceMode(self.storages, self, spoof=False):
+                return orig_run(*args, **kwargs)
+        self._set(torch.autograd, "_engine_run_backward", run_backward)
+
+    def _patch_init(self) -> None:
+        """torch.nn.init's in-place initializers only write values (some loop on them, e.g.
+        trunc_normal_'s rejection sampling): on a fake tensor they return it unchanged."""
+        import torch.nn.init as init
+        for name in dir(init):
+            fn = getattr(init, name)
+            if name.endswith("_") and not name.startswith("_") and callable(fn):
+                self._set(init, name, _value_only(fn))
+        self._default_cuda = False
+
+    def _set(self, obj, name, value) -> None:
+        self._patches.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def _unpatch(self) -> None:
+        for obj, name, value in reversed(self._patches):
+            setattr(obj, name, value)
+        self._patches = []

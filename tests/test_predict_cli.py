@@ -1,0 +1,143 @@
+"""`amem predict` end to end, in a fresh process each: scripts run unchanged and their torch.cuda
+calls answer from the prediction; data-dependent code stops with one line naming file and line;
+the user's own errors keep their traceback and status; bad input is one line; --json, --trace
+(opened by torch's _memory_viz and amem's replay/report) and --report."""
+import json
+import sys
+import textwrap
+
+import pytest
+
+from helpers import run_command
+
+pytest.importorskip("torch")
+MiB = 1 << 20
+
+
+def amem(*args, timeout=300):
+    return run_command([sys.executable, "-m", "amem_alloc", "predict", *map(str, args)], timeout=timeout)
+
+
+def _one_line_error(proc, code, *needles):
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("amem predict:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------------------- bad input (no engine needed)
+@pytest.mark.parametrize("args, needle", [
+    (["--gpu", "H1000", "--workload", "mlp"], "unknown GPU 'H1000'"),
+    (["--capacity-gb", "-3", "--workload", "mlp"], "capacity must be a positive number"),
+    (["--gpu", "H100", "--capacity-gb", "3", "--workload", "mlp"], "not allowed with argument"),
+    (["--policy", "torch,bogus", "--workload", "mlp"], "unknown policy 'bogus'"),
+    (["--workload", "bert"], "invalid choice: 'bert'"),
+    (["--workload", "mlp", "--size", "0"], "--size and --steps must be integers >= 1"),
+    (["--", "python", "does_not_exist.py"], "does_not_exist.py: no such script"),
+    (["--", "python", "-m", "train"], "not -m module"),
+    ([], "give --workload NAME, or -- python script.py"),
+    (["--workload", "mlp", "--json", "/no/such/dir/p.json"], "its folder does not exist"),
+])
+def test_bad_input_is_one_line(args, needle, capsys):
+    from amem_alloc.cli import main
+
+    try:
+        rc = main(["predict", *args])
+    except SystemExit as exit_:          # argparse's own checks
+        rc = exit_.code
+    err = capsys.readouterr().err
+    _one_line_error(type("P", (), {"returncode": rc, "stderr": err, "stdout": ""})(), 2, needle)
+
+
+def test_bad_input_in_a_fresh_process_has_no_traceback():
+    _one_line_error(amem("--gpu", "H1000", "--workload", "mlp"), 2, "unknown GPU")
+
+
+# ---------------------------------------------------------------------------- with the engine
+engine = pytest.importorskip("amem_alloc.predict.session")
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    print("card", props.name, props.total_memory, torch.cuda.get_device_capability())
+    model = torch.nn.Linear(1024, 1024).to(device)           # 4 MiB weight, 4 KiB bias
+    torch.cuda.synchronize()
+    print("after model", torch.cuda.memory_allocated())
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    x = torch.randn(int(sys.argv[1]), 1024, device=device)
+    model(x).square().mean().backward()
+    torch.cuda.synchronize()
+    print("peak", torch.cuda.max_memory_allocated(), "reserved", torch.cuda.memory_reserved())
+    torch.cuda.memory._dump_snapshot(sys.argv[2])
+    torch.cuda.reset_peak_memory_stats()
+    print("after reset", torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated())
+""")
+
+
+def test_a_script_runs_unchanged_and_its_cuda_calls_answer(tmp_path):
+    from amem_alloc.predict import gpus
+    from amem_alloc.snapshot import load_snapshot
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    dump, js = tmp_path / "mid.pickle", tmp_path / "p.json"
+    proc = amem("--gpu", "A100-80GB", "--policy", "torch,amem-roundup4", "--json", js, "--", "python", script,
+                "512", dump)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    card = gpus.get("A100-80GB")
+    assert f"card {card.name} {card.total_memory} (8, 0)" in out
+    assert f"after model {4 * MiB + 4096}" in out
+    assert "after reset True" in out and "PREDICTION without a GPU" in out
+    peak = int(out.split("peak ")[1].split()[0])
+    assert peak >= 4 * MiB + 4096 + 512 * 1024 * 4                     # weights and the input at least
+    data = json.loads(js.read_text())
+    assert data["gpu"] == {**data["gpu"], "name": card.name, "capacity_bytes": card.total_memory}
+    assert [r["policy"] for r in data["policies"]] == ["torch", "amem-roundup4"]
+    assert data["policies"][0]["peak_allocated"] == peak and data["policies"][0]["fits"] is True  # live == replay
+    assert data["at_peak"].get("parameter", 0) >= 4 * MiB
+    snap = load_snapshot(dump)                                          # the script's own dump
+    assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+
+
+def test_workload_outputs_open_in_memory_viz_and_amem(tmp_path):
+    trace, report, js = tmp_path / "t.pickle", tmp_path / "r.html", tmp_path / "p.json"
+    proc = amem("--workload", "mlp", "--steps", "1", "--capacity-gb", "1", "--json", js, "--trace", trace,
+                "--report", report)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert set(data) >= {"gpu", "policies", "at_peak"} and data["gpu"]["capacity_bytes"] == 1 << 30
+    assert {"parameter", "gradient"} <= set(data["at_peak"])
+    viz = run_command([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(trace), "-o",
+                       str(tmp_path / "viz.html")])
+    assert viz.returncode == 0 and (tmp_path / "viz.html").stat().st_size > 1000, viz.stderr
+    rep = run_command([sys.executable, "-m", "amem_alloc", "replay", str(trace), "--policy", "torch"])
+    assert rep.returncode == 0, rep.stderr
+    torch_peak = next(r["peak_reserved"] for r in data["policies"] if r["policy"] == "torch")
+    from amem_alloc.introspection import format_bytes
+    assert format_bytes(torch_peak) in rep.stdout                       # the replay gives the same peak
+    assert "<html" in report.read_text()[:300].lower()
+
+
+def test_data_dependent_code_stops_with_file_and_line(tmp_path):
+    script = tmp_path / "dd.py"
+    script.write_text("import torch\nx = torch.randn(8, device='cuda')\nif x.sum() > 0:\n    print('positive')\n")
+    proc = amem("--", "python", script)
+    _one_line_error(proc, 3, f"{script}:3")
+
+
+def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import torch\n\ndef f():\n    raise KeyError('mine')\n\nf()\n")
+    proc = amem("--", "python", script)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr and "KeyError: 'mine'" in proc.stderr
+    assert f'File "{script}", line 4, in f' in proc.stderr and "amem_alloc" not in proc.stderr.split("KeyError")[0]
+    script.write_text("import sys\nsys.exit(7)\n")
+    assert amem("--", "python", script).returncode == 7

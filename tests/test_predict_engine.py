@@ -1,0 +1,229 @@
+"""The prediction engine (amem_alloc/predict/session.py): fake CUDA tensors, torch's own autograd,
+and the allocation sequence CUDA's caching allocator would receive, checked against numbers worked
+out by hand from the model's shapes."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from amem_alloc.predict.session import DataDependentError, FakeCudaSession  # noqa: E402
+from amem_alloc.replay import ALLOC  # noqa: E402
+
+B, S, D, H = 2, 20, 64, 4          # batch, sequence, width, heads (head dim 16): no two sizes collide
+MiB = 1 << 20
+
+
+class Listener:
+    def __init__(self):
+        self.events = []
+
+    def on_alloc(self, key, stream, info):
+        self.events.append(("alloc", key, info.requested))
+
+    def on_free(self, key):
+        self.events.append(("free", key))
+
+    def on_marker(self, name):
+        self.events.append(("marker", name))
+
+
+def live_at(session, marker):
+    """{key: requested} of CUDA storages alive when `marker` was recorded."""
+    end = next(i for i, name in session.markers if name == marker)
+    live = {}
+    for kind, key, size, _ in session.ops[:end]:
+        if kind == ALLOC:
+            live[key] = size
+        else:
+            live.pop(key, None)
+    return live
+
+
+def by_category(session, live):
+    out = {}
+    for key, size in live.items():
+        cat = session.infos[key].category
+        out[cat] = out.get(cat, 0) + size
+    return out
+
+
+# ============================================================================ basics
+def test_tensors_say_cuda_and_allocations_are_requested_bytes():
+    with FakeCudaSession() as s:
+        x = torch.empty(1000, 3, device="cuda")
+        assert x.device == torch.device("cuda", 0) and x.is_cuda
+        v = x.view(3000)            # a view shares the storage: no allocation
+        y = x.to(torch.float16)
+        del x, v
+    allocs = [(size, s.infos[key].op) for kind, key, size, _ in s.ops if kind == ALLOC]
+    assert allocs == [(12000, "empty.memory_format"), (6000, "_to_copy.default")]
+    frees = [key for kind, key, _, _ in s.ops if kind != ALLOC]
+    assert len(frees) == 1          # x died with its view; y is alive at the end
+    assert y.dtype == torch.float16
+
+
+def test_cpu_tensors_are_fake_too_and_moving_them_allocates_on_cuda():
+    with FakeCudaSession() as s:
+        big = torch.empty(1 << 30, dtype=torch.uint8)     # 1 GiB on the "CPU": nothing real
+        assert big.device.type == "cpu"
+        small = torch.ones(10, 10)
+        on_gpu = small.cuda()
+        assert on_gpu.is_cuda and not small.is_cuda
+    assert [size for kind, _, size, _ in s.ops if kind == ALLOC] == [400]
+
+
+def test_listeners_hear_every_alloc_free_and_marker_in_order():
+    lst = Listener()
+    s = FakeCudaSession()
+    s.add_listener(lst)
+    with s:
+        a = torch.zeros(256, device="cuda")
+        s.marker("step")
+        del a
+    assert lst.events[0][0] == "alloc" and lst.events[0][2] == 1024
+    assert lst.events[1] == ("marker", "step")
+    assert lst.events[2] == ("free", lst.events[0][1])
+
+
+@pytest.mark.parametrize("code, what", [
+    ("loss.item()", "item"),
+    ("print(loss)", "repr"),
+    ("bool(loss > 0)", "local_scalar_dense"),
+])
+def test_data_dependent_values_raise_naming_the_users_line(code, what):
+    with FakeCudaSession():
+        loss = torch.ones(3, device="cuda").sum()
+        with pytest.raises(DataDependentError) as err:
+            exec(compile(code, __file__, "exec"), {"loss": loss, "torch": torch})
+    assert f"{__file__}:1" in str(err.value)
+    assert err.value.filename == __file__
+
+
+def test_the_users_own_exception_is_not_relabelled():
+    with pytest.raises(ZeroDivisionError):
+        with FakeCudaSession():
+            torch.ones(2, device="cuda")
+            1 / 0
+
+
+# ============================================================================ a first-principles model
+class Block(torch.nn.Module):
+    """SDPA attention with dropout after the projection, then a checkpointed MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(D, 3 * D, bias=False)
+        self.proj = torch.nn.Linear(D, D, bias=False)
+        self.drop = torch.nn.Dropout(0.1)
+        self.fc1 = torch.nn.Linear(D, 4 * D, bias=False)
+        self.fc2 = torch.nn.Linear(4 * D, D, bias=False)
+
+    def mlp(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(B, S, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(a.transpose(1, 2).reshape(B, S, D)))
+        return x + torch.utils.checkpoint.checkpoint(self.mlp, x, use_reentrant=False)
+
+
+def _train_step(capability=(9, 0)):
+    with FakeCudaSession(capability=capability) as s:
+        model = Block().cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(B, S, D, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+            s.marker("forward")
+            loss = out.float().pow(2).mean()
+        s.marker("autocast_exit")
+        loss.backward()
+        s.marker("backward")
+        opt.step()
+        s.marker("step")
+    return s, model
+
+
+N_PARAMS = 3 * D * D + D * D + 4 * D * D + 4 * D * D     # qkv, proj, fc1, fc2 (no biases)
+
+
+def test_parameters_gradients_and_optimizer_state_by_hand():
+    s, _ = _train_step()
+    assert by_category(s, live_at(s, "forward"))["parameter"] == 4 * N_PARAMS
+    after_bwd = by_category(s, live_at(s, "backward"))
+    assert after_bwd["gradient"] == 4 * N_PARAMS                 # fp32 grads of fp32 params
+    after_step = by_category(s, live_at(s, "step"))
+    assert after_step["optimizer_state"] == 2 * 4 * N_PARAMS     # exp_avg + exp_avg_sq (step: CPU)
+
+
+def test_autocast_weight_copies_live_while_autocast_or_autograd_needs_them():
+    s, model = _train_step()
+    casts = {key: size for kind, key, size, _ in s.ops
+             if kind == ALLOC and s.infos[key].op == "_to_copy.default" and size in (3 * D * D * 2, D * D * 2,
+                                                                                     4 * D * D * 2)}
+    # one bf16 copy per weight in forward (cached), one per checkpointed weight in recomputation
+    forward = live_at(s, "forward")
+    fwd_casts = sorted(size for key, size in casts.items() if key in forward)
+    assert fwd_casts == sorted([3 * D * D * 2, D * D * 2, 4 * D * D * 2, 4 * D * D * 2])
+    # leaving autocast drops the cache: only proj's copy lives on, saved by its matmul to make the
+    # gradient of its input (the attention output). qkv's input x needs no gradient, so qkv's
+    # matmul saves x, not the weight; the checkpointed MLP saves nothing.
+    after = live_at(s, "autocast_exit")
+    assert sorted(size for key, size in casts.items() if key in after) == [D * D * 2]
+    assert not any(key in live_at(s, "backward") for key in casts)
+
+
+def test_dropout_keeps_a_bool_mask_and_flash_attention_its_logsumexp():
+    s, _ = _train_step()
+    live = live_at(s, "forward")
+    dropout = sorted(size for key, size in live.items() if s.infos[key].op == "native_dropout.default")
+    assert dropout == [B * S * D * 1]     # the bool mask is saved; the bf16 output died in the add
+    flash = sorted(size for key, size in live.items()
+                   if s.infos[key].op == "_scaled_dot_product_flash_attention.default")
+    assert flash == sorted([B * H * S * 4, B * S * D * 2, 8, 16])  # logsumexp, out, philox offset/seed
+    assert any(s.infos[k].op == "_scaled_dot_product_flash_attention_backward.default" for k in s.infos)
+
+
+def test_checkpointing_drops_the_mlp_activations_and_recomputes_them_in_backward():
+    s, _ = _train_step()
+    hidden = B * S * 4 * D * 2                                   # fc1's bf16 output
+    fwd_end = next(i for i, n in s.markers if n == "forward")
+    bwd_start = next(i for i, n in s.markers if n == "autocast_exit")
+    forward_hidden = [key for kind, key, size, _ in s.ops[:fwd_end] if kind == ALLOC and size == hidden]
+    assert forward_hidden and not any(k in live_at(s, "forward") for k in forward_hidden)
+    recomputed = [key for kind, key, size, _ in s.ops[bwd_start:] if kind == ALLOC and size == hidden
+                  and s.infos[key].op in ("mm.default", "gelu.default", "_unsafe_view.default")]
+    assert len(recomputed) >= 2                                  # fc1 output and gelu output again
+
+
+def test_cublas_workspace_per_thread_and_stream_sized_by_capability():
+    for capability, size in (((9, 0), 32 * MiB), ((8, 0), 4096 * 1024 * 2 + 16 * 1024 * 8)):
+        s, _ = _train_step(capability)
+        ws = [(sz, s.records[key].phase) for kind, key, sz, _ in s.ops
+              if kind == ALLOC and s.infos[key].op == "cublas_workspace"]
+        assert ws == [(size, "forward"), (size, "backward")]   # the caller's thread, autograd's thread
+        assert not any(kind != ALLOC and s.infos[key].op == "cublas_workspace" for kind, key, _, _ in s.ops)
+
+
+def test_sdpa_backend_follows_dtype_and_capability():
+    from amem_alloc.predict.cuda_rules import sdpa_backend
+    q16 = torch.empty(B, H, S, 16, dtype=torch.bfloat16, device="meta")
+    q32 = torch.empty(B, H, S, 16, device="meta")
+    assert sdpa_backend(q16, q16, q16, None, 0.0, (9, 0)) == "flash"
+    assert sdpa_backend(q16, q16, q16, torch.empty(S, S, device="meta"), 0.0, (9, 0)) == "efficient"
+    assert sdpa_backend(q32, q32, q32, None, 0.0, (9, 0)) == "efficient"
+    assert sdpa_backend(q16, q16, q16, None, 0.0, (7, 5)) == "math"
+
+
+def test_zero_grad_set_to_none_frees_gradients():
+    with FakeCudaSession() as s:
+        lin = torch.nn.Linear(32, 32, bias=False).cuda()
+        lin(torch.randn(4, 32, device="cuda")).sum().backward()
+        grad_key = s.storages.key_of(lin.weight.grad)
+        s.marker("before")
+        lin.zero_grad(set_to_none=True)
+        s.marker("after")
+    assert grad_key in live_at(s, "before") and grad_key not in live_at(s, "after")
