@@ -14,6 +14,9 @@ What runs (each program's docstring says how it measures):
                               the core, and the C++ replay loop, on one training program
   benchmarks/bench_gpu.py     amem vs torch's native allocator on a GPU (skipped, with the reason,
                               where torch sees no CUDA device)
+  benchmarks/bench_fragmentation.py  memory beyond what programs ask for, per policy, over every
+                              shared trace and bundled workload (its own section of RESULTS.md,
+                              between its own markers; --quick: two small traces, one short workload)
   benchmarks/bench_predict.py a LLaMA-7B training step predicted without a GPU: wall time and peak
                               RSS of the predicting process (--quick: a tiny config); its own
                               RESULTS.md section is written by `bench_predict.py --write`
@@ -353,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     args = parser.parse_args(argv)
 
+    import bench_fragmentation
     import bench_gpu
     import bench_predict
     import bench_replay
@@ -373,14 +377,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         profile = profile_hot_path(program, Path(tmp), args.quick)
 
+    print("running the fragmentation benchmark ...", file=sys.stderr, flush=True)
+    fragmentation = bench_fragmentation.run(args.quick)
+
     samples = {f["id"]: f["samples"] for f in core["figures"] + replay["figures"] + gpu["figures"]}
     rows = rows_for(samples, args.quick, gpu.get("skipped")) + prediction_rows(predicted, args.quick)
     command = "python benchmarks/run.py" + (" --quick" if args.quick else "")
     section = render(rows, machine(), command, core["reps"], (load_before, load_after), profile)
     print(section)
+    print(fragmentation)
     output = args.output or (None if args.quick else RESULTS)
     if output and not args.no_write:
         write_results(section, output)
+        bench_fragmentation.write_section(fragmentation, output)
         print(f"wrote {output}", file=sys.stderr)
     return 0
 

@@ -25,6 +25,16 @@ def test_every_benchmark_runs_and_prints_its_ratios(tmp_path):
     assert len(ratios) >= 9 and all(float(r) > 0 for r in ratios), table
     assert "| misses |" not in table and "| meets |" not in table, "--quick must not judge speed"
     assert "torch" in table and "Machine:" in table
+    # the fragmentation benchmark: every policy's (a) / (b) / (c) on two small traces (where the
+    # shared traces are present) and one short recorded workload
+    from amem_alloc import policies
+
+    assert "## Fragmentation" in table and "| workload:serving |" in table, table
+    frag = table.split("## Fragmentation", 1)[1]
+    for name in policies.POLICIES:
+        assert f"| {name} |" in frag, name
+    cells = re.findall(r"(\d\.\d{3}) / (\d\.\d{3}) / (\d+)", frag)
+    assert cells and all(float(a) >= 1 and float(b) >= 1 and float(b) <= float(a) + 1e-9 for a, b, _ in cells), frag
     if shutil.which("valgrind") and shutil.which("callgrind_annotate"):  # the hot path's profile
         assert "| free index: std::set" in table and "| total |" in table, table
 

@@ -20,7 +20,8 @@ def _steps(name, steps, **kw):
 
 
 def test_registry():
-    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode", "llama7b"}
+    assert set(workloads.WORKLOADS) == {"gpt", "mlp", "mlp-checkpoint", "decode", "llama7b", "fsdp", "moe", "pipeline",
+                                        "serving"}
     with pytest.raises(ValueError, match="choose one of"):
         workloads.get("bert")
 

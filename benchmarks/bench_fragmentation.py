@@ -1,0 +1,552 @@
+"""Fragmentation: how much memory each allocator policy needs beyond what the program asks for.
+
+    python benchmarks/bench_fragmentation.py            # every trace and workload; writes its RESULTS.md section
+    python benchmarks/bench_fragmentation.py --quick    # smoke: two small traces, one short workload; writes nothing
+
+Cases: every device of every trace in ../shared/traces (the real GPU traces) and every bundled
+workload (amem_alloc/workloads) that a CPU can run (not llama7b), recorded once on the CPU. Each case is a replay program of
+requests only, replayed through the C++ core on the sim backend from an empty start: a trace
+that began mid-run keeps its live blocks (allocated first, in address order) but loses the
+prologue's temporaries that rebuild the native allocator's cached segments, and its cache
+releases (empty_cache, or the native allocator's OOM retries) are dropped, so every policy
+starts from the same nothing and decides everything itself. The limit is the peak of live
+requested bytes (the sum of the sizes asked for, before any rounding): no allocator can do with less.
+
+Per case and policy (every name in amem_alloc/policies.py):
+  (a) peak reserved / limit, with no device limit;
+  (b) the smallest OOM-free capacity / limit: a binary search over the sim backend's device limit
+      (to 1 MiB) for the least capacity at which the C++ replay loop fails no request; the core's
+      own retry path (free the cache, try again) runs at each limit. Capacity is not monotone in
+      principle (a limit changes decisions); the search assumes it is;
+  (c) device calls: every counter named num_device_* in the core's stats (segment allocations /
+      cudaMalloc, frees, page maps and unmaps where the core reports them), counted in the run of (a).
+
+Verdict (the bar amem's own policy is held to): on every case (a) and (b) at most
+torch-expandable's +0.5% and (c) at most 2x torch-expandable's; over the traces the geomean of
+(a) at most 1.03 and multistream_4dev (a) at most 1.15. Each policy other than torch and
+torch-expandable is judged against it.
+
+CPU recordings: a workload runs on the CPU under torch's profiler with profile_memory=True; its
+allocations are paired with their frees by address and each gets the stream that was current
+(amem_alloc/workloads/streams.py logs the switches on the CPU). CPU kernels may use other
+temporaries than CUDA kernels, so a workload's figures estimate, not measure, a GPU run's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from amem_alloc import policies, replay  # noqa: E402
+
+# ../shared/traces beside the checkout (a checkout inside the shared folder, or a worktree one
+# level further down, finds it too); --traces or AMEM_TRACES names another.
+TRACES = Path(os.environ.get("AMEM_TRACES") or next(
+    (d for d in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces",
+                 ROOT.parent.parent / "shared" / "traces") if d.is_dir()), ROOT.parent / "shared" / "traces"))
+RESULTS = HERE / "RESULTS.md"
+BEGIN = "<!-- BEGIN fragmentation benchmark: written by `python benchmarks/bench_fragmentation.py` or `benchmarks/run.py`; do not edit inside -->"
+END = "<!-- END fragmentation benchmark -->"
+MiB = 1 << 20
+RESOLUTION = MiB                 # the binary search stops when its bounds are this close
+REFERENCE = "torch-expandable"   # what the bar compares against
+NATIVE = ("torch", "torch-expandable")
+SLACK = 1.005                    # (a) and (b) at most torch-expandable's +0.5%
+CALLS_FACTOR = 2.0               # (c) at most 2x torch-expandable's
+GEOMEAN_BAR = 1.03               # geomean of (a) over the traces
+MULTISTREAM_BAR = 1.15           # multistream_4dev (a)
+QUICK_TRACES = ("tiny_grad.pickle", "small_train.pickle")
+QUICK_WORKLOAD = ("serving", 1, 3)  # name, size, steps
+# Workloads run at size 2 where a CPU manages it in well under a minute: at size 1 most of them
+# peak at tens of MiB, where the 2 MiB small-pool segments alone decide the ratios.
+BENCH_SIZES = {"gpt": 2, "decode": 2, "fsdp": 2, "moe": 2, "pipeline": 2, "serving": 2}
+# Workloads too big to run on a CPU (they exist for prediction, which runs nothing): left out.
+NOT_ON_CPU = ("llama7b",)
+
+
+# ============================================================================ cases
+@dataclass
+class Case:
+    name: str           # "trace.pickle d0" or "workload:name"
+    kind: str           # "trace" or "workload"
+    program: replay.Program
+    note: str = ""
+
+    @property
+    def limit(self) -> int:
+        return peak_live_requested(self.program)
+
+
+def peak_live_requested(program: replay.Program) -> int:
+    """The most requested bytes live at once (a re-allocated key first frees its old block)."""
+    live: dict[int, int] = {}
+    current = peak = 0
+    for key, size, _, kind in program.ops.tolist():
+        if kind == replay.ALLOC:
+            current += size - live.pop(key, 0)
+            live[key] = size
+            peak = max(peak, current)
+        elif kind == replay.FREE:
+            current -= live.pop(key, 0)
+    return peak
+
+
+def empty_start(program: replay.Program) -> replay.Program:
+    """The program without the prologue's temporaries and without cache releases: live blocks
+    from before the recording stay (allocated first), everything else a policy decides itself."""
+    ops = program.ops
+    keep = (ops["key"] < replay.TEMP_KEY) & (ops["kind"] != replay.RELEASE)
+    return replay.Program(ops[keep].copy(), 0, program.device)
+
+
+def trace_cases(traces: Path = TRACES, names: tuple[str, ...] | None = None) -> list[Case]:
+    from amem_alloc.snapshot import load_snapshot
+
+    out = []
+    for path in sorted(traces.glob("*.pickle")):
+        if names and path.name not in names:
+            continue
+        for tp in replay.trace_programs(load_snapshot(path)):
+            out.append(Case(f"{path.name} d{tp.device}", "trace", empty_start(tp.program),
+                            f"start {tp.start}, {tp.releases} releases dropped"))
+    return out
+
+
+def record_workload(name: str, size: int = 1, steps: int | None = None) -> replay.Program:
+    """Runs a bundled workload on the CPU under torch's profiler; its allocations as a program,
+    each on the stream that was current when it was made."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from amem_alloc import workloads
+    from amem_alloc.workloads import streams
+
+    torch.manual_seed(0)
+    streams.SWITCHES.clear()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        workloads.get(name)(size, steps, "cpu", 0)
+    return program_from_profile(_allocations(prof), list(streams.SWITCHES))
+
+
+def _allocations(prof) -> list[tuple[int, int, int, int]]:
+    """(time ns, order, ptr, signed bytes) of every CPU allocator call the profiler saw."""
+    out: list[tuple[int, int, int, int]] = []
+    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
+    while stack:
+        node = stack.pop()
+        extra = node.extra_fields
+        if type(extra).__name__ == "_ExtraFields_Allocation" and str(extra.device) == "cpu":
+            out.append((node.start_time_ns, len(out), extra.ptr, extra.alloc_size))
+        stack.extend(reversed(node.children))
+    out.sort()
+    return out
+
+
+def program_from_profile(events: list[tuple[int, int, int, int]], switches: list[tuple[int, int]]) -> replay.Program:
+    """Allocations paired with their frees by address (an address is reused only after its
+    free); frees of blocks allocated before profiling are left out."""
+    from amem_alloc.workloads.streams import stream_at
+
+    live: dict[int, tuple[int, int]] = {}
+    ops, next_key = [], 0
+    for t, _, ptr, size in events:
+        if size > 0:
+            next_key += 1
+            stream = stream_at(switches, t)
+            live[ptr] = (next_key, stream)
+            ops.append((replay.ALLOC, next_key, size, stream))
+        elif size < 0 and ptr in live:
+            key, stream = live.pop(ptr)
+            ops.append((replay.FREE, key, 0, stream))
+    return replay.Program(replay.pack(ops))
+
+
+def workload_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:
+    """Each workload recorded in a fresh process (the profiler and torch's caches start clean),
+    into `tmp`; with keep, a recording already there is used again (the workloads' code must not
+    have changed since: the recordings do not depend on the allocator)."""
+    from amem_alloc import workloads
+
+    todo = [QUICK_WORKLOAD] if quick else [(name, BENCH_SIZES.get(name, 1), None) for name in workloads.WORKLOADS
+                                         if name not in NOT_ON_CPU]
+    out = []
+    for name, size, steps in todo:
+        path = tmp / f"{name}-size{size}-steps{steps or 'default'}.npz"
+        reused = keep and path.exists()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--record", name, "--size", str(size), "--out", str(path)]
+        if steps is not None:
+            cmd += ["--steps", str(steps)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        proc = None if reused else subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if proc is not None and proc.returncode != 0:
+            raise RuntimeError(f"recording workload {name} failed:\n{proc.stderr[-3000:]}")
+        program = replay.Program.load(path)
+        n_streams = len(set(program.ops["stream"].tolist()))
+        out.append(Case(f"workload:{name}", "workload", program,
+                        f"size {size}, {'default' if steps is None else steps} steps, CPU recording, "
+                        f"{n_streams} stream{'s' if n_streams != 1 else ''}"
+                        + (f", recording reused from {path}" if reused else "")))
+    return out
+
+
+# ============================================================================ measuring
+@dataclass
+class Result:
+    policy: str
+    peak_reserved: int
+    capacity: int | None     # smallest OOM-free device limit; None if not searched
+    calls: dict[str, int | None]  # device calls of the unlimited run by kind (device_calls)
+    limit: int
+    allocated_at_peak: int = 0  # block bytes (rounded) handed out while reserved stood at its peak
+    seconds: float = 0.0
+
+    @property
+    def a(self) -> float:
+        return self.peak_reserved / self.limit
+
+    @property
+    def b(self) -> float | None:
+        return self.capacity / self.limit if self.capacity is not None else None
+
+    @property
+    def cached_free(self) -> float:
+        """Free bytes cached at the reserved peak / limit: the part of (a) that is fragmentation."""
+        return (self.peak_reserved - self.allocated_at_peak) / self.limit
+
+    @property
+    def total_calls(self) -> int:
+        return sum(v for v in self.calls.values() if v)
+
+
+def _replay(program_bytes: bytes, conf: str, limit_bytes: int) -> dict:
+    return replay.replay_program(program_bytes, conf, 1, limit_bytes)
+
+
+def _unlimited(program_bytes: bytes, conf: str) -> tuple[dict, dict, int]:
+    """(the C++ loop's result, the stats, allocated bytes at the reserved peak) with no device limit."""
+    from amem_alloc import _C
+    from amem_alloc.introspection import parse_fragmentation, parse_stats
+
+    core = _C.CoreAllocator("sim", conf, 0)
+    result = core.replay(program_bytes, 1)
+    frag = parse_fragmentation(core.fragmentation_json())
+    return result, parse_stats(core.stats_json()), frag.allocated_bytes_at_reserved_peak
+
+
+CALL_KINDS = ("cudaMalloc", "map", "unmap", "cudaFree")
+
+
+def device_calls(stats: dict) -> dict[str, int | None]:
+    """The device calls of a run by kind. The core counts each page mapping of an expandable
+    segment in num_device_alloc and each unmapping in num_device_free; where it also reports
+    num_device_map / num_device_unmap, those are split out; where not, map and unmap are None
+    (not reported) and the totals stand in cudaMalloc and cudaFree."""
+    alloc, free = int(stats.get("num_device_alloc", 0)), int(stats.get("num_device_free", 0))
+    if "num_device_map" not in stats:
+        return {"cudaMalloc": alloc, "map": None, "unmap": None, "cudaFree": free}
+    maps, unmaps = int(stats["num_device_map"]), int(stats.get("num_device_unmap", 0))
+    return {"cudaMalloc": alloc - maps, "map": maps, "unmap": unmaps, "cudaFree": free - unmaps}
+
+
+def smallest_capacity(program_bytes: bytes, conf: str, lo: int, hi: int) -> int:
+    """The least device limit in (lo, hi] at which no request fails, to RESOLUTION; hi must pass."""
+    while hi - lo > RESOLUTION:
+        mid = (lo + hi) // 2
+        if _replay(program_bytes, conf, mid)["failed_allocs"]:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def measure(case: Case, policy: policies.Policy, search: bool = True) -> Result:
+    started = time.perf_counter()
+    data = case.program.to_bytes()
+    limit = case.limit
+    r, stats, at_peak = _unlimited(data, policy.conf)
+    if r["failed_allocs"]:
+        raise RuntimeError(f"{case.name} under {policy.name} failed {r['failed_allocs']} requests with no limit")
+    capacity = None
+    if search:
+        # Below the limit nothing fits; at the unlimited peak the run is the unlimited run.
+        if _replay(data, policy.conf, r["peak_reserved"])["failed_allocs"]:
+            raise RuntimeError(f"{case.name} under {policy.name}: fails at its own unlimited peak")
+        capacity = smallest_capacity(data, policy.conf, limit - 1, r["peak_reserved"])
+    return Result(policy.name, r["peak_reserved"], capacity, device_calls(stats), limit, at_peak,
+                  time.perf_counter() - started)
+
+
+def policy_names() -> list[str]:
+    return list(policies.POLICIES)
+
+
+def measure_all(cases: list[Case], names: list[str] | None = None, search: bool = True,
+                progress=None) -> dict[str, dict[str, Result]]:
+    names = names or policy_names()
+    out: dict[str, dict[str, Result]] = {}
+    for case in cases:
+        out[case.name] = {n: measure(case, policies.get(n), search) for n in names}
+        if progress:
+            progress(case, out[case.name])
+    return out
+
+
+# ============================================================================ the verdict
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def row_verdict(r: Result, ref: Result) -> tuple[bool, list[str]]:
+    """Whether one case meets the per-case bar against torch-expandable, and what misses."""
+    misses = []
+    if r.a > ref.a * SLACK:
+        misses.append(f"(a) {r.a:.3f} > {ref.a * SLACK:.3f}")
+    if r.b is not None and ref.b is not None and r.b > ref.b * SLACK:
+        misses.append(f"(b) {r.b:.3f} > {ref.b * SLACK:.3f}")
+    if r.total_calls > CALLS_FACTOR * ref.total_calls:
+        misses.append(f"(c) {r.total_calls} > {CALLS_FACTOR * ref.total_calls:.0f}")
+    return not misses, misses
+
+
+@dataclass
+class Summary:
+    policy: str
+    geomean_a_traces: float
+    geomean_b_traces: float
+    geomean_a_workloads: float
+    geomean_b_workloads: float
+    multistream_a: float | None
+    calls_traces: int
+    rows_met: int
+    rows: int
+    verdict: str
+    misses: list[str] = field(default_factory=list)
+
+
+def summarize(cases: list[Case], results: dict[str, dict[str, Result]], names: list[str],
+              judged: bool = True) -> list[Summary]:
+    out = []
+    traces = [c for c in cases if c.kind == "trace"]
+    works = [c for c in cases if c.kind == "workload"]
+    multistream = next((c for c in traces if c.name.startswith("multistream_4dev")), None)
+    for n in names:
+        ga = geomean([results[c.name][n].a for c in traces])
+        gb = geomean([results[c.name][n].b for c in traces])
+        ms = results[multistream.name][n].a if multistream else None
+        met, misses = 0, []
+        for c in cases:
+            ok, why = row_verdict(results[c.name][n], results[c.name][REFERENCE])
+            met += ok
+            misses += [f"{c.name}: {w}" for w in why]
+        verdict = "reference" if n == REFERENCE else "—"
+        if n in NATIVE:
+            misses = []
+        else:
+            whole = []
+            if traces and ga > GEOMEAN_BAR:
+                whole.append(f"geomean (a) {ga:.3f} > {GEOMEAN_BAR}")
+            if ms is not None and ms > MULTISTREAM_BAR:
+                whole.append(f"multistream_4dev (a) {ms:.3f} > {MULTISTREAM_BAR}")
+            misses = whole + misses
+            verdict = ("meets" if not misses else "misses") if judged else "not judged (--quick)"
+        out.append(Summary(n, ga, gb, geomean([results[c.name][n].a for c in works]),
+                           geomean([results[c.name][n].b for c in works]), ms,
+                           sum(results[c.name][n].total_calls for c in traces), met, len(cases), verdict, misses))
+    return out
+
+
+# ============================================================================ the report
+def _f(x: float | None) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / MiB:,.1f} MiB"
+
+
+def machine() -> dict[str, str]:
+    import torch
+
+    model = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "csrc", "amem_alloc"],
+                           capture_output=True, text=True).stdout.strip()
+    return {"cpu": f"{model}, {os.cpu_count()} cores", "os": f"{platform.system()} {platform.release()}",
+            "torch": torch.__version__, "python": platform.python_version(),
+            "code": (commit.stdout.strip() or "unknown") + (" with uncommitted changes" if dirty else ""),
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
+
+
+def maps_reported(results: dict[str, dict[str, Result]]) -> bool:
+    return any(r.calls["map"] is not None for per in results.values() for r in per.values())
+
+
+def calls_note(results: dict[str, dict[str, Result]]) -> str:
+    if maps_reported(results):
+        return "cudaMalloc + map + unmap + cudaFree, from the core's counters"
+    return ("cudaMalloc + cudaFree from the core's num_device_alloc / num_device_free, which count an "
+            "expandable segment's page mappings and unmappings with them; separate map / unmap counts: "
+            "**not reported by the core yet**")
+
+
+def _calls_cell(results: dict[str, dict[str, Result]], cases: list[Case], name: str) -> str:
+    sums = {}
+    for k in CALL_KINDS:
+        values = [results[c.name][name].calls[k] for c in cases]
+        sums[k] = None if any(v is None for v in values) else sum(values)
+    return " / ".join("n/r" if v is None else f"{v:,}" for v in sums.values())
+
+
+def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list[str], command: str,
+           seconds: float, judged: bool = True) -> str:
+    info = machine()
+    summary = summarize(cases, results, names, judged)
+    lines = [
+        "## Fragmentation: memory beyond what the program asks for, per policy",
+        "",
+        f"Measured {info['date']} (machine clock) with `{command}` in {seconds:.0f} s; every figure below comes "
+        "from that run.",
+        "",
+        f"- Machine: {info['cpu']}; {info['os']}; no GPU: every figure is a replay through the C++ core on "
+        "the sim backend",
+        f"- torch {info['torch']}, Python {info['python']}; code at {info['code']}",
+        "- Cases: every device of every trace in `../shared/traces`, replayed from an empty start (live blocks "
+        "at the start kept, the prologue's temporaries and the cache releases dropped), and every bundled "
+        "workload recorded on the CPU (method: benchmarks/bench_fragmentation.py)",
+        "- limit = the peak of live requested bytes; (a) peak reserved / limit; (b) smallest OOM-free "
+        "device capacity / limit (binary search to 1 MiB); (c) device calls, " + calls_note(results),
+        f"- Bar for amem's policy: every case (a), (b) ≤ {REFERENCE} +0.5%, (c) ≤ 2× {REFERENCE}; "
+        f"geomean (a) over the traces ≤ {GEOMEAN_BAR}; multistream_4dev (a) ≤ {MULTISTREAM_BAR}",
+        "",
+        "| policy | geomean (a), traces | geomean (b), traces | multistream_4dev (a) | geomean (a), workloads "
+        "| geomean (b), workloads | device calls, traces | cases within the per-case bar | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(f"| {s.policy} | {_f(s.geomean_a_traces)} | {_f(s.geomean_b_traces)} | {_f(s.multistream_a)} "
+                     f"| {_f(s.geomean_a_workloads)} | {_f(s.geomean_b_workloads)} | {s.calls_traces:,} "
+                     f"| {s.rows_met}/{s.rows} | {s.verdict} |")
+    for s in summary:
+        if s.misses:
+            shown = "; ".join(s.misses[:6]) + (f"; and {len(s.misses) - 6} more" if len(s.misses) > 6 else "")
+            lines.append(f"\n{s.policy} misses: {shown}")
+    traces = [c for c in cases if c.kind == "trace"]
+    lines += ["", "(c) by kind, summed over the " + ("traces" if traces else "cases") + ": cudaMalloc / map / unmap / "
+              "cudaFree" + ("" if maps_reported(results) else " (n/r: not reported by the core yet)"), "",
+              "| policy | device calls |", "|---|---|"]
+    lines += [f"| {n} | {_calls_cell(results, traces or cases, n)} |" for n in names]
+    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); ✓ within the per-case bar against "
+              f"{REFERENCE}, ✗ not.", "",
+              "| case | limit | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for c in cases:
+        cells = []
+        for n in names:
+            r = results[c.name][n]
+            mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name][REFERENCE])[0] else " ✗")
+            cells.append(f"{r.a:.3f} / {_f(r.b)} / {r.total_calls}{mark}")
+        lines.append(f"| {c.name} | {_gib(c.limit)} | " + " | ".join(cells) + " |")
+    lines += ["", "Where (a) goes: allocated (rounded) blocks at the reserved peak / limit + free bytes cached "
+              "at that peak / limit (the second is fragmentation proper; the first is rounding, plus live "
+              "bytes that peak at another time than reserved).", "",
+              "| case | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for c in cases:
+        lines.append(f"| {c.name} | " + " | ".join(
+            f"{results[c.name][n].allocated_at_peak / c.limit:.3f} + {results[c.name][n].cached_free:.3f}"
+            for n in names) + " |")
+    lines += ["", "Cases: " + "; ".join(f"{c.name}: {c.note}" for c in cases if c.note) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(section: str, path: Path = RESULTS) -> None:
+    """Replaces this benchmark's section of RESULTS.md (between its markers); keeps everything else."""
+    block = f"{BEGIN}\n{section}{END}\n"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verbose: bool = True,
+        recordings: Path | None = None, command: str | None = None) -> str:
+    """Measures every case (a few small ones with quick) and returns the section's text."""
+    started = time.perf_counter()
+    names = names or policy_names()
+    if REFERENCE not in names:
+        names = [REFERENCE] + names
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if verbose else (lambda m: None)
+    cases = trace_cases(traces, QUICK_TRACES if quick else None) if traces.is_dir() else []
+    if not cases:
+        say(f"bench_fragmentation: no traces in {traces}; workloads only")
+    say("bench_fragmentation: recording the workloads on the CPU ...")
+    if recordings:
+        recordings.mkdir(parents=True, exist_ok=True)
+        cases += workload_cases(quick, recordings, keep=True)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            cases += workload_cases(quick, Path(tmp))
+
+    def progress(case: Case, per: dict[str, Result]) -> None:
+        say(f"  {case.name:36} " + "  ".join(f"{n} {r.a:.3f}/{_f(r.b)}" for n, r in per.items()))
+
+    results = measure_all(cases, names, True, progress)
+    command = command or "python benchmarks/bench_fragmentation.py" + (" --quick" if quick else "")
+    return render(cases, results, names, command, time.perf_counter() - started, judged=not quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two small traces and one short workload; writes nothing")
+    parser.add_argument("--policies", help="comma-separated policy names (default: every one in amem_alloc/policies.py)")
+    parser.add_argument("--traces", type=Path, default=TRACES, help=f"trace folder (default {TRACES})")
+    parser.add_argument("--output", type=Path, help="results file to update (default benchmarks/RESULTS.md; none with --quick)")
+    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--recordings", type=Path, help="keep the workload recordings in this folder and use "
+                        "those already there (only while the workloads' code is unchanged)")
+    parser.add_argument("--record", metavar="WORKLOAD", help=argparse.SUPPRESS)  # internal: one recording
+    parser.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.record:
+        record_workload(args.record, args.size, args.steps).save(args.out)
+        return 0
+    try:
+        names = [p.name for p in policies.parse_list(args.policies)] if args.policies else None
+    except ValueError as e:
+        print(f"bench_fragmentation: {e}", file=sys.stderr)
+        return 2
+    command = "python benchmarks/bench_fragmentation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    section = run(args.quick, names, args.traces, recordings=args.recordings, command=command.strip())
+    print(section)
+    output = args.output or (None if args.quick else RESULTS)
+    if output and not args.no_write:
+        write_section(section, output)
+        print(f"wrote {output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
