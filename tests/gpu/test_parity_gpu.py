@@ -136,9 +136,12 @@ def test_cuda_graph_capture_and_replay():
         pools = {tuple(s.segment_pool_id) for s in amem_alloc.segments(0)}
         del g, static_y
         torch.cuda.empty_cache()                               # the graph's pool is released
-        left = {tuple(s.segment_pool_id) for s in amem_alloc.segments(0)}
+        # What a released pool keeps is only what still lives in it (on the H100 with torch 2.11, one
+        # segment: most likely the cuBLAS workspace allocated on the capture stream, kept by torch).
+        left = [s for s in amem_alloc.segments(0) if tuple(s.segment_pool_id) != (0, 0)]
         print(json.dumps({"match": match, "private_pool_seen": len(pools) > 1,
-                          "private_pool_released": left <= {(0, 0)}}))
+                          "private_left": [(s.total_size, s.allocated_size) for s in left],
+                          "private_pool_released": all(s.allocated_size > 0 for s in left)}))
     """))
     assert out["match"] and out["private_pool_seen"] and out["private_pool_released"]
 
