@@ -52,6 +52,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from amem_alloc import policies, replay  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 # ../shared/traces beside the checkout (a checkout inside the shared folder, or a worktree one
 # level further down, finds it too); --traces or AMEM_TRACES names another.
@@ -478,15 +480,7 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
 
 def write_section(section: str, path: Path = RESULTS) -> None:
     """Replaces this benchmark's section of RESULTS.md (between its markers); keeps everything else."""
-    block = f"{BEGIN}\n{section}{END}\n"
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    replace_section(path, BEGIN, END, section)
 
 
 def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verbose: bool = True,

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -126,18 +128,15 @@ def _machine() -> str:
 def write_results(table: str, r: dict, path: Path = RESULTS) -> None:
     import torch
 
-    body = "\n".join([BEGIN, "## Prediction at scale", "",
+    body = "\n".join(["## Prediction at scale", "",
                       f"Measured with `python benchmarks/bench_predict.py --write` on {_machine()}, torch "
                       f"{torch.__version__}, no GPU, {time.strftime('%Y-%m-%d')}. The prediction runs in a child "
                       "process; its peak RSS is getrusage(RUSAGE_SELF).ru_maxrss read in that child at the end. The wall time "
                       "is the whole amem_alloc.predict() call: starting the session (importing torch._dynamo and the "
                       "engine, a few seconds), building the model and running the step on fake tensors (recording), "
                       "and the analysis.",
-                      "", table, END])
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip() + "\n\n" + body + "\n"
-    path.write_text(text)
+                      "", table, ""])
+    replace_section(path, BEGIN, END, body)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 RESULTS = HERE / "RESULTS.md"
 BEGIN = "<!-- BEGIN allocator benchmarks (issue 7): written by `python benchmarks/run.py`; do not edit inside -->"
@@ -321,15 +322,7 @@ def render(rows: list[Row], info: dict[str, str], command: str, reps: int, load:
 
 def write_results(section: str, path: Path = RESULTS) -> None:
     """Replaces this program's section of RESULTS.md (between the markers); keeps everything else."""
-    block = f"{BEGIN}\n{section}{END}\n"
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    replace_section(path, BEGIN, END, section)
 
 
 # ============================================================================ main
