@@ -67,12 +67,14 @@ class Ledger {
   // starts afresh. Only the groups a tally touched are looked at (the hot
   // malloc/free pair touches two of three), so a post costs a few adds.
   AMEM_INLINE void post() {
-#define AMEM_POST(name) \
-  if (delta_.name != 0) stats_.name.add(kind_, delta_.name);
+#define AMEM_POST(name)                                         \
+  if (delta_.name > 0) stats_.name.increase(kind_, delta_.name);  \
+  else if (delta_.name < 0) stats_.name.decrease(kind_, -delta_.name);
     if (touched_ & kAllocatedGroup) {
       AMEM_POST(allocation)
       AMEM_POST(allocated_bytes)
-      if (delta_.oversize_allocations != 0) stats_.oversize_allocations.add(delta_.oversize_allocations);
+      if (delta_.oversize_allocations > 0) stats_.oversize_allocations.increase(delta_.oversize_allocations);
+      else if (delta_.oversize_allocations < 0) stats_.oversize_allocations.decrease(-delta_.oversize_allocations);
     }
     if (touched_ & kActiveGroup) {
       AMEM_POST(active)
