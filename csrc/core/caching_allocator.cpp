@@ -258,28 +258,12 @@ void CachingAllocator::free(uintptr_t address) {
   if (options_.debug_checks) check_valid_locked();
 }
 
-// Returns a block to its pool, merged with free neighbours (torch: free_block).
-void CachingAllocator::free_block(Block* block) {
-  BlockPool& pool = *block->pool;
-  if (trace_.on())  // before merging, as torch records it
-    trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
-                  block->stream, block->alloc_seq);
-  Ledger books = ledger(pool.kind);
-  books.remove(block);
-  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_into(block, neighbour, pool, books);
-  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
-  block->idle_since = clock_;
-  block->requested = 0;  // requested bytes count until the block is reusable (torch)
-  books.add(block);
-  books.post();
-}
-
 // Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
 // (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
 // `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-// The ledger forgets `src`; the caller accounts for `dst`.
-size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
+// The ledger forgets `src`; the caller accounts for `dst`. Inlined into
+// free_block so the ledger's deltas stay in registers on the hot pair.
+AMEM_INLINE size_t CachingAllocator::merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
   books.remove(src);
   SegmentList::absorb(dst, src);
@@ -296,6 +280,27 @@ size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Led
   const size_t subsumed = src->size;
   segments_.recycle(src);
   return subsumed;
+}
+
+size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
+  return merge_free_neighbour(dst, src, pool, books);
+}
+
+// Returns a block to its pool, merged with free neighbours (torch: free_block).
+void CachingAllocator::free_block(Block* block) {
+  BlockPool& pool = *block->pool;
+  if (trace_.on())  // before merging, as torch records it
+    trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
+                  block->stream, block->alloc_seq);
+  Ledger books = ledger(pool.kind);
+  books.remove(block);
+  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_free_neighbour(block, neighbour, pool, books);
+  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
+  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
+  block->idle_since = clock_;
+  block->requested = 0;  // requested bytes count until the block is reusable (torch)
+  books.add(block);
+  books.post();
 }
 
 void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {

@@ -172,6 +172,7 @@ class CachingAllocator {
   // ------------------------------------------------------------ free path
   void free_block(Block* block);
   size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);
+  size_t merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // merge_into, inlined
   using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
   StreamEvents record_stream_events(const Block* block);  // all or nothing
   void insert_events(Block* block, StreamEvents events);

@@ -59,4 +59,63 @@ class SegmentList {
   std::vector<Block*> spare_;  // recycled Block objects
 };
 
+// ================================================================ block objects
+
+inline Block* SegmentList::new_block() {
+  if (spare_.empty()) return new Block();
+  Block* b = spare_.back();
+  spare_.pop_back();
+  return b;
+}
+
+inline void SegmentList::recycle(Block* block) {
+  *block = Block();
+  spare_.push_back(block);
+}
+
+// ================================================================ split and merge (inline: the hot pair splits and merges once each)
+
+// A free block [address, address + size) of the same segment as `of`, not yet linked.
+inline Block* SegmentList::sibling(const Block* of, uintptr_t address, size_t size) {
+  Block* b = new_block();
+  b->address = address;
+  b->size = size;
+  b->stream = of->stream;
+  b->segment = of->segment;
+  b->pool = of->pool;
+  return b;
+}
+
+inline Block* SegmentList::insert_after(Block* block, uintptr_t address, size_t size) {
+  Block* b = sibling(block, address, size);
+  b->prev = block;
+  b->next = block->next;
+  if (b->next) b->next->prev = b;
+  block->next = b;
+  return b;
+}
+
+inline Block* SegmentList::insert_before(Block* block, uintptr_t address, size_t size) {
+  Block* b = sibling(block, address, size);
+  b->next = block;
+  b->prev = block->prev;
+  if (b->prev) b->prev->next = b;
+  else block->segment->first = b;
+  block->prev = b;
+  return b;
+}
+
+inline void SegmentList::absorb(Block* dst, Block* src) {
+  if (dst->prev == src) {
+    dst->address = src->address;
+    dst->prev = src->prev;
+    if (dst->prev) dst->prev->next = dst;
+    else dst->segment->first = dst;
+  } else {
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  dst->size += src->size;
+}
+
 }  // namespace amem
