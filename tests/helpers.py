@@ -11,6 +11,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The start of a GPU training script that runs under torch's allocator, or amem's when its first
+# argument is "amem": deterministic kernels and seeds, so two allocators give the same numbers.
+DETERMINISTIC_TRAINING_START = """
+import json, os, sys
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+if sys.argv[1] == "amem":
+    import amem_alloc
+    amem_alloc.enable()
+import torch
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+"""
+
+
 def run_python(code: str, env: dict[str, str] | None = None, args: list[str] | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `code` in a new interpreter; returns the completed process (text output)."""

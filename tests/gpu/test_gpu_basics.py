@@ -9,19 +9,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import run_python  # noqa: E402
+from helpers import DETERMINISTIC_TRAINING_START, run_python  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-TRAIN = """
-import json, os, sys
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch
-torch.manual_seed(0)
-torch.use_deterministic_algorithms(True)
+TRAIN = DETERMINISTIC_TRAINING_START + """
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 gen = torch.Generator().manual_seed(1)

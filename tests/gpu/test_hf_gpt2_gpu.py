@@ -8,21 +8,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import run_python  # noqa: E402
+from helpers import DETERMINISTIC_TRAINING_START, run_python  # noqa: E402
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.gpu
 
-TRAIN = """
-import json, os, sys
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch
+TRAIN = DETERMINISTIC_TRAINING_START + """
 from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-torch.use_deterministic_algorithms(True)
 config = GPT2Config(vocab_size=8192, n_positions=256, n_embd=384, n_layer=4, n_head=6)
 model = GPT2LMHeadModel(config).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
