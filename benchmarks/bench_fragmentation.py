@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 from amem_alloc import policies, replay  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
+from results_file import cpu_model, replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 # ../shared/traces beside the checkout (a checkout inside the shared folder, or a worktree one
 # level further down, finds it too); --traces or AMEM_TRACES names another.
@@ -384,11 +384,7 @@ def _gib(n: int) -> str:
 def machine() -> dict[str, str]:
     import torch
 
-    model = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    model = cpu_model()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "csrc", "amem_alloc"],
                            capture_output=True, text=True).stdout.strip()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
+from results_file import cpu_model, replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -120,8 +120,7 @@ def render(r: dict, quick: bool) -> str:
 def _machine() -> str:
     import platform
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = cpu_model(platform.processor())
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 

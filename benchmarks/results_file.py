@@ -1,5 +1,6 @@
 """benchmarks/RESULTS.md is shared: each benchmark program owns one section between its own
-markers and rewrites only that section, keeping everything else as it is."""
+markers and rewrites only that section, keeping everything else as it is; each section says
+which processor measured it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,3 +17,11 @@ def replace_section(path: Path, begin: str, end: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
+
+
+def cpu_model(default: str = "unknown") -> str:
+    """The processor's model name from /proc/cpuinfo, or `default` where it names none."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return default

@@ -45,7 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from results_file import replace_section  # noqa: E402  (benchmarks/ is on sys.path)
+from results_file import cpu_model, replace_section  # noqa: E402  (benchmarks/ is on sys.path)
 
 RESULTS = HERE / "RESULTS.md"
 BEGIN = "<!-- BEGIN allocator benchmarks (issue 7): written by `python benchmarks/run.py`; do not edit inside -->"
@@ -247,11 +247,7 @@ def profile_hot_path(program: Path, tmp: Path, quick: bool = False) -> list[tupl
 def machine() -> dict[str, str]:
     import torch
 
-    model = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    model = cpu_model()
     mem = next((int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")), 0)
     compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
