@@ -21,18 +21,17 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
          "--hide-scrollbars", "--virtual-time-budget=20000"]
 
-HARNESS = """<!DOCTYPE html><html><body>{frames}
-<script>
-Array.prototype.forEach.call(document.getElementsByTagName("iframe"), function (f, i) {{
-  f.addEventListener("load", function () {{
-    var pre = document.createElement("pre");
-    pre.id = "page-" + i;
-    try {{ pre.textContent = f.contentDocument.documentElement.outerHTML; }}
-    catch (err) {{ pre.textContent = "UNREADABLE " + err; }}
-    document.body.appendChild(pre);
-  }});
-}});
-</script></body></html>"""
+HARNESS = """<!DOCTYPE html><html><head><script>
+function copyFrame(f, i) {{
+  var pre = document.createElement("pre");
+  pre.id = "page-" + i;
+  try {{ pre.textContent = f.contentDocument.documentElement.outerHTML; }}
+  catch (err) {{ pre.textContent = "UNREADABLE " + err; }}
+  document.body.appendChild(pre);
+}}
+</script></head><body>{frames}</body></html>"""
+# Each frame names its handler in its own onload attribute: a listener added by a script after the
+# frames can miss a frame that loaded while the parser yielded (seen on a loaded CI machine).
 
 
 def _chromium(args: list[str], profile: Path, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -45,7 +44,8 @@ def _chromium(args: list[str], profile: Path, timeout: int = 300) -> subprocess.
 
 def render_pages(pages: list[Path], workdir: Path) -> list[str]:
     """The DOM of each page after its script ran, from one chromium launch."""
-    frames = "".join(f'<iframe src="{html.escape(p.resolve().as_uri())}"></iframe>' for p in pages)
+    frames = "".join(f'<iframe onload="copyFrame(this, {i})" src="{html.escape(p.resolve().as_uri())}"></iframe>'
+                     for i, p in enumerate(pages))
     harness = workdir / "harness.html"
     harness.write_text(HARNESS.format(frames=frames))
     out = _chromium(["--allow-file-access-from-files", "--dump-dom", harness.resolve().as_uri()],
