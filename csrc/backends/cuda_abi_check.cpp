@@ -65,6 +65,8 @@ static_assert(sizeof(CUmemAccessDesc) == sizeof(d::AccessDesc) && offsetof(CUmem
 // The signatures the function types in cuda_driver_abi.h transcribe (enums there are ints).
 static_assert(std::is_same_v<decltype(&cuDeviceGet), CUresult (*)(CUdevice*, int)>, "signature");
 static_assert(std::is_same_v<decltype(&cuDeviceGetAttribute), CUresult (*)(int*, CUdevice_attribute, CUdevice)>, "signature");
+static_assert(std::is_same_v<decltype(&cuDeviceGetCount), CUresult (*)(int*)>, "signature");
+static_assert(std::is_same_v<decltype(&cuDeviceCanAccessPeer), CUresult (*)(int*, CUdevice, CUdevice)>, "signature");
 static_assert(std::is_same_v<decltype(&cuGetErrorString), CUresult (*)(CUresult, const char**)>, "signature");
 static_assert(std::is_same_v<decltype(&cuMemGetAllocationGranularity),
                              CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags)>, "signature");

@@ -12,13 +12,15 @@
 // touched until the first CUDA allocation.
 //
 // Every call runs with the backend's device made current and the caller's
-// device restored afterwards (DeviceGuard); every call that allocates, frees,
+// device restored afterwards (DeviceGuard, Note [switching devices]); every call that allocates, frees,
 // maps or unmaps runs with the thread in relaxed stream-capture mode
 // (RelaxedCapture; Note [capture mode] in backend.h). An out-of-memory from cudaMalloc is
 // reported as 0, with CUDA's sticky error cleared; any other CUDA error throws
 // BackendError with CUDA's own message.
 #include <dlfcn.h>
 
+#include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 
@@ -108,21 +110,83 @@ void check(const CudaRuntime& rt, Error err, const char* what) {
   throw BackendError(std::string("amem cuda backend: ") + what + " failed: " + rt.error_string(err));
 }
 
-// Makes `device` current for a scope and restores the caller's device.
-class DeviceGuard {
+// Note [switching devices]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Since CUDA 12, cudaSetDevice creates the device's primary context (hundreds of
+// MiB of device memory) when it has none. A thread that never used GPU 0 still
+// has 0 as its current device, so freeing GPU 1's memory from it and then
+// restoring 0 with cudaSetDevice would create a context on GPU 0 that the user
+// never asked for. torch's CUDAGuard avoids this with ExchangeDevice on entry and
+// MaybeSetDevice on exit: a device without a context becomes torch's
+// thread-local "target" device instead of the runtime's current one, and torch's
+// current_device() reports it. When torch is loaded the backend switches devices
+// with those same two functions (exported by libc10_cuda.so, torch 2.11–2.14, with
+// DeviceIndex an int8_t), so torch's view of the thread's device stays right and
+// no context appears; without torch it uses cudaGetDevice / cudaSetDevice.
+class DeviceSwitch {
  public:
-  DeviceGuard(const CudaRuntime& rt, int device) : rt_(rt) {
-    check(rt_, rt_.get_device(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(rt_, rt_.set_device(device), "cudaSetDevice");
-    else previous_ = -1;
+  explicit DeviceSwitch(const CudaRuntime& rt) : rt_(rt) { find_torch(); }
+
+  // Makes `device` current; returns the caller's device.
+  int exchange(int device) const {
+    if (torch_exchange_ != nullptr) return torch_exchange(device);
+    int previous = -1;
+    check(rt_, rt_.get_device(&previous), "cudaGetDevice");
+    if (previous != device) check(rt_, rt_.set_device(device), "cudaSetDevice");
+    return previous;
   }
-  ~DeviceGuard() {
-    if (previous_ >= 0) rt_.set_device(previous_);
+  // Gives the caller's device back (never throws: it runs in destructors).
+  void restore(int device) const {
+    if (torch_maybe_set_ != nullptr) torch_maybe_set_(static_cast<int8_t>(device));
+    else rt_.set_device(device);
   }
 
  private:
+  using TorchExchange = int8_t (*)(int8_t);  // c10::cuda::ExchangeDevice
+  using TorchMaybeSet = int (*)(int8_t);     // c10::cuda::MaybeSetDevice (returns a cudaError_t)
+
+  void find_torch() {
+    void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);  // only torch's own, if loaded
+    if (lib == nullptr) return;
+    auto exchange = reinterpret_cast<TorchExchange>(dlsym(lib, "_ZN3c104cuda14ExchangeDeviceEa"));
+    auto maybe_set = reinterpret_cast<TorchMaybeSet>(dlsym(lib, "_ZN3c104cuda14MaybeSetDeviceEa"));
+    dlclose(lib);  // drops only the reference NOLOAD added
+    if (exchange != nullptr && maybe_set != nullptr) {
+      torch_exchange_ = exchange;
+      torch_maybe_set_ = maybe_set;
+    }
+  }
+  // torch reports a failed cudaSetDevice as a c10::Error; amem's callers expect BackendError.
+  int torch_exchange(int device) const {
+    try {
+      return torch_exchange_(static_cast<int8_t>(device));
+    } catch (const std::exception& e) {
+      rt_.get_last_error();
+      throw BackendError(std::string("amem cuda backend: making device ") + std::to_string(device) +
+                         " current failed: " + e.what());
+    }
+  }
+
   const CudaRuntime& rt_;
-  int previous_ = -1;
+  TorchExchange torch_exchange_ = nullptr;
+  TorchMaybeSet torch_maybe_set_ = nullptr;
+};
+
+// Makes `device` current for a scope and gives the caller's device back.
+class DeviceGuard {
+ public:
+  DeviceGuard(const DeviceSwitch& devices, int device) : devices_(devices), previous_(devices.exchange(device)) {
+    if (previous_ == device) previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) devices_.restore(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  const DeviceSwitch& devices_;
+  int previous_;  // -1: the device was already current
 };
 
 // Switches this thread to relaxed stream-capture mode for a scope and restores
@@ -154,7 +218,7 @@ int stream_device(const CudaRuntime& rt, cudart::Stream stream, int fallback) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : rt_(CudaRuntime::get()), device_(device) {
+  explicit CudaBackend(int device) : rt_(CudaRuntime::get()), devices_(rt_), device_(device) {
     int count = 0;
     check(rt_, rt_.get_device_count(&count), "cudaGetDeviceCount");
     if (device < 0 || device >= count)
@@ -171,28 +235,28 @@ class CudaBackend final : public Backend {
   std::string why_not_expandable() const override { return no_pages_why_; }
 
   uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     return pages().reserve(bytes, page_bytes);
   }
   void release_address_range(uintptr_t address, size_t bytes) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     pages().release(address, bytes);
   }
   bool map_pages(uintptr_t address, size_t bytes) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     return pages().map(address, bytes);
   }
   void unmap_pages(uintptr_t address, size_t bytes) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     pages().unmap(address, bytes);
   }
 
   uintptr_t allocate_segment(size_t bytes) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     void* p = nullptr;
     Error err = rt_.malloc(&p, bytes);
@@ -205,13 +269,13 @@ class CudaBackend final : public Backend {
   }
 
   void release_segment(uintptr_t address, size_t) override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     check(rt_, rt_.free(reinterpret_cast<void*>(address)), "cudaFree");
   }
 
   DeviceMemoryInfo memory_info() override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
     size_t free_bytes = 0, total_bytes = 0;
     check(rt_, rt_.mem_get_info(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -221,7 +285,7 @@ class CudaBackend final : public Backend {
   // The event is created on the stream's own device, as CUDA requires (torch: insert_events).
   EventId record_event(StreamId stream) override {
     auto s = reinterpret_cast<cudart::Stream>(stream);
-    DeviceGuard guard(rt_, stream_device(rt_, s, device_));
+    DeviceGuard guard(devices_, stream_device(rt_, s, device_));
     cudart::Event event = nullptr;
     check(rt_, rt_.event_create(&event, cudart::kEventDisableTiming), "cudaEventCreateWithFlags");
     Error err = rt_.event_record(event, s);
@@ -250,13 +314,13 @@ class CudaBackend final : public Backend {
 
   // cross_stream_reuse:handover: later work on `stream` waits for `event` (no host sync).
   void stream_wait_event(StreamId stream, EventId event) override {
-    DeviceGuard guard(rt_, stream_device(rt_, reinterpret_cast<cudart::Stream>(stream), device_));
+    DeviceGuard guard(devices_, stream_device(rt_, reinterpret_cast<cudart::Stream>(stream), device_));
     check(rt_, rt_.stream_wait_event(reinterpret_cast<cudart::Stream>(stream), reinterpret_cast<cudart::Event>(event), 0),
           "cudaStreamWaitEvent");
   }
 
   void synchronize() override {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     check(rt_, rt_.device_synchronize(), "cudaDeviceSynchronize");
   }
 
@@ -266,7 +330,7 @@ class CudaBackend final : public Backend {
     return *pages_;
   }
   void open_pages() {
-    DeviceGuard guard(rt_, device_);
+    DeviceGuard guard(devices_, device_);
     try {
       pages_ = CudaPages::open(device_, &no_pages_why_);
     } catch (const BackendError& e) {
@@ -275,6 +339,7 @@ class CudaBackend final : public Backend {
   }
 
   const CudaRuntime& rt_;
+  DeviceSwitch devices_;  // how the device is made current (Note [switching devices])
   int device_;
   std::unique_ptr<CudaPages> pages_;  // null when the driver or device cannot map pages
   std::string no_pages_why_;

@@ -52,6 +52,8 @@ constexpr int kAttributeVirtualMemory = 102;   // CU_DEVICE_ATTRIBUTE_VIRTUAL_ME
 
 using DeviceGetFn = Result (*)(Device*, int);
 using DeviceGetAttributeFn = Result (*)(int*, int, Device);
+using DeviceGetCountFn = Result (*)(int*);
+using DeviceCanAccessPeerFn = Result (*)(int*, Device, Device);  // (can, dev, peer): dev reads peer's memory
 using GetErrorStringFn = Result (*)(Result, const char**);
 using MemGetAllocationGranularityFn = Result (*)(size_t*, const AllocationProp*, int);
 using MemAddressReserveFn = Result (*)(DevicePtr*, size_t, size_t, DevicePtr, unsigned long long);

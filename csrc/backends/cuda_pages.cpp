@@ -15,6 +15,8 @@ namespace amem {
 struct CudaDriver {
   cudrv::DeviceGetFn device_get = nullptr;
   cudrv::DeviceGetAttributeFn device_get_attribute = nullptr;
+  cudrv::DeviceGetCountFn device_get_count = nullptr;
+  cudrv::DeviceCanAccessPeerFn can_access_peer = nullptr;
   cudrv::GetErrorStringFn error_string = nullptr;
   cudrv::MemGetAllocationGranularityFn granularity = nullptr;
   cudrv::MemAddressReserveFn address_reserve = nullptr;
@@ -56,6 +58,8 @@ const CudaDriver* CudaDriver::find(std::string* why) {
     CudaDriver& d = driver;
     resolve(lib, d.device_get, "cuDeviceGet", &missing);
     resolve(lib, d.device_get_attribute, "cuDeviceGetAttribute", &missing);
+    resolve(lib, d.device_get_count, "cuDeviceGetCount", &missing);
+    resolve(lib, d.can_access_peer, "cuDeviceCanAccessPeer", &missing);
     resolve(lib, d.error_string, "cuGetErrorString", &missing);
     resolve(lib, d.granularity, "cuMemGetAllocationGranularity", &missing);
     resolve(lib, d.address_reserve, "cuMemAddressReserve", &missing);
@@ -94,6 +98,21 @@ cudrv::AllocationProp device_memory(int device) {
   return prop;
 }
 
+// Who may read and write `device`'s pages: the device itself, then every other
+// device the driver says can reach it (Note [peer access to pages] in cuda_pages.h).
+std::vector<cudrv::AccessDesc> readers_of(const CudaDriver& driver, int device) {
+  std::vector<cudrv::AccessDesc> readers{{device_memory(device).location, cudrv::kAccessReadWrite}};
+  int count = 0;
+  driver.check(driver.device_get_count(&count), "cuDeviceGetCount");
+  for (int peer = 0; peer < count; ++peer) {
+    if (peer == device) continue;
+    int can = 0;
+    driver.check(driver.can_access_peer(&can, peer, device), "cuDeviceCanAccessPeer");
+    if (can) readers.push_back({device_memory(peer).location, cudrv::kAccessReadWrite});
+  }
+  return readers;
+}
+
 }  // namespace
 
 std::unique_ptr<CudaPages> CudaPages::open(int device, std::string* why) {
@@ -112,7 +131,8 @@ std::unique_ptr<CudaPages> CudaPages::open(int device, std::string* why) {
   size_t granularity = 0;
   driver->check(driver->granularity(&granularity, &prop, cudrv::kGranularityMinimum),
                 "cuMemGetAllocationGranularity");
-  return std::unique_ptr<CudaPages>(new CudaPages(*driver, device, granularity == 0 ? 1 : granularity));
+  return std::unique_ptr<CudaPages>(
+      new CudaPages(*driver, device, granularity == 0 ? 1 : granularity, readers_of(*driver, device)));
 }
 
 // ---------------------------------------------------------------- ranges
@@ -173,8 +193,7 @@ bool CudaPages::map(uintptr_t address, size_t bytes) {
     ++done;
   }
   if (failure == cudrv::kSuccess) {
-    const cudrv::AccessDesc access{device_memory(device_).location, cudrv::kAccessReadWrite};
-    failure = driver_.set_access(address, bytes, &access, 1);
+    failure = driver_.set_access(address, bytes, readers_.data(), readers_.size());
     if (failure == cudrv::kSuccess) return true;
   }
   for (size_t i = 0; i < done; ++i)  // undo this call's pages

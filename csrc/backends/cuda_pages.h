@@ -12,6 +12,16 @@
 // page is its own mapping: the core maps and unmaps whole pages (backend.h),
 // and every call here checks that it does.
 //
+// Note [peer access to pages]: memory from cudaMalloc is readable by a peer
+// device once that peer's context enabled peer access (torch's P2P copies call
+// cudaDeviceEnablePeerAccess), but mapped pages are readable only by the
+// devices named in cuMemSetAccess. torch's native allocator adds a peer to its
+// expandable segments when torch enables peer access (enablePeerAccess); a
+// pluggable allocator is never told. So every page is mapped for its own device
+// and for every device the driver says can reach it (cuDeviceCanAccessPeer,
+// read once when the device opens), in the same one cuMemSetAccess call:
+// P2P copies and kernels reading a peer's tensor work as with cudaMalloc.
+//
 // The driver's functions are resolved at run time from the libcuda the CUDA
 // runtime loaded (cuda_driver_abi.h), so nothing links against CUDA. Callers
 // hold the device current (the cuda backend's DeviceGuard). An out-of-memory
@@ -24,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_driver_abi.h"
@@ -59,8 +70,8 @@ class CudaPages {
     std::vector<Page> pages;
   };
 
-  CudaPages(const CudaDriver& driver, int device, size_t granularity)
-      : driver_(driver), device_(device), granularity_(granularity) {}
+  CudaPages(const CudaDriver& driver, int device, size_t granularity, std::vector<cudrv::AccessDesc> readers)
+      : driver_(driver), device_(device), granularity_(granularity), readers_(std::move(readers)) {}
   // The range holding [address, address + bytes), which must be whole pages;
   // sets `first` to the index of the page at `address`.
   Range& pages_of(uintptr_t address, size_t bytes, size_t* first);
@@ -70,6 +81,7 @@ class CudaPages {
   const CudaDriver& driver_;
   int device_;
   size_t granularity_;                // the driver's minimum for one physical allocation
+  std::vector<cudrv::AccessDesc> readers_;  // devices given access to every page (Note [peer access to pages])
   std::map<uintptr_t, Range> ranges_;  // by first address
   size_t mapped_pages_ = 0;
 };

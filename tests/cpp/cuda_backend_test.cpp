@@ -7,6 +7,8 @@
 // in tests/gpu.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "fake_cuda/fake_cuda.h"
 #include "test_support.h"
 
@@ -70,6 +72,27 @@ TEST_F(CudaBackendTest, SegmentsComeFromCudaMallocOnItsDeviceAndTheCallersDevice
     EXPECT_EQ(fake_cuda_counts().allocations, 0u);
   }
   expect_all_given_back();
+}
+
+TEST_F(CudaBackendTest, WorkOnAnotherDeviceCreatesNoContextOnTheCallersDevice) {
+  // Note [switching devices] in cuda_backend.cpp: a thread that never used device 0 allocates and
+  // frees on device 1; restoring its device 0 must not create a context there, and torch must
+  // still see device 0 as the thread's device. (The fake libc10_cuda.so is linked in, as torch's
+  // is loaded in a real process.)
+  std::thread([] {
+    fake_cuda_reset(kCapacity);  // no contexts; this new thread's current device is 0
+    {
+      auto a = make(1, "expandable_segments:True");
+      uintptr_t p = alloc(*a, 3 * kMiB);
+      release(*a, p);
+      a->empty_cache();
+      uintptr_t q = alloc(*a, 30 * kMiB);  // pages this time
+      release(*a, q);
+    }
+    EXPECT_TRUE(fake_cuda_has_context(1));
+    EXPECT_FALSE(fake_cuda_has_context(0)) << "restoring the caller's device created a context on it";
+    EXPECT_EQ(fake_c10_current_device(), 0) << "torch no longer sees the caller's device";
+  }).join();
 }
 
 TEST_F(CudaBackendTest, OutOfMemoryIsAnAnswerAndLeavesNoStickyError) {
@@ -138,6 +161,24 @@ TEST_F(CudaBackendTest, ExpandableSegmentsMapWholePagesWithAccessAndGiveEverythi
     release(*a, again);
   }  // the allocator goes with a page still mapped: unmapped, released, range freed
   expect_all_given_back();
+}
+
+TEST_F(CudaBackendTest, PagesAreMappedForEveryPeerThatCanReachTheDevice) {
+  // A P2P copy or a kernel on device 0 reading a tensor of device 1 needs device 0 named in
+  // cuMemSetAccess (Note [peer access to pages] in cuda_pages.h); cudaMalloc memory needs no such step.
+  auto a = make(1, "expandable_segments:True");
+  uintptr_t p = alloc(*a, 30 * kMiB);
+  EXPECT_EQ(fake_cuda_page_readers(p), 0b11u) << "device 0 cannot read device 1's pages";
+  EXPECT_EQ(fake_cuda_page_readers(p + 25 * kMiB), 0b11u) << "the second page of the block";
+  release(*a, p);
+}
+
+TEST_F(CudaBackendTest, PagesAreMappedForTheirOwnDeviceOnlyWhenNoPeerCanReachIt) {
+  fake_cuda_set_peer_access(false);  // the fake counts a violation if a peer is named anyway
+  auto a = make(1, "expandable_segments:True");
+  uintptr_t p = alloc(*a, kMiB);
+  EXPECT_EQ(fake_cuda_page_readers(p), 0b10u);
+  release(*a, p);
 }
 
 TEST_F(CudaBackendTest, AnOutOfMemoryPartWayThroughAMapUndoesItsPages) {

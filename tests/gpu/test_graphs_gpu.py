@@ -181,6 +181,34 @@ def test_frees_from_a_thread_whose_current_device_differs_and_record_stream_acro
     assert out["value"] == 2.0 * (1 << 20) and out["allocated"] == 4 << 20
 
 
+NO_CONTEXT_ON_DEVICE_0 = """
+import json, sys, threading
+if sys.argv[1] == "amem":
+    import amem_alloc
+    amem_alloc.enable()
+import torch
+torch.cuda.set_device(1)
+xs = [torch.ones(1 << 20, device="cuda:1") for _ in range(4)]
+def free_from_a_thread_on_device_0():   # a new thread's current device is 0, which has no context
+    xs.clear()
+    torch.cuda.empty_cache()
+t = threading.Thread(target=free_from_a_thread_on_device_0); t.start(); t.join()
+print(json.dumps({"context_on_0": torch._C._cuda_hasPrimaryContext(0), "device": torch.cuda.current_device()}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_freeing_another_devices_memory_creates_no_context_on_the_threads_device():
+    """Note [switching devices] in csrc/backends/cuda_backend.cpp: as with torch's own allocator."""
+    outs = {}
+    for allocator in ("native", "amem"):
+        proc = run_python(NO_CONTEXT_ON_DEVICE_0, args=[allocator], timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs[allocator] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outs["amem"] == outs["native"], outs
+    assert outs["amem"]["context_on_0"] is False, outs
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_p2p_copies_of_expandable_memory():
     out = run("""

@@ -20,13 +20,15 @@ constexpr int kCaptureUnsupported = 900;  // cudaErrorStreamCaptureUnsupported /
 constexpr int kGlobal = 0, kThreadLocal = 1, kRelaxed = 2;  // cudaStreamCaptureMode
 
 struct Handle { size_t bytes; int device; int mappings; };
-struct Mapping { size_t bytes; unsigned long long handle; bool access; };
+struct Mapping { size_t bytes; unsigned long long handle; unsigned readers; };  // readers: a bit per device (cuMemSetAccess)
 
 struct State {
   std::mutex mutex;
   size_t capacity = 0;
   size_t used[kDevices] = {};
   bool vmm = true;
+  bool peers = true;
+  bool contexts[kDevices] = {};                       // primary contexts the runtime created                                  // the devices can reach each other (cuDeviceCanAccessPeer)
   std::map<std::string, std::pair<int, int>> failures;  // function -> {calls to let through, code}
   std::set<uint64_t> busy_streams;
   std::map<unsigned long long, Handle> handles;
@@ -93,6 +95,8 @@ void fake_cuda_reset(size_t capacity) {
   s.capacity = capacity;
   std::memset(s.used, 0, sizeof(s.used));
   s.vmm = true;
+  s.peers = true;
+  std::memset(s.contexts, 0, sizeof(s.contexts));
   s.failures.clear();
   s.busy_streams.clear();
   s.handles.clear();
@@ -109,6 +113,20 @@ void fake_cuda_reset(size_t capacity) {
   thread_capture_mode = kGlobal;
 }
 
+void fake_cuda_set_peer_access(bool peers) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().peers = peers;
+}
+
+unsigned fake_cuda_page_readers(uintptr_t address) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.mappings.upper_bound(address);
+  if (it == s.mappings.begin()) return 0;
+  --it;
+  return address < it->first + it->second.bytes ? it->second.readers : 0;
+}
+
 FakeCudaCounts fake_cuda_counts() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -116,7 +134,8 @@ FakeCudaCounts fake_cuda_counts() {
   c.allocations = s.allocations;
   c.handles = s.handles.size();
   c.mappings = s.mappings.size();
-  for (auto& [address, m] : s.mappings) c.mappings_without_access += m.access ? 0 : 1;
+  for (auto& [address, m] : s.mappings)
+    c.mappings_without_access += (m.readers >> s.handles.at(m.handle).device) & 1u ? 0 : 1;
   c.ranges = s.ranges.size();
   c.events = s.events;
   c.stream_waits = s.waits.size();
@@ -178,6 +197,14 @@ bool fake_cuda_charge(int device, size_t bytes) {
 
 void fake_cuda_refund(int device, size_t bytes) { state().used[device] -= bytes; }
 int fake_cuda_device_count() { return kDevices; }
+void fake_cuda_note_context(int device) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().contexts[device] = true;
+}
+bool fake_cuda_has_context(int device) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return device >= 0 && device < kDevices && state().contexts[device];
+}
 size_t fake_cuda_capacity() { return state().capacity; }
 void fake_cuda_finish_all_work() {
   std::lock_guard<std::mutex> lock(state().mutex);
@@ -285,6 +312,20 @@ int cuDeviceGetAttribute(int* value, int attribute, int device) {
   return 0;
 }
 
+int cuDeviceGetCount(int* count) {
+  FAKE_FAILURE("cuDeviceGetCount");
+  *count = kDevices;
+  return 0;
+}
+
+int cuDeviceCanAccessPeer(int* can, int device, int peer) {
+  FAKE_FAILURE("cuDeviceCanAccessPeer");
+  if (device < 0 || device >= kDevices || peer < 0 || peer >= kDevices || device == peer)
+    return violation(kInvalidDevice);
+  *can = static_cast<int>(state().peers);
+  return 0;
+}
+
 int cuGetErrorString(int error, const char** text) {
   switch (error) {
     case 0: *text = "no error"; return 0;
@@ -368,7 +409,7 @@ int cuMemMap(unsigned long long address, size_t bytes, size_t offset, unsigned l
       overlaps_a_mapping(s, address, bytes))
     return violation(kInvalidValue);
   h->second.mappings += 1;
-  s.mappings[address] = Mapping{bytes, handle, false};
+  s.mappings[address] = Mapping{bytes, handle, 0u};
   return 0;
 }
 
@@ -389,15 +430,25 @@ int cuMemSetAccess(unsigned long long address, size_t bytes, const FakeAccess* d
   CAPTURE_CHECK();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (desc == nullptr || count != 1 || desc->flags != 3 || desc->location.type != 1) return violation(kInvalidValue);
+  if (desc == nullptr || count == 0) return violation(kInvalidValue);
+  unsigned readers = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const FakeAccess& d = desc[i];
+    if (d.flags != 3 || d.location.type != 1 || d.location.id < 0 || d.location.id >= kDevices)
+      return violation(kInvalidValue);
+    readers |= 1u << d.location.id;
+  }
   size_t covered = 0;  // every byte must be mapped
   for (auto it = s.mappings.find(address); it != s.mappings.end() && it->first == address + covered &&
                                            covered < bytes;
        ++it)
     covered += it->second.bytes;
   if (covered != bytes) return violation(kInvalidValue);
-  for (auto it = s.mappings.find(address); it != s.mappings.end() && it->first < address + bytes; ++it)
-    it->second.access = true;
+  for (auto it = s.mappings.find(address); it != s.mappings.end() && it->first < address + bytes; ++it) {
+    const int owner = s.handles.at(it->second.handle).device;
+    if (!s.peers && (readers & ~(1u << owner)) != 0) return violation(kInvalidDevice);  // a peer that cannot reach it
+    it->second.readers |= readers;
+  }
   return 0;
 }
 

@@ -58,10 +58,20 @@ void fake_cuda_fail_next(const char* function, int code);
 void fake_cuda_fail_after(const char* function, int skip, int code);
 void fake_cuda_set_stream_busy(uint64_t stream, bool busy);
 void fake_cuda_set_vmm_supported(bool supported);
+// Whether the two devices can reach each other's memory (cuDeviceCanAccessPeer; default: yes).
+void fake_cuda_set_peer_access(bool peers);
+// The devices given access (cuMemSetAccess) to the mapped page holding `address`: bit d for device d.
+unsigned fake_cuda_page_readers(uintptr_t address);
 // Whether `consumer` was made to wait (cudaStreamWaitEvent) on an event recorded on `producer`.
 bool fake_cuda_waited(uint64_t consumer, uint64_t producer);
 // Stream `stream` belongs to `device` (cudaStreamGetDevice; default: device 0).
 void fake_cuda_set_stream_device(uint64_t stream, int device);
+// Whether `device` has a primary context: since CUDA 12, cudaSetDevice creates one,
+// as does any runtime call that works on the current device (cudaMalloc, events...).
+bool fake_cuda_has_context(int device);
+// torch's idea of the calling thread's device (c10::cuda::current_device), from the
+// fake libc10_cuda.so (fake_c10_cuda.cpp).
+int fake_c10_current_device();
 // An unrecoverable ("sticky") error: every runtime call fails with `code` from now on (0 clears).
 void fake_cuda_set_fatal_error(int code);
 
@@ -70,6 +80,7 @@ bool fake_cuda_take_failure(const char* function, int* code);
 bool fake_cuda_charge(int device, size_t bytes);
 void fake_cuda_refund(int device, size_t bytes);
 int fake_cuda_device_count();
+void fake_cuda_note_context(int device);
 size_t fake_cuda_capacity();
 void fake_cuda_finish_all_work();  // no stream is busy any more
 void fake_cuda_note_violation();

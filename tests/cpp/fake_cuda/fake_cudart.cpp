@@ -56,6 +56,7 @@ extern "C" {
 
 int cudaMalloc(void** p, size_t bytes) {
   FAKE_FAILURE("cudaMalloc");
+  fake_cuda_note_context(current_device);
   CAPTURE_CHECK(false);
   std::lock_guard<std::mutex> lock(mutex());
   if (!fake_cuda_charge(current_device, bytes)) return fail(kMemoryAllocation);
@@ -89,6 +90,7 @@ int cudaFree(void* p) {
 
 int cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   FAKE_FAILURE("cudaMemGetInfo");
+  fake_cuda_note_context(current_device);
   CAPTURE_CHECK(false);
   *total_bytes = fake_cuda_capacity();
   *free_bytes = *total_bytes - fake_cuda_counts().used_bytes[current_device];
@@ -105,6 +107,7 @@ int cudaSetDevice(int device) {
   FAKE_FAILURE("cudaSetDevice");
   if (device < 0 || device >= fake_cuda_device_count()) return fail(kInvalidDevice);
   current_device = device;
+  fake_cuda_note_context(device);  // CUDA 12: cudaSetDevice initializes the device
   return 0;
 }
 
@@ -116,6 +119,7 @@ int cudaGetDeviceCount(int* count) {
 
 int cudaEventCreateWithFlags(void** event, unsigned flags) {
   FAKE_FAILURE("cudaEventCreateWithFlags");
+  fake_cuda_note_context(current_device);
   std::lock_guard<std::mutex> lock(mutex());
   const uintptr_t id = next_event++;
   events()[id] = Event{0, false, current_device};
@@ -170,6 +174,7 @@ int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
 
 int cudaDeviceSynchronize() {  // all work finishes
   FAKE_FAILURE("cudaDeviceSynchronize");
+  fake_cuda_note_context(current_device);
   CAPTURE_CHECK(true);
   fake_cuda_finish_all_work();
   return 0;
