@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("give a script (amem run train.py args...) or -m module")
     target, rest = args.target[0], args.target[1:]
     user_script.check_target(target, args.module)
-    enable()  # a bad AMEM_CONF or AMEM_TRACE is amem's error, said before the script starts
+    enable(policy=args.policy)  # a bad policy, AMEM_CONF or AMEM_TRACE is amem's error, said before the script starts
     return user_script.run(target, rest, module=args.module)  # the script's errors stay the script's
 
 
@@ -61,8 +61,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     print(config_mod.describe())
-    print("\nin effect (AMEM_CONF and defaults):")
-    print(config_mod.canonical(config_mod.resolve()))
+    chosen = config_mod.resolve_for_enable()
+    print(f"\nin effect for amem_alloc.enable() and amem run (policy {chosen.policy}, AMEM_CONF, defaults):")
+    print(config_mod.canonical(chosen.conf))
     return 0
 
 
@@ -126,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Python script with amem as torch's CUDA allocator")
     run.add_argument("-m", dest="module", action="store_true", help="run a module instead of a script")
+    run.add_argument("--policy", help="the allocator policy to start from (default: AMEM_POLICY, else amem; "
+                     "amem-defaults for torch's own decisions); AMEM_CONF overrides it key by key")
     run.add_argument("target", nargs=argparse.REMAINDER, help="script.py args... (or module args... with -m)")
     run.set_defaults(func=_run)
     demo = sub.add_parser("demo", help="allocate a realistic training pattern and print stats and fragmentation")

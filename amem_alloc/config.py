@@ -3,15 +3,24 @@
 The options table lives in C++ (csrc/core/options.h); this module only turns keyword arguments
 into the same `key:value,...` text, merges it over AMEM_CONF, and lets the core validate it, so
 a bad key or value raises the core's ValueError naming the key and what it accepts.
+
+The core's option defaults are torch's own policy (faithful replays, `amem-defaults`). What
+amem_alloc.enable() puts in place starts from a named policy instead — `amem` unless
+AMEM_POLICY or enable(policy=...) names another (amem_alloc/policies.py) — with AMEM_CONF and the
+keyword options laid over it, key by key.
 """
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import _C
+from . import _C, policies
 
 ENV_VAR = "AMEM_CONF"
+POLICY_ENV_VAR = "AMEM_POLICY"
+DEFAULT_POLICY = "amem"
 
 
 def _format_value(key: str, value: Any) -> str:
@@ -44,6 +53,32 @@ def resolve(options: Mapping[str, Any] | None = None, env: Mapping[str, str] | N
                          "key:value pairs, e.g. max_split_size_mb:512") from None
     _C.canonical_config(conf)  # raises ValueError naming the bad key or value
     return conf
+
+
+@dataclass(frozen=True)
+class EnableConfig:
+    """What enable() configures: the conf string, and whether expandable segments are the policy's
+    choice rather than the user's (then a device that cannot map pages gets plain segments)."""
+    conf: str
+    policy: str
+    expandable_optional: bool
+
+
+def resolve_for_enable(options: Mapping[str, Any] | None = None, policy: str | None = None,
+                       env: Mapping[str, str] | None = None) -> EnableConfig:
+    """The named policy (argument, else AMEM_POLICY, else `amem`), overlaid by AMEM_CONF, then by
+    keyword options; validated. ValueError names a bad policy, key or value."""
+    env = os.environ if env is None else env
+    name = (policy if policy is not None else env.get(POLICY_ENV_VAR, "").strip()) or DEFAULT_POLICY
+    try:
+        chosen = policies.get(name)
+    except ValueError as err:
+        raise ValueError(f"{POLICY_ENV_VAR if policy is None else 'policy'}: {err}") from None
+    user = resolve(options, env)
+    conf = ",".join(p for p in (chosen.conf, user) if p)
+    _C.canonical_config(conf)
+    user_sets_expandable = re.search(r"(^|,)\s*expandable_segments\s*:", user) is not None
+    return EnableConfig(conf, chosen.name, expandable_optional=not user_sets_expandable)
 
 
 def canonical(conf: str = "") -> str:

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from . import _C
-from .config import resolve
+from .config import resolve_for_enable
 from .devices import block_info, empty_cache, fragmentation, memory_stats, reset_peak_memory_stats, segments  # noqa: F401
 from .devices import device_index as _device_index  # noqa: F401 - the old private name
 from .recording import start_always_on, trace_config_from_env
@@ -51,18 +51,24 @@ def _register_hooks(pluggable: Any, lib: ctypes.CDLL) -> None:
         getattr(pluggable, setter)(_function_address(lib, symbol))
 
 
-def enable(patch_torch: bool = True, **options: Any) -> None:
+def enable(patch_torch: bool = True, policy: str | None = None, **options: Any) -> None:
     """Makes amem torch's CUDA allocator for this process.
 
-    Keyword options are those of AMEM_CONF (they override it), e.g.
-    enable(max_split_size_mb=512, garbage_collection_threshold=0.8). With patch_torch (the
-    default) torch.cuda.memory_stats, memory_allocated, memory_summary, _snapshot, ... report
+    It starts from a named policy of amem_alloc/policies.py: `amem` (expandable segments with
+    10 MiB pages, and blocks handed from one stream to another without a host sync: the
+    combination that wastes least on the real traces, docs/policies.md) unless `policy` or
+    AMEM_POLICY names another, e.g. policy="amem-defaults" for torch's own decisions. AMEM_CONF,
+    then the keyword options, override it key by key, e.g.
+    enable(max_split_size_mb=512, garbage_collection_threshold=0.8). A device that cannot map
+    pages gets plain segments unless you asked for expandable segments yourself. With patch_torch
+    (the default) torch.cuda.memory_stats, memory_allocated, memory_summary, _snapshot, ... report
     amem's figures (see amem_alloc/torch_patch.py for the exact list); patch_torch=False leaves
     torch's functions alone.
     """
     import torch
 
-    conf = resolve(options)
+    config = resolve_for_enable(options, policy)
+    conf = config.conf
     trace = trace_config_from_env()  # AMEM_TRACE: a bad value raises before anything is installed
     with _lock:
         if _state["enabled"]:
@@ -74,7 +80,7 @@ def enable(patch_torch: bool = True, **options: Any) -> None:
             return
         if torch.cuda.is_initialized():
             raise RuntimeError(_TOO_LATE)
-        _C.cuda_configure(conf)
+        _C.cuda_configure(conf, expandable_optional=config.expandable_optional)
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "amem_malloc", "amem_free")
         _register_hooks(pluggable._allocator, ctypes.CDLL(_C.__file__))
         try:

@@ -7,7 +7,8 @@ logic, so the same name means the same decisions in a replay on the sim backend 
 Names starting with "torch" are PyTorch's own allocator on a GPU (the conf string goes into
 PYTORCH_CUDA_ALLOC_CONF, whose syntax AMEM_CONF shares); without a GPU the core emulates them,
 which is faithful because amem's defaults are torch's policy (docs/torch_policy.md). The other
-names run amem (AMEM_ENABLE=1, AMEM_CONF=conf). `conf:<AMEM_CONF string>` names an ad-hoc amem
+names run amem (AMEM_ENABLE=1, AMEM_POLICY=amem-defaults, AMEM_CONF=conf: the conf string
+is always relative to the core's defaults, which are torch's policy). `conf:<AMEM_CONF string>` names an ad-hoc amem
 configuration, e.g. `conf:max_split_size_mb:256`.
 """
 from __future__ import annotations
@@ -24,9 +25,11 @@ POLICIES: dict[str, tuple[str, str]] = {
                   "best fit per stream, split and merge)"),
     "torch-expandable": ("expandable_segments:True", "PyTorch's allocator with expandable_segments:True: one "
                          "segment per stream and pool that grows in 2 MiB / 20 MiB pages"),
-    "amem": ("expandable_segments:True,cross_stream_reuse:handover", "amem's policy: expandable segments, and a "
-             "block freed on one stream serves another at once (the consumer waits on the freeing stream's "
-             "event, no host sync); the combination that measured best on the shared traces (docs/policies.md)"),
+    "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10", "amem's policy, what "
+             "amem_alloc.enable() uses: expandable segments whose large pool grows by 10 MiB pages, and a block "
+             "freed on one stream serves another at once (the consumer waits on the freeing stream's event, no "
+             "host sync); the combination that measured best on the shared traces and workloads "
+             "(docs/policies.md)"),
     "amem-defaults": ("", "amem with its option defaults, which are torch's policy: the same decisions, plus "
                       "amem's accounting"),
     "amem-roundup4": ("roundup_power2_divisions:4", "amem rounding each request up to the next quarter of its "

@@ -79,6 +79,63 @@ def test_amem_conf_environment_is_used_and_kwargs_override_it():
     assert "roundup_power2_divisions:4" in proc.stdout
 
 
+def test_enable_starts_from_amems_policy_and_the_user_overrides_it_key_by_key():
+    from amem_alloc import policies
+    from amem_alloc.config import resolve_for_enable
+    from amem_alloc._C import canonical_config
+
+    default = resolve_for_enable({}, env={})
+    assert default.policy == "amem" and default.conf == policies.get("amem").conf
+    assert default.expandable_optional  # the policy's choice: a device that cannot map pages falls back
+    assert "expandable_segments:True" in canonical_config(default.conf)
+    torch_like = resolve_for_enable({}, env={"AMEM_POLICY": "amem-defaults"})
+    assert canonical_config(torch_like.conf) == canonical_config("")  # torch's own decisions
+    mine = resolve_for_enable({"large_page_mb": 4}, env={"AMEM_CONF": "expandable_segments:False"})
+    settings = canonical_config(mine.conf)
+    assert "expandable_segments:False" in settings and "large_page_mb:4" in settings
+    assert "cross_stream_reuse:handover" in settings  # what the user did not set stays the policy's
+    assert not mine.expandable_optional                # the user chose: no silent fallback
+    assert resolve_for_enable({}, policy="amem-reclaim", env={"AMEM_POLICY": "torch"}).policy == "amem-reclaim"
+    with pytest.raises(ValueError, match="AMEM_POLICY: unknown policy 'fast'"):
+        resolve_for_enable({}, env={"AMEM_POLICY": "fast"})
+
+
+def test_enabled_allocator_runs_amems_policy_unless_told_otherwise():
+    probe = """
+        import amem_alloc
+        amem_alloc.enable()
+        print(amem_alloc._C.cuda_settings())
+    """
+    assert "expandable_segments:True" in run_python(probe).stdout
+    assert "expandable_segments:False" in run_python(probe, env={"AMEM_POLICY": "amem-defaults"}).stdout
+
+
+def test_a_bad_amem_policy_stops_autoenable_with_one_line():
+    proc = run_python("print('ran')", env={"AMEM_ENABLE": "1", "AMEM_POLICY": "fastest"})
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert "unknown policy 'fastest'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("amem_alloc")._C, "registry_use_backend"), reason="no registry_use_backend")
+def test_the_policys_expandable_segments_are_used_where_the_device_can_map_pages():
+    """Through torch's entry point on a device that maps pages (host memory), the default policy's
+    expandable segments are in place and nothing is said; a device that cannot map pages gets plain
+    segments and one line (tests/cpp/registry_test.cpp, on the fake CUDA)."""
+    proc = run_python("""
+        import ctypes, amem_alloc
+        from amem_alloc import _C
+        _C.registry_use_backend("host", 64 << 20)
+        amem_alloc.enable()
+        lib = ctypes.CDLL(_C.__file__)
+        lib.amem_malloc.restype = ctypes.c_void_p
+        lib.amem_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        p = lib.amem_malloc(3 << 20, 0, None)
+        print("expandable:", [s.is_expandable for s in amem_alloc.segments(0)])
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "expandable: [True]" in proc.stdout and "plain segments" not in proc.stderr
+
+
 def test_amem_enable_environment_enables_any_python_process():
     probe = "import amem_alloc; print('enabled:', amem_alloc.is_enabled())"
     assert "enabled: True" in run_python(probe, env={"AMEM_ENABLE": "1"}).stdout

@@ -256,7 +256,7 @@ def test_the_oom_trace_survives_the_crash(tmp_path):
     assert not path.exists()
     data = load_snapshot(recording.oom_path(path))
     trace = data["device_traces"][0]
-    assert [e["action"] for e in trace] == ["segment_alloc", "alloc", "oom"]
+    assert [e["action"] for e in trace] == ["segment_map", "alloc", "oom"]  # amem's policy: pages mapped
     assert trace[-1]["size"] == 1 << 30 and trace[-1]["device_free"] > 0
     assert "step" in [f["name"] for f in trace[1]["frames"]]  # python stacks through the C entry point
     assert "out of memory" in render_report(data).lower()

@@ -59,7 +59,7 @@ def _package_root() -> str:
 def _env(policy: policies_mod.Policy | None, real: bool) -> dict:
     """The child's environment: which allocator it runs, and nothing inherited that would change it."""
     env = dict(os.environ)
-    for key in ("AMEM_ENABLE", "AMEM_CONF", "PYTORCH_CUDA_ALLOC_CONF", "AMEM_TRACE"):
+    for key in ("AMEM_ENABLE", "AMEM_POLICY", "AMEM_CONF", "PYTORCH_CUDA_ALLOC_CONF", "AMEM_TRACE"):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
     if real and policy is not None:
@@ -67,7 +67,7 @@ def _env(policy: policies_mod.Policy | None, real: bool) -> dict:
             if policy.conf:
                 env["PYTORCH_CUDA_ALLOC_CONF"] = policy.conf
         else:
-            env.update(AMEM_ENABLE="1", AMEM_CONF=policy.conf)
+            env.update(AMEM_ENABLE="1", AMEM_POLICY="amem-defaults", AMEM_CONF=policy.conf)  # conf: over the core's defaults
     return env
 
 

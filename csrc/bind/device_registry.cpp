@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -13,6 +14,7 @@ std::array<std::atomic<CachingAllocator*>, kMaxDevices> g_devices{};
 std::mutex g_mutex;                 // guards creation and the options below
 bool g_configured = false;
 Options g_options;
+bool g_expandable_optional = false;  // see registry_configure
 size_t g_trace_entries = 0;        // 0 = not recording
 std::string g_backend = "cuda";    // tests may choose host or sim
 size_t g_backend_limit = 0;
@@ -39,6 +41,18 @@ std::unique_ptr<Backend> make_backend_locked(int device) {
   return make_cuda_backend(device);
 }
 
+// The options for a new device on `backend`: a policy's expandable segments
+// give way to plain segments where the device cannot map pages.
+Options options_for_locked(int device, const Backend& backend) {
+  Options options = options_locked();
+  if (options.expandable_segments && g_expandable_optional && !backend.supports_expandable()) {
+    options.expandable_segments = false;
+    std::fprintf(stderr, "amem: CUDA device %d uses plain segments: %s\n", device,
+                 backend.why_not_expandable().c_str());
+  }
+  return options;
+}
+
 }  // namespace
 
 void registry_use_backend(const std::string& name, size_t limit_bytes) {
@@ -57,7 +71,7 @@ int registry_owner(uintptr_t address) {
   return -1;
 }
 
-void registry_configure(const std::string& conf) {
+void registry_configure(const std::string& conf, bool expandable_optional) {
   Options parsed = Options::parse(conf);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!registry_devices_in_use().empty())
@@ -65,6 +79,7 @@ void registry_configure(const std::string& conf) {
         "amem: the CUDA allocator has already served allocations; its options are fixed. "
         "Set AMEM_CONF or call amem_alloc.enable(...) before the first CUDA tensor.");
   g_options = parsed;
+  g_expandable_optional = expandable_optional;
   g_configured = true;
 }
 
@@ -83,7 +98,9 @@ CachingAllocator& registry_device(int device) {
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (CachingAllocator* a = g_devices[device].load(std::memory_order_acquire)) return *a;
-  auto* created = new CachingAllocator(make_backend_locked(device), options_locked());
+  std::unique_ptr<Backend> backend = make_backend_locked(device);
+  Options options = options_for_locked(device, *backend);
+  auto* created = new CachingAllocator(std::move(backend), options);
   if (g_trace_entries > 0) created->start_trace(g_trace_entries);
   g_devices[device].store(created, std::memory_order_release);
   return *created;

@@ -21,7 +21,10 @@ constexpr int kMaxDevices = 64;  // torch: C10_COMPILE_TIME_MAX_GPUS is at most 
 
 // Sets the options for devices not yet created. Throws ConfigError on a bad
 // string, and std::logic_error once any device has allocated (too late).
-void registry_configure(const std::string& conf);
+// expandable_optional: expandable segments come from a policy rather than the
+// user's own setting, so a device that cannot map pages gets plain segments
+// (and one line on stderr saying why) instead of a ConfigError.
+void registry_configure(const std::string& conf, bool expandable_optional = false);
 std::string registry_settings();
 Options registry_options();
 // The device's allocator, created on first use. Throws for a bad index.

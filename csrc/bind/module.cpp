@@ -173,7 +173,7 @@ void bind_cuda_registry(py::module_& m) {
   m.def("torch_oom_available", &amem::torch_oom_available);
   m.def("profiler_hooks_available", &amem::profiler_hooks_available);
   m.def("torch_oom_check", &amem::torch_oom_check, py::arg("message"));
-  m.def("cuda_configure", &amem::registry_configure);
+  m.def("cuda_configure", &amem::registry_configure, py::arg("conf"), py::arg("expandable_optional") = false);
   m.def("cuda_settings", &amem::registry_settings);
   m.def("cuda_devices_in_use", &amem::registry_devices_in_use);
   m.def("registry_use_backend", &amem::registry_use_backend, py::arg("name"), py::arg("limit_bytes") = 0);

@@ -45,7 +45,7 @@ print(json.dumps({"ok": all(ok), "device_alloc": stats["num_device_alloc"], "unm
 
 
 def _run(conf: str) -> dict:
-    proc = run_python(SCRIPT, env={"AMEM_CONF": conf})
+    proc = run_python(SCRIPT, env={"AMEM_POLICY": "amem-defaults", "AMEM_CONF": conf})  # each mechanism on its own
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -56,6 +56,12 @@ def _run(conf: str) -> dict:
                                   "expandable_segments:True,large_page_mb:2,small_pool:False"])
 def test_data_stays_right_under_each_mechanism(conf):
     assert _run(conf)["ok"], conf
+
+
+def test_data_stays_right_under_amems_default_policy():
+    proc = run_python(SCRIPT)  # enable() with no options: the `amem` policy (amem_alloc/policies.py)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ok"]
 
 
 def test_handover_reuses_the_block_of_the_other_stream():
