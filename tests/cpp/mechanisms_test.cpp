@@ -208,5 +208,25 @@ TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
   EXPECT_EQ(c.mappings + c.handles + c.ranges, 0u);
 }
 
+TEST_F(CudaMechanisms, TheAmemPolicyMapsTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
+  // What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
+  {
+    auto a = make("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10");
+    fake_cuda_set_stream_busy(kS1, true);
+    uintptr_t p = a->malloc(25 * kMiB, kS1);
+    EXPECT_EQ(fake_cuda_counts().mappings, 3u) << "25 MiB in 10 MiB pages";
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 30 * kMiB);
+    EXPECT_EQ(fake_cuda_counts().mappings_without_access, 0u);
+    a->free(p);
+    uintptr_t q = a->malloc(25 * kMiB, kS2);  // another stream, while kS1's work is still queued
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 30 * kMiB) << "the freed pages serve kS2: nothing new mapped";
+    EXPECT_TRUE(fake_cuda_waited(kS2, kS1));
+    a->free(q);
+    a->check_valid();
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);
+}
+
 }  // namespace
 }  // namespace amem
