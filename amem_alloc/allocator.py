@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C
+from . import _C, policies
 from .config import resolve
 from .introspection import Fragmentation, SegmentInfo, parse_fragmentation, parse_segments, parse_stats
 
@@ -33,17 +33,21 @@ class Allocator:
     """A caching allocator over the `host` (real host memory) or `sim` (addresses only) backend.
 
     limit_bytes caps the backend's capacity (0: unlimited for sim; for host, what mmap gives),
-    so the out-of-memory path can be exercised. Keyword options are those of AMEM_CONF.
+    so the out-of-memory path can be exercised. It starts from the core's defaults (torch's
+    policy), whatever the environment says, or from `policy`, a name of amem_alloc/policies.py
+    (e.g. "amem", what enable() uses); keyword options are those of AMEM_CONF and override it.
     """
 
-    def __init__(self, backend: str = "sim", limit_bytes: int = 0, **options: Any):
+    def __init__(self, backend: str = "sim", limit_bytes: int = 0, policy: str | None = None, **options: Any):
         if backend not in BACKENDS:
             raise ValueError(
                 f"amem: unknown backend {backend!r}; Allocator takes one of {BACKENDS} "
                 "(the cuda backend is used through amem_alloc.enable())"
             )
         _check_int("limit_bytes", limit_bytes)
-        self._core = _C.CoreAllocator(backend, resolve(options, env={}), limit_bytes)
+        base = policies.get(policy).conf if policy is not None else ""
+        conf = ",".join(p for p in (base, resolve(options, env={})) if p)
+        self._core = _C.CoreAllocator(backend, conf, limit_bytes)
 
     # ---------------------------------------------------------------- requests
     def malloc(self, size: int, stream: int = 0) -> int:

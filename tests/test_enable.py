@@ -100,6 +100,17 @@ def test_enable_starts_from_amems_policy_and_the_user_overrides_it_key_by_key():
         resolve_for_enable({}, env={"AMEM_POLICY": "fast"})
 
 
+def test_a_cpu_allocator_starts_from_torchs_policy_or_the_one_it_is_given():
+    import amem_alloc
+
+    assert "expandable_segments:False" in amem_alloc.Allocator("sim").settings
+    settings = amem_alloc.Allocator("sim", policy="amem", large_page_mb=4).settings
+    assert "expandable_segments:True" in settings and "cross_stream_reuse:handover" in settings
+    assert "large_page_mb:4" in settings
+    with pytest.raises(ValueError, match="unknown policy 'zzz'"):
+        amem_alloc.Allocator("sim", policy="zzz")
+
+
 def test_enabled_allocator_runs_amems_policy_unless_told_otherwise():
     probe = """
         import amem_alloc
