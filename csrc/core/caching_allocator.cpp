@@ -4,7 +4,6 @@
 #include "caching_allocator.h"
 
 #include <algorithm>
-#include <array>
 
 namespace amem {
 
@@ -197,7 +196,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
                                 : should_split(pool.kind, block->size, rounded, options_);
   Ledger books = ledger(pool.kind);
-  books.remove(block);
+  books.remove<Shape::kFree>(block);
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
@@ -205,7 +204,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
-    books.add(rest);
+    books.add<Shape::kFree>(rest);
   } else {
     pool.erase(block);
   }
@@ -215,7 +214,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
   allocated_.insert(block->address, block);
-  books.add(block);
+  books.add<Shape::kAllocated>(block);
   books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
@@ -227,6 +226,20 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
 
 // ================================================================ free
 
+// The caller is done with `block`: it is no longer allocated, though it stays
+// active until free_block makes it reusable.
+AMEM_INLINE void CachingAllocator::mark_freed(Block* block) {
+  allocated_.erase(block->address);
+  Ledger books = ledger(block->pool->kind);
+  books.remove<Shape::kAllocated>(block);
+  block->allocated = false;
+  books.add<Shape::kFreed>(block);
+  books.post();
+  if (trace_.on())
+    trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
+                  block->stream, block->alloc_seq);
+}
+
 void CachingAllocator::free(uintptr_t address) {
   if (address == 0) return;  // Note [size 0]
   Guard guard(*this);
@@ -235,55 +248,29 @@ void CachingAllocator::free(uintptr_t address) {
     stats_.num_invalid_frees += 1;
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
-  StreamEvents events;  // recorded first: if the device refuses, nothing has changed yet
-  if (!block->stream_uses.empty() && !capturing()) events = record_stream_events(block);
-  allocated_.erase(address);
-  Ledger books = ledger(block->pool->kind);
-  books.remove(block);
-  block->allocated = false;  // still active: it counts requested bytes until free_block
-  books.add(block);
-  books.post();
-  if (trace_.on())
-    trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
-                  block->stream, block->alloc_seq);
-
   if (block->stream_uses.empty()) {
+    mark_freed(block);
     free_block(block);
-  } else if (capturing()) {  // Note [private pools]: events wait until capture ends
-    block->pending_events += 1;
-    deferred_.push_back(block);
   } else {
-    insert_events(block, std::move(events));  // Note [record_stream]
+    free_used_elsewhere(block);
   }
   if (options_.debug_checks) check_valid_locked();
 }
 
-// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
-// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
-// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-// The ledger forgets `src`; the caller accounts for `dst`. Inlined into
-// free_block so the ledger's deltas stay in registers on the hot pair.
-AMEM_INLINE size_t CachingAllocator::merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
-  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  books.remove(src);
-  SegmentList::absorb(dst, src);
-  for (const Fence& f : src->fences) add_fence(dst, f);
-  dst->idle_since = std::max(dst->idle_since, src->idle_since);
-  if (!src->mapped) {
-    pool.unmapped.erase(src);
-  } else if (dst->indexed) {
-    pool.erase(src);
-    pool.rekey(dst);
-  } else if (src->indexed) {
-    pool.replace(src, dst);
+// Frees a block that other streams used (Note [record_stream]): it waits on
+// an event per stream, or, during a capture, for the capture's end (Note
+// [private pools]). The events are recorded first: if the device refuses,
+// nothing has changed yet.
+void CachingAllocator::free_used_elsewhere(Block* block) {
+  if (capturing()) {
+    mark_freed(block);
+    block->pending_events += 1;
+    deferred_.push_back(block);
+    return;
   }
-  const size_t subsumed = src->size;
-  segments_.recycle(src);
-  return subsumed;
-}
-
-size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
-  return merge_free_neighbour(dst, src, pool, books);
+  StreamEvents events = record_stream_events(block);
+  mark_freed(block);
+  insert_events(block, std::move(events));
 }
 
 // Returns a block to its pool, merged with free neighbours (torch: free_block).
@@ -293,13 +280,14 @@ void CachingAllocator::free_block(Block* block) {
     trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
   Ledger books = ledger(pool.kind);
-  books.remove(block);
-  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_free_neighbour(block, neighbour, pool, books);
+  books.remove<Shape::kFreed>(block);
+  merge_into(block, block->prev, pool, books);
+  merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
   if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
-  books.add(block);
+  books.add<Shape::kFree>(block);
   books.post();
 }
 

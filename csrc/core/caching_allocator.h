@@ -42,6 +42,7 @@
 // serving a tensor when it mattered.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -170,9 +171,10 @@ class CachingAllocator {
   std::vector<Block*> idle_pages(size_t min_bytes) const;
 
   // ------------------------------------------------------------ free path
+  void mark_freed(Block* block);           // allocated -> freed (still active)
+  void free_used_elsewhere(Block* block);  // free() of a block other streams used
   void free_block(Block* block);
-  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);
-  size_t merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // merge_into, inlined
+  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // inline, below
   using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
   StreamEvents record_stream_events(const Block* block);  // all or nothing
   void insert_events(Block* block, StreamEvents events);
@@ -258,5 +260,31 @@ class CachingAllocator {
   size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
   uint64_t alloc_seq_ = 0;
 };
+
+// ================================================================ inline: the hot pair's merge
+
+// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
+// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
+// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
+// The ledger forgets `src`; the caller accounts for `dst`. Inline, so that in
+// free_block the ledger's deltas stay in registers.
+AMEM_INLINE size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
+  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
+  books.remove<Shape::kFree>(src);
+  SegmentList::absorb(dst, src);
+  for (const Fence& f : src->fences) add_fence(dst, f);
+  dst->idle_since = std::max(dst->idle_since, src->idle_since);
+  if (!src->mapped) {
+    pool.unmapped.erase(src);
+  } else if (dst->indexed) {
+    pool.erase(src);
+    pool.rekey(dst);
+  } else if (src->indexed) {
+    pool.replace(src, dst);
+  }
+  const size_t subsumed = src->size;
+  segments_.recycle(src);
+  return subsumed;
+}
 
 }  // namespace amem
