@@ -66,6 +66,7 @@ enum class Shape {
   kAllocated,  // handed to a caller (allocated, requested bytes counted)
   kFreed,      // freed by its caller, not yet reusable (requested bytes still counted)
   kFree,       // reusable or unmapped: counts at most as an inactive split block
+  kFreePiece,  // kFree, and one of several blocks of its segment (a split's rest, a merged neighbour)
 };
 
 class Ledger {
@@ -97,8 +98,9 @@ class Ledger {
   template <Shape S>
   AMEM_INLINE void tally(const Block* b, int64_t sign) {
     const bool allocated = S == Shape::kAny ? b->allocated : S == Shape::kAllocated;
-    const bool active = S == Shape::kAny ? b->requested != 0 : S != Shape::kFree;  // see the note above
-    assert(allocated == b->allocated && active == (b->requested != 0));
+    const bool active = S == Shape::kAny ? b->requested != 0 : S < Shape::kFree;  // see the note above
+    const bool split = S == Shape::kFreePiece || b->is_split();
+    assert(allocated == b->allocated && active == (b->requested != 0) && split == b->is_split());
     const auto bytes = static_cast<int64_t>(b->size);
     if (bytes < 0) __builtin_unreachable();  // lets the compiler know each delta's sign
     const int64_t size = bytes * sign;
@@ -113,7 +115,7 @@ class Ledger {
       delta_.active += sign;
       delta_.active_bytes += size;
       delta_.requested_bytes += requested * sign;
-    } else if (!allocated && b->mapped && b->is_split() && !b->segment->expandable) {
+    } else if (!allocated && split && !b->segment->expandable) {  // unmapped blocks are all in expandable segments
       delta_.inactive_split += sign;
       delta_.inactive_split_bytes += size;
     }

@@ -34,11 +34,12 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
   ++clock_;
-  if (capturing()) drop_failed_captures();
-  if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
+  if (capturing()) drop_failed_captures();  // which may end the capture
+  const bool capture = capturing();
+  if (!capture && !events_.empty()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
   const PoolKind kind = pool_kind_for(rounded);
-  BlockPool& pool = capturing() ? pool_for_request(kind, stream) : pool_of(kind);
+  BlockPool& pool = capture ? pool_for_request(kind, stream) : pool_of(kind);
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
@@ -54,8 +55,8 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   // No cross-stream handover while capturing: no event may be recorded or waited on then.
-  const bool cross = options_.cross_stream_reuse != CrossStream::kOff && !capturing();
-  if (it == pool.free_blocks.end()) return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
+  auto cross = [&] { return options_.cross_stream_reuse != CrossStream::kOff && !capturing(); };
+  if (it == pool.free_blocks.end()) return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -66,7 +67,7 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
   Block* block = it->block;
   if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
   if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
-  return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
+  return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
 }
 
 bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
@@ -200,11 +201,12 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
-    if (!block->fences.empty()) rest->fences = block->fences;  // its bytes were used where the block's were
+    books.add<Shape::kFreePiece>(rest);
+    if (!block->fences.empty())  // its bytes were used where the block's were
+      rest->fences.assign(block->fences.begin(), block->fences.end());
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
-    books.add<Shape::kFree>(rest);
   } else {
     pool.erase(block);
   }
@@ -226,10 +228,11 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
 
 // ================================================================ free
 
-// The caller is done with `block`: it is no longer allocated, though it stays
-// active until free_block makes it reusable.
-AMEM_INLINE void CachingAllocator::mark_freed(Block* block) {
-  allocated_.erase(block->address);
+// The caller is done with the block at `address`: it is no longer allocated,
+// though it stays active until free_block makes it reusable. (The address is
+// the caller's, so the address map hashes it once for the lookup and the erase.)
+AMEM_INLINE void CachingAllocator::mark_freed(uintptr_t address, Block* block) {
+  allocated_.erase(address);
   Ledger books = ledger(block->pool->kind);
   books.remove<Shape::kAllocated>(block);
   block->allocated = false;
@@ -249,7 +252,7 @@ void CachingAllocator::free(uintptr_t address) {
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
   if (block->stream_uses.empty()) {
-    mark_freed(block);
+    mark_freed(address, block);
     free_block(block);
   } else {
     free_used_elsewhere(block);
@@ -263,13 +266,13 @@ void CachingAllocator::free(uintptr_t address) {
 // nothing has changed yet.
 void CachingAllocator::free_used_elsewhere(Block* block) {
   if (capturing()) {
-    mark_freed(block);
+    mark_freed(block->address, block);
     block->pending_events += 1;
     deferred_.push_back(block);
     return;
   }
   StreamEvents events = record_stream_events(block);
-  mark_freed(block);
+  mark_freed(block->address, block);
   insert_events(block, std::move(events));
 }
 

@@ -171,7 +171,7 @@ class CachingAllocator {
   std::vector<Block*> idle_pages(size_t min_bytes) const;
 
   // ------------------------------------------------------------ free path
-  void mark_freed(Block* block);           // allocated -> freed (still active)
+  void mark_freed(uintptr_t address, Block* block);  // allocated -> freed (still active)
   void free_used_elsewhere(Block* block);  // free() of a block other streams used
   void free_block(Block* block);
   size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // inline, below
@@ -270,7 +270,7 @@ class CachingAllocator {
 // free_block the ledger's deltas stay in registers.
 AMEM_INLINE size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  books.remove<Shape::kFree>(src);
+  books.remove<Shape::kFreePiece>(src);
   SegmentList::absorb(dst, src);
   for (const Fence& f : src->fences) add_fence(dst, f);
   dst->idle_since = std::max(dst->idle_since, src->idle_since);
