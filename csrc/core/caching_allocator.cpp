@@ -35,11 +35,9 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
   Guard guard(*this);
   ++clock_;
   if (capturing()) drop_failed_captures();  // which may end the capture
-  const bool capture = capturing();
-  if (!capture && !events_.empty()) process_events();  // no event queries during capture
+  if (!capturing() && !events_.empty()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
-  const PoolKind kind = pool_kind_for(rounded);
-  BlockPool& pool = capture ? pool_for_request(kind, stream) : pool_of(kind);
+  BlockPool& pool = pools_.serving(pools_.kind_for(rounded), stream);
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
@@ -350,8 +348,8 @@ void CachingAllocator::empty_cache() {
 bool CachingAllocator::release_cached_blocks() {
   if (!capturing()) {
     synchronize_and_free_events();
-    release_pool_segments(large_);
-    release_pool_segments(small_);
+    release_pool_segments(pools_.shared(PoolKind::kLarge));
+    release_pool_segments(pools_.shared(PoolKind::kSmall));
   }
   release_freeable_private_pools();
   return true;
@@ -422,11 +420,12 @@ void CachingAllocator::garbage_collect_cached_blocks() {
   auto reserved = static_cast<size_t>(stats_.reserved_bytes.current());
   if (reserved <= threshold) return;
   size_t target = reserved - threshold;
-  auto age = [&](const Block* b) { return large_.get_free_block_calls - b->free_since; };
+  const BlockPool& large = pools_.shared(PoolKind::kLarge);
+  auto age = [&](const Block* b) { return large.get_free_block_calls - b->free_since; };
   uint64_t total_age = 0;
   size_t freeable = 0;
   auto collectable = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
-  for (const FreeEntry& e : large_.free_blocks)
+  for (const FreeEntry& e : large.free_blocks)
     if (collectable(e.block)) total_age += age(e.block), ++freeable;
   if (freeable == 0) return;
   synchronize_and_free_events();
@@ -436,7 +435,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
     double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed_one = false;
     std::vector<Block*> old;
-    for (const FreeEntry& e : large_.free_blocks)
+    for (const FreeEntry& e : large.free_blocks)
       if (collectable(e.block) && static_cast<double>(age(e.block)) >= age_threshold) old.push_back(e.block);
     for (Block* b : old) {
       freed_one = true;

@@ -46,7 +46,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +58,7 @@
 #include "errors.h"
 #include "event_queue.h"
 #include "options.h"
+#include "pool_set.h"
 #include "segment_list.h"
 #include "stats.h"
 #include "trace.h"
@@ -151,9 +151,6 @@ class CachingAllocator {
   bool reusable_by(const Block* block, StreamId stream);
   void settle_fences(Block* block, StreamId stream);
   static void add_fence(Block* block, Fence fence);
-  PoolKind pool_kind_for(size_t rounded) const {
-    return options_.small_pool ? pool_for(rounded) : PoolKind::kLarge;
-  }
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested, StreamId stream);
@@ -189,10 +186,7 @@ class CachingAllocator {
   void garbage_collect_cached_blocks();
 
   // ------------------------------------------------------------ helpers
-  BlockPool& pool_of(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
-  BlockPool& pool_for_request(PoolKind kind, StreamId stream);
-  bool capturing() const { return !routes_.empty(); }
-  std::vector<const BlockPool*> all_pools() const;
+  bool capturing() const { return pools_.capturing(); }  // Note [private pools]
   void release_freeable_private_pools();
   void drop_failed_captures();
   void insert_deferred_events();
@@ -211,7 +205,6 @@ class CachingAllocator {
   void check_valid_locked() const;
   void check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const;
   void check_block(const Block* b, const Block* prev, bool split, ValidationTally& t, ValidationCounts& counts) const;
-  const BlockPool& pool_of_const(PoolKind kind) const { return kind == PoolKind::kSmall ? small_ : large_; }
 
   // Every public member holds one for its whole body: the lock, and the end
   // of the call's one trace timestamp (Note [trace time]).
@@ -232,20 +225,7 @@ class CachingAllocator {
   mutable AllocatorLock lock_;
   std::unique_ptr<Backend> backend_;
   Options options_;
-  BlockPool small_{PoolKind::kSmall};
-  BlockPool large_{PoolKind::kLarge};
-  struct PrivatePool {
-    explicit PrivatePool(PoolId id) : small(PoolKind::kSmall, id), large(PoolKind::kLarge, id) {}
-    BlockPool small, large;
-    int users = 0;  // begin_allocate_to_pool calls not yet matched by release_pool
-  };
-  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
-  struct Route {                                      // an open allocate-to-pool scope
-    PoolId id;
-    std::function<bool(StreamId)> filter;
-    std::vector<StreamId> served;                     // streams it took (Note [failed capture])
-  };
-  std::vector<Route> routes_;
+  PoolSet pools_{options_.small_pool};                // shared and private pools, open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
