@@ -8,7 +8,8 @@
 //   malloc(size, stream)
 //     1. size 0 returns address 0 and changes nothing (Note [size 0]).
 //     2. Complete blocks whose stream events have finished (record_stream).
-//     3. Round the request; pick the small or large pool.
+//     3. Round the request; the pool set picks the pool that serves it (the
+//        small or large shared pool, or a private one: pool_set.h).
 //     4. Best fit: the smallest cached block of the same stream that is large
 //        enough, O(log n) in the pool's (stream, size, address) index.
 //     5. Otherwise ask the backend for a new segment (after the optional
@@ -21,6 +22,12 @@
 //     their events complete — and merges with free neighbours.
 //   empty_cache()
 //     Returns every cached whole segment to the backend.
+//
+// The mechanisms it composes have their own types: the pools (PoolSet,
+// pool_set.h), segments and their blocks with split and merge (SegmentList,
+// segment_list.h), the counters' transitions (Ledger, accounting.h), frees
+// waiting on events (EventQueue, event_queue.h) and cross-stream fences
+// (StreamFences, stream_fences.h).
 //
 // Lock contract: every public member takes lock_ through a Guard; every
 // private member expects it held and never takes it. The backend is only
