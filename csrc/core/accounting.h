@@ -29,8 +29,10 @@
 // malloc takes a free block and hands it out allocated. Saying so
 // (`ledger.remove<Shape::kFree>(block)`) lets the compiler drop the tests the
 // footprint would make and the counters that cannot change: the hot pair
-// posts what torch's hand-written updates posted and nothing more. The shape
-// is checked against the block in builds with assertions (the C++ tests).
+// posts what torch's hand-written updates posted and nothing more. Where
+// assertions are on, the shape is checked against the block; everywhere, a
+// wrong shape leaves counters that disagree with the blocks, which the
+// invariant walker (validate.cpp) reports (the C++ stress tests do).
 #pragma once
 
 #include <cassert>
