@@ -24,8 +24,18 @@
 // reusable again (free_block clears them), which covers blocks waiting on
 // stream events (Note [record_stream]). Expandable segments' free blocks never
 // count as inactive split (torch).
+//
+// Note [shapes]: a transition usually knows what state a block is in, e.g.
+// malloc takes a free block and hands it out allocated. Saying so
+// (`ledger.remove<Shape::kFree>(block)`) lets the compiler drop the tests the
+// footprint would make and the counters that cannot change: the hot pair
+// posts what torch's hand-written updates posted and nothing more. Where
+// assertions are on, the shape is checked against the block; everywhere, a
+// wrong shape leaves counters that disagree with the blocks, which the
+// invariant walker (validate.cpp) reports (the C++ stress tests do).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 
 #include "block.h"
@@ -52,6 +62,15 @@ struct Footprint {
   int64_t oversize_allocations = 0;  // a single stat (stats.h), not per pool
 };
 
+// What a transition knows about a block it adds or removes (Note [shapes]).
+enum class Shape {
+  kAny,        // read from the block
+  kAllocated,  // handed to a caller (allocated, requested bytes counted)
+  kFreed,      // freed by its caller, not yet reusable (requested bytes still counted)
+  kFree,       // reusable or unmapped: counts at most as an inactive split block
+  kFreePiece,  // kFree, and one of several blocks of its segment (a split's rest, a merged neighbour)
+};
+
 class Ledger {
  public:
   Ledger(Stats& stats, PoolKind kind, size_t max_split_size)
@@ -61,40 +80,62 @@ class Ledger {
 
   // Inlined at each transition, the deltas stay in registers (the hot pair's
   // accounting costs what the hand-written updates cost).
-  AMEM_INLINE void add(const Block* b) { tally(b, 1); }
-  AMEM_INLINE void remove(const Block* b) { tally(b, -1); }
+  template <Shape S = Shape::kAny>
+  AMEM_INLINE void add(const Block* b) { tally<S>(b, 1); }
+  template <Shape S = Shape::kAny>
+  AMEM_INLINE void remove(const Block* b) { tally<S>(b, -1); }
   // Applies the net changes, an increase or a decrease per counter that
-  // changed, and starts afresh. Each counter is tested on its own: with the
-  // deltas in registers that is cheaper than tracking which ones a tally
-  // touched (callgrind, the hot malloc/free pair).
+  // changed, and starts afresh. A delta the shapes fix at compile time costs
+  // nothing (zero) or posts without a test (its sign known).
   AMEM_INLINE void post() {
-#define AMEM_POST(name)                                         \
-  if (delta_.name > 0) stats_.name.increase(kind_, delta_.name);  \
-  else if (delta_.name < 0) stats_.name.decrease(kind_, -delta_.name);
+#define AMEM_POST(name) post_one(stats_.name, delta_.name);
     AMEM_BLOCK_STATS(AMEM_POST)
 #undef AMEM_POST
-    if (delta_.oversize_allocations > 0) stats_.oversize_allocations.increase(delta_.oversize_allocations);
-    else if (delta_.oversize_allocations < 0) stats_.oversize_allocations.decrease(-delta_.oversize_allocations);
+    post_one(stats_.oversize_allocations, delta_.oversize_allocations);
     delta_ = Footprint();
   }
 
  private:
+  // The one definition of a block's footprint (the design note above).
+  template <Shape S>
   AMEM_INLINE void tally(const Block* b, int64_t sign) {
-    const auto size = static_cast<int64_t>(b->size) * sign;
-    if (b->allocated) {
+    const bool allocated = S == Shape::kAny ? b->allocated : S == Shape::kAllocated;
+    const bool active = S == Shape::kAny ? b->requested != 0 : S < Shape::kFree;  // see the note above
+    const bool split = S == Shape::kFreePiece || b->is_split();
+    assert(allocated == b->allocated && active == (b->requested != 0) && split == b->is_split());
+    const auto bytes = static_cast<int64_t>(b->size);
+    if (bytes < 0) __builtin_unreachable();  // lets the compiler know each delta's sign
+    const int64_t size = bytes * sign;
+    if (allocated) {
       delta_.allocation += sign;
       delta_.allocated_bytes += size;
       if (b->size >= max_split_size_) delta_.oversize_allocations += sign;
     }
-    if (b->requested != 0) {  // active (see the note above)
+    if (active) {
+      const auto requested = static_cast<int64_t>(b->requested);
+      if (requested < 0) __builtin_unreachable();
       delta_.active += sign;
       delta_.active_bytes += size;
-      delta_.requested_bytes += static_cast<int64_t>(b->requested) * sign;
-    } else if (!b->allocated && b->mapped && b->is_split() && !b->segment->expandable) {
+      delta_.requested_bytes += requested * sign;
+    } else if (!allocated && split && !b->segment->expandable) {  // unmapped blocks are all in expandable segments
       delta_.inactive_split += sign;
       delta_.inactive_split_bytes += size;
     }
   }
+
+  // A known sign needs no test; zero is no change either way.
+  template <typename Counter>
+  AMEM_INLINE void post_one(Counter& counter, int64_t delta) {
+    if (__builtin_constant_p(delta == 0) && delta == 0) return;
+    if (__builtin_constant_p(delta >= 0) && delta >= 0) increase(counter, delta);
+    else if (__builtin_constant_p(delta <= 0) && delta <= 0) decrease(counter, -delta);
+    else if (delta > 0) increase(counter, delta);
+    else if (delta < 0) decrease(counter, -delta);
+  }
+  AMEM_INLINE void increase(PoolStat& counter, int64_t n) { counter.increase(kind_, n); }
+  AMEM_INLINE void increase(Stat& counter, int64_t n) { counter.increase(n); }
+  AMEM_INLINE void decrease(PoolStat& counter, int64_t n) { counter.decrease(kind_, n); }
+  AMEM_INLINE void decrease(Stat& counter, int64_t n) { counter.decrease(n); }
 
   Stats& stats_;
   PoolKind kind_;

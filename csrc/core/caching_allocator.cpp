@@ -4,7 +4,6 @@
 #include "caching_allocator.h"
 
 #include <algorithm>
-#include <array>
 
 namespace amem {
 
@@ -35,11 +34,10 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
                               std::to_string(kMaxRequest) + " bytes); check the size computation");
   Guard guard(*this);
   ++clock_;
-  if (capturing()) drop_failed_captures();
-  if (!events_.empty() && !capturing()) process_events();  // no event queries during capture
+  if (capturing()) drop_failed_captures();  // which may end the capture
+  if (!capturing() && !events_.empty()) process_events();  // no event queries during capture
   size_t rounded = round_size(size, options_);
-  const PoolKind kind = pool_kind_for(rounded);
-  BlockPool& pool = capturing() ? pool_for_request(kind, stream) : pool_of(kind);
+  BlockPool& pool = pools_.serving(pools_.kind_for(rounded), stream);
   Block* block = find_free_block(pool, stream, rounded);
   if (block == nullptr) block = obtain_segment_block(pool, stream, rounded);
   if (block == nullptr) fail_out_of_memory(size, rounded, stream);
@@ -51,12 +49,15 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 // Best fit on the same stream, with torch's rules for oversize blocks
 // (torch: get_free_block). The block stays in the pool's index:
 // split_and_mark_allocated takes it out, or hands its entry to the remainder.
-Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
+// Inline, as is split_and_mark_allocated: malloc is their one caller, and the
+// two calls (saved registers, values reloaded after them) cost the hot pair 47
+// instructions (callgrind).
+AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
   if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   // No cross-stream handover while capturing: no event may be recorded or waited on then.
-  const bool cross = options_.cross_stream_reuse != CrossStream::kOff && !capturing();
-  if (it == pool.free_blocks.end()) return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
+  auto cross = [&] { return options_.cross_stream_reuse != CrossStream::kOff && !capturing(); };
+  if (it == pool.free_blocks.end()) return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -67,7 +68,7 @@ Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_
   Block* block = it->block;
   if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
   if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
-  return cross ? find_foreign_block(pool, stream, rounded) : nullptr;
+  return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
 }
 
 bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
@@ -190,22 +191,23 @@ void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
 // its pool's index (torch: alloc_found_block).
-Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested,
-                                                  StreamId stream) {
+AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested,
+                                                              StreamId stream) {
   BlockPool& pool = *block->pool;
   const bool expandable = block->segment->expandable;
   const bool split = expandable ? block->size - rounded >= kMinBlockSize
                                 : should_split(pool.kind, block->size, rounded, options_);
   Ledger books = ledger(pool.kind);
-  books.remove(block);
+  books.remove<Shape::kFree>(block);
   if (split) {
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
-    if (!block->fences.empty()) rest->fences = block->fences;  // its bytes were used where the block's were
+    books.add<Shape::kFreePiece>(rest);
+    if (!block->fences.empty())  // its bytes were used where the block's were
+      rest->fences.assign(block->fences.begin(), block->fences.end());
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
-    books.add(rest);
   } else {
     pool.erase(block);
   }
@@ -215,7 +217,7 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
   block->requested = requested;
   block->alloc_seq = ++alloc_seq_;
   allocated_.insert(block->address, block);
-  books.add(block);
+  books.add<Shape::kAllocated>(block);
   books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
@@ -227,6 +229,21 @@ Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, 
 
 // ================================================================ free
 
+// The caller is done with the block at `address`: it is no longer allocated,
+// though it stays active until free_block makes it reusable. (The address is
+// the caller's, so the address map hashes it once for the lookup and the erase.)
+AMEM_INLINE void CachingAllocator::mark_freed(uintptr_t address, Block* block) {
+  allocated_.erase(address);
+  Ledger books = ledger(block->pool->kind);
+  books.remove<Shape::kAllocated>(block);
+  block->allocated = false;
+  books.add<Shape::kFreed>(block);
+  books.post();
+  if (trace_.on())
+    trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
+                  block->stream, block->alloc_seq);
+}
+
 void CachingAllocator::free(uintptr_t address) {
   if (address == 0) return;  // Note [size 0]
   Guard guard(*this);
@@ -235,55 +252,29 @@ void CachingAllocator::free(uintptr_t address) {
     stats_.num_invalid_frees += 1;
     throw InvalidFreeError(describe_bad_pointer("free", address));
   }
-  StreamEvents events;  // recorded first: if the device refuses, nothing has changed yet
-  if (!block->stream_uses.empty() && !capturing()) events = record_stream_events(block);
-  allocated_.erase(address);
-  Ledger books = ledger(block->pool->kind);
-  books.remove(block);
-  block->allocated = false;  // still active: it counts requested bytes until free_block
-  books.add(block);
-  books.post();
-  if (trace_.on())
-    trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
-                  block->stream, block->alloc_seq);
-
   if (block->stream_uses.empty()) {
+    mark_freed(address, block);
     free_block(block);
-  } else if (capturing()) {  // Note [private pools]: events wait until capture ends
-    block->pending_events += 1;
-    deferred_.push_back(block);
   } else {
-    insert_events(block, std::move(events));  // Note [record_stream]
+    free_used_elsewhere(block);
   }
   if (options_.debug_checks) check_valid_locked();
 }
 
-// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
-// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
-// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-// The ledger forgets `src`; the caller accounts for `dst`. Inlined into
-// free_block so the ledger's deltas stay in registers on the hot pair.
-AMEM_INLINE size_t CachingAllocator::merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
-  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  books.remove(src);
-  SegmentList::absorb(dst, src);
-  for (const Fence& f : src->fences) add_fence(dst, f);
-  dst->idle_since = std::max(dst->idle_since, src->idle_since);
-  if (!src->mapped) {
-    pool.unmapped.erase(src);
-  } else if (dst->indexed) {
-    pool.erase(src);
-    pool.rekey(dst);
-  } else if (src->indexed) {
-    pool.replace(src, dst);
+// Frees a block that other streams used (Note [record_stream]): it waits on
+// an event per stream, or, during a capture, for the capture's end (Note
+// [private pools]). The events are recorded first: if the device refuses,
+// nothing has changed yet.
+void CachingAllocator::free_used_elsewhere(Block* block) {
+  if (capturing()) {
+    mark_freed(block->address, block);
+    block->pending_events += 1;
+    deferred_.push_back(block);
+    return;
   }
-  const size_t subsumed = src->size;
-  segments_.recycle(src);
-  return subsumed;
-}
-
-size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
-  return merge_free_neighbour(dst, src, pool, books);
+  StreamEvents events = record_stream_events(block);
+  mark_freed(block->address, block);
+  insert_events(block, std::move(events));
 }
 
 // Returns a block to its pool, merged with free neighbours (torch: free_block).
@@ -293,13 +284,14 @@ void CachingAllocator::free_block(Block* block) {
     trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
                   block->stream, block->alloc_seq);
   Ledger books = ledger(pool.kind);
-  books.remove(block);
-  for (Block* neighbour : std::array<Block*, 2>{block->prev, block->next}) merge_free_neighbour(block, neighbour, pool, books);
+  books.remove<Shape::kFreed>(block);
+  merge_into(block, block->prev, pool, books);
+  merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
   if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
-  books.add(block);
+  books.add<Shape::kFree>(block);
   books.post();
 }
 
@@ -359,8 +351,8 @@ void CachingAllocator::empty_cache() {
 bool CachingAllocator::release_cached_blocks() {
   if (!capturing()) {
     synchronize_and_free_events();
-    release_pool_segments(large_);
-    release_pool_segments(small_);
+    release_pool_segments(pools_.shared(PoolKind::kLarge));
+    release_pool_segments(pools_.shared(PoolKind::kSmall));
   }
   release_freeable_private_pools();
   return true;
@@ -431,11 +423,12 @@ void CachingAllocator::garbage_collect_cached_blocks() {
   auto reserved = static_cast<size_t>(stats_.reserved_bytes.current());
   if (reserved <= threshold) return;
   size_t target = reserved - threshold;
-  auto age = [&](const Block* b) { return large_.get_free_block_calls - b->free_since; };
+  const BlockPool& large = pools_.shared(PoolKind::kLarge);
+  auto age = [&](const Block* b) { return large.get_free_block_calls - b->free_since; };
   uint64_t total_age = 0;
   size_t freeable = 0;
   auto collectable = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
-  for (const FreeEntry& e : large_.free_blocks)
+  for (const FreeEntry& e : large.free_blocks)
     if (collectable(e.block)) total_age += age(e.block), ++freeable;
   if (freeable == 0) return;
   synchronize_and_free_events();
@@ -445,7 +438,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
     double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed_one = false;
     std::vector<Block*> old;
-    for (const FreeEntry& e : large_.free_blocks)
+    for (const FreeEntry& e : large.free_blocks)
       if (collectable(e.block) && static_cast<double>(age(e.block)) >= age_threshold) old.push_back(e.block);
     for (Block* b : old) {
       freed_one = true;

@@ -8,7 +8,8 @@
 //   malloc(size, stream)
 //     1. size 0 returns address 0 and changes nothing (Note [size 0]).
 //     2. Complete blocks whose stream events have finished (record_stream).
-//     3. Round the request; pick the small or large pool.
+//     3. Round the request; the pool set picks the pool that serves it (the
+//        small or large shared pool, or a private one: pool_set.h).
 //     4. Best fit: the smallest cached block of the same stream that is large
 //        enough, O(log n) in the pool's (stream, size, address) index.
 //     5. Otherwise ask the backend for a new segment (after the optional
@@ -21,6 +22,12 @@
 //     their events complete — and merges with free neighbours.
 //   empty_cache()
 //     Returns every cached whole segment to the backend.
+//
+// The mechanisms it composes have their own types: the pools (PoolSet,
+// pool_set.h), segments and their blocks with split and merge (SegmentList,
+// segment_list.h), the counters' transitions (Ledger, accounting.h), frees
+// waiting on events (EventQueue, event_queue.h) and cross-stream fences
+// (StreamFences, stream_fences.h).
 //
 // Lock contract: every public member takes lock_ through a Guard; every
 // private member expects it held and never takes it. The backend is only
@@ -42,10 +49,10 @@
 // serving a tensor when it mattered.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +65,7 @@
 #include "errors.h"
 #include "event_queue.h"
 #include "options.h"
+#include "pool_set.h"
 #include "segment_list.h"
 #include "stats.h"
 #include "trace.h"
@@ -150,9 +158,6 @@ class CachingAllocator {
   bool reusable_by(const Block* block, StreamId stream);
   void settle_fences(Block* block, StreamId stream);
   static void add_fence(Block* block, Fence fence);
-  PoolKind pool_kind_for(size_t rounded) const {
-    return options_.small_pool ? pool_for(rounded) : PoolKind::kLarge;
-  }
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested, StreamId stream);
@@ -170,9 +175,10 @@ class CachingAllocator {
   std::vector<Block*> idle_pages(size_t min_bytes) const;
 
   // ------------------------------------------------------------ free path
+  void mark_freed(uintptr_t address, Block* block);  // allocated -> freed (still active)
+  void free_used_elsewhere(Block* block);  // free() of a block other streams used
   void free_block(Block* block);
-  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);
-  size_t merge_free_neighbour(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // merge_into, inlined
+  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // inline, below
   using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
   StreamEvents record_stream_events(const Block* block);  // all or nothing
   void insert_events(Block* block, StreamEvents events);
@@ -187,10 +193,7 @@ class CachingAllocator {
   void garbage_collect_cached_blocks();
 
   // ------------------------------------------------------------ helpers
-  BlockPool& pool_of(PoolKind kind) { return kind == PoolKind::kSmall ? small_ : large_; }
-  BlockPool& pool_for_request(PoolKind kind, StreamId stream);
-  bool capturing() const { return !routes_.empty(); }
-  std::vector<const BlockPool*> all_pools() const;
+  bool capturing() const { return pools_.capturing(); }  // Note [private pools]
   void release_freeable_private_pools();
   void drop_failed_captures();
   void insert_deferred_events();
@@ -209,7 +212,6 @@ class CachingAllocator {
   void check_valid_locked() const;
   void check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const;
   void check_block(const Block* b, const Block* prev, bool split, ValidationTally& t, ValidationCounts& counts) const;
-  const BlockPool& pool_of_const(PoolKind kind) const { return kind == PoolKind::kSmall ? small_ : large_; }
 
   // Every public member holds one for its whole body: the lock, and the end
   // of the call's one trace timestamp (Note [trace time]).
@@ -230,20 +232,7 @@ class CachingAllocator {
   mutable AllocatorLock lock_;
   std::unique_ptr<Backend> backend_;
   Options options_;
-  BlockPool small_{PoolKind::kSmall};
-  BlockPool large_{PoolKind::kLarge};
-  struct PrivatePool {
-    explicit PrivatePool(PoolId id) : small(PoolKind::kSmall, id), large(PoolKind::kLarge, id) {}
-    BlockPool small, large;
-    int users = 0;  // begin_allocate_to_pool calls not yet matched by release_pool
-  };
-  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
-  struct Route {                                      // an open allocate-to-pool scope
-    PoolId id;
-    std::function<bool(StreamId)> filter;
-    std::vector<StreamId> served;                     // streams it took (Note [failed capture])
-  };
-  std::vector<Route> routes_;
+  PoolSet pools_{options_.small_pool};                // shared and private pools, open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
@@ -258,5 +247,31 @@ class CachingAllocator {
   size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
   uint64_t alloc_seq_ = 0;
 };
+
+// ================================================================ inline: the hot pair's merge
+
+// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
+// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
+// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
+// The ledger forgets `src`; the caller accounts for `dst`. Inline, so that in
+// free_block the ledger's deltas stay in registers.
+AMEM_INLINE size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
+  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
+  books.remove<Shape::kFreePiece>(src);
+  SegmentList::absorb(dst, src);
+  for (const Fence& f : src->fences) add_fence(dst, f);
+  dst->idle_since = std::max(dst->idle_since, src->idle_since);
+  if (!src->mapped) {
+    pool.unmapped.erase(src);
+  } else if (dst->indexed) {
+    pool.erase(src);
+    pool.rekey(dst);
+  } else if (src->indexed) {
+    pool.replace(src, dst);
+  }
+  const size_t subsumed = src->size;
+  segments_.recycle(src);
+  return subsumed;
+}
 
 }  // namespace amem

@@ -159,7 +159,7 @@ void CachingAllocator::unmap_block(Block* block) {
 std::vector<Block*> CachingAllocator::idle_pages(size_t min_bytes) const {
   std::vector<Block*> idle;
   const auto age = static_cast<uint64_t>(options_.page_reclaim_age);
-  for (const BlockPool* pool : {&small_, &large_}) {
+  for (const BlockPool* pool : {&pools_.shared(PoolKind::kSmall), &pools_.shared(PoolKind::kLarge)}) {
     const size_t page = page_size(pool->kind);
     for (const FreeEntry& e : pool->free_blocks) {
       const Block* b = e.block;

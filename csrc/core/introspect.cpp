@@ -110,7 +110,7 @@ std::string CachingAllocator::segments_json() const {
 
 CachingAllocator::FreeSpace CachingAllocator::free_space() const {
   FreeSpace space;
-  for (const BlockPool* pool : all_pools())
+  for (const BlockPool* pool : pools_.all())
     for (const FreeEntry& e : pool->free_blocks) {
       space.total += e.size;
       space.largest = std::max(space.largest, e.size);

@@ -59,7 +59,7 @@ void CachingAllocator::check_valid_locked() const {
     check_segment(*seg, tally[static_cast<int>(seg->kind)], counts);
   }
   size_t indexed_free = 0, indexed_unmapped = 0;
-  for (const BlockPool* pool : all_pools()) {
+  for (const BlockPool* pool : pools_.all()) {
     indexed_free += pool->free_blocks.size(), indexed_unmapped += pool->unmapped.size();
     const FreeEntry* previous = nullptr;  // in-place rewrites (block.h) must keep the order
     for (const FreeEntry& e : pool->free_blocks) {
@@ -70,8 +70,7 @@ void CachingAllocator::check_valid_locked() const {
   }
   require(counts.free == indexed_free, "the free index holds blocks that are in no segment");
   require(counts.unmapped == indexed_unmapped, "the unmapped index holds blocks that are in no segment");
-  for (const auto& [id, pool] : private_pools_)
-    require(id == pool->small.owner && id == pool->large.owner, "a private pool has the wrong id");
+  require(pools_.ids_are_true(), "a private pool has the wrong id");
   require(counts.allocated == allocated_.size(), "the address map holds blocks that are not allocated");
   compare(stats_.segment, tally, &ValidationTally::segments, "segment");
   compare(stats_.reserved_bytes, tally, &ValidationTally::reserved, "reserved_bytes");
@@ -97,8 +96,7 @@ void CachingAllocator::check_segment(const Segment& seg, ValidationTally& t, Val
     require(b->prev == prev, "a block's prev link is wrong");
     require(b->segment == &seg && b->stream == seg.stream, "a block points at the wrong segment");
     require(b->pool == seg.first->pool && b->pool->kind == seg.kind, "a block is in the wrong pool");
-    require(b->pool->owner == kDefaultPool ? b->pool == &pool_of_const(seg.kind)
-                                           : private_pools_.count(b->pool->owner) == 1,
+    require(b->pool->owner == kDefaultPool ? b->pool == &pools_.shared(seg.kind) : pools_.has_private(b->pool->owner),
             "a block's pool is neither shared nor a live private pool");
     require(b->size > 0 && b->size % kMinBlockSize == 0, "a block size is not a multiple of 512");
     require(b->mapped || seg.expandable, "an ordinary segment has an unmapped block");
