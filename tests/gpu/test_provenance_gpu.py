@@ -65,7 +65,9 @@ def test_amem_gives_real_blocks_segments_and_sequence_numbers():
     assert p["allocator"] == "amem" and p["exact_size"]
     assert p["block_size"] == out["y_block"]["size"] and p["address"] == out["y_block"]["address"]
     assert p["alloc_seq"] == out["y_block"]["alloc_seq"] and p["stream"] == out["y_block"]["stream"]
-    assert p["segment"] is not None and p["segment"]["size"] == 2 << 20  # a small-pool segment
+    seg = p["segment"]
+    assert seg is not None and seg["segment_type"] == "small"  # a small-pool segment
+    assert seg["size"] % (2 << 20) == 0 and (seg["is_expandable"] or seg["size"] == 2 << 20)  # 2 MiB pages
     assert p["requested_bytes"] == 3 * 16 * 4
 
 
