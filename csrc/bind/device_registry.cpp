@@ -25,7 +25,9 @@ void check_index(int device) {
                                 " is out of range [0, " + std::to_string(kMaxDevices) + ")");
 }
 
-// AMEM_CONF applies when nobody configured the registry explicitly.
+// AMEM_CONF applies when nobody configured the registry explicitly (a program that
+// loads the library as torch's pluggable allocator itself): over the core's defaults,
+// torch's policy. amem_alloc.enable() always configures it, with its policy.
 const Options& options_locked() {
   if (!g_configured) {
     const char* env = std::getenv("AMEM_CONF");
