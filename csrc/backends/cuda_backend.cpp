@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 
+#include "../bind/libc10.h"
 #include "../core/backend.h"
 #include "../core/errors.h"
 #include "cuda_pages.h"
@@ -146,11 +147,10 @@ class DeviceSwitch {
   using TorchMaybeSet = int (*)(int8_t);     // c10::cuda::MaybeSetDevice (returns a cudaError_t)
 
   void find_torch() {
-    void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);  // only torch's own, if loaded
-    if (lib == nullptr) return;
-    auto exchange = reinterpret_cast<TorchExchange>(dlsym(lib, "_ZN3c104cuda14ExchangeDeviceEa"));
-    auto maybe_set = reinterpret_cast<TorchMaybeSet>(dlsym(lib, "_ZN3c104cuda14MaybeSetDeviceEa"));
-    dlclose(lib);  // drops only the reference NOLOAD added
+    auto exchange = reinterpret_cast<TorchExchange>(
+        torch_library_symbol("libc10_cuda.so", "_ZN3c104cuda14ExchangeDeviceEa"));
+    auto maybe_set = reinterpret_cast<TorchMaybeSet>(
+        torch_library_symbol("libc10_cuda.so", "_ZN3c104cuda14MaybeSetDeviceEa"));
     if (exchange != nullptr && maybe_set != nullptr) {
       torch_exchange_ = exchange;
       torch_maybe_set_ = maybe_set;
