@@ -20,6 +20,7 @@ namespace amem {
 namespace {
 
 using test::alloc;
+using test::make_cuda;
 using test::release;
 using test::stat;
 
@@ -33,9 +34,6 @@ class CudaBackendTest : public ::testing::Test {
   }
   void TearDown() override { EXPECT_EQ(fake_cuda_counts().violations, 0u) << "a CUDA API rule was broken"; }
 
-  static std::unique_ptr<CachingAllocator> make(int device, const std::string& conf = "") {
-    return std::make_unique<CachingAllocator>(make_cuda_backend(device), Options::parse(conf));
-  }
   // Nothing is left on the fake device: no memory, handles, mappings, ranges or events.
   static void expect_all_given_back() {
     const FakeCudaCounts c = fake_cuda_counts();
@@ -59,7 +57,7 @@ TEST_F(CudaBackendTest, ADeviceThatDoesNotExistIsRefusedByName) {
 
 TEST_F(CudaBackendTest, SegmentsComeFromCudaMallocOnItsDeviceAndTheCallersDeviceIsRestored) {
   {
-    auto a = make(1);
+    auto a = make_cuda(1);
     uintptr_t p = alloc(*a, 3 * kMiB);
     EXPECT_EQ(fake_cuda_counts().allocations, 1u);
     EXPECT_EQ(fake_cuda_counts().used_bytes[1], 20 * kMiB);  // a large segment, on device 1
@@ -82,7 +80,7 @@ TEST_F(CudaBackendTest, WorkOnAnotherDeviceCreatesNoContextOnTheCallersDevice) {
   std::thread([] {
     fake_cuda_reset(kCapacity);  // no contexts; this new thread's current device is 0
     {
-      auto a = make(1, "expandable_segments:True");
+      auto a = make_cuda(1, "expandable_segments:True");
       uintptr_t p = alloc(*a, 3 * kMiB);
       release(*a, p);
       a->empty_cache();
@@ -96,7 +94,7 @@ TEST_F(CudaBackendTest, WorkOnAnotherDeviceCreatesNoContextOnTheCallersDevice) {
 }
 
 TEST_F(CudaBackendTest, OutOfMemoryIsAnAnswerAndLeavesNoStickyError) {
-  auto a = make(0);
+  auto a = make_cuda(0);
   uintptr_t p = alloc(*a, 150 * kMiB);
   EXPECT_THROW(a->malloc(100 * kMiB, 0), OutOfMemoryError);
   EXPECT_EQ(fake_cuda_counts().sticky_error, 0) << "cudaMalloc's OOM was left pending";
@@ -107,7 +105,7 @@ TEST_F(CudaBackendTest, OutOfMemoryIsAnAnswerAndLeavesNoStickyError) {
 }
 
 TEST_F(CudaBackendTest, OtherCudaErrorsCarryCudasMessageAndLeaveTheAllocatorValid) {
-  auto a = make(0);
+  auto a = make_cuda(0);
   fake_cuda_fail_next("cudaMalloc", 101);
   try {
     a->malloc(kMiB, 0);
@@ -122,7 +120,7 @@ TEST_F(CudaBackendTest, OtherCudaErrorsCarryCudasMessageAndLeaveTheAllocatorVali
 }
 
 TEST_F(CudaBackendTest, ABlockUsedOnABusyStreamWaitsForItsEvent) {
-  auto a = make(0);
+  auto a = make_cuda(0);
   const StreamId side = 0x7000;
   uintptr_t p = alloc(*a, kMiB);
   a->record_stream(p, side);
@@ -140,7 +138,7 @@ TEST_F(CudaBackendTest, ABlockUsedOnABusyStreamWaitsForItsEvent) {
 
 TEST_F(CudaBackendTest, ExpandableSegmentsMapWholePagesWithAccessAndGiveEverythingBack) {
   {
-    auto a = make(0, "expandable_segments:True");
+    auto a = make_cuda(0, "expandable_segments:True");
     uintptr_t small = alloc(*a, 1000);
     uintptr_t large = alloc(*a, 30 * kMiB);  // two 20 MiB pages
     FakeCudaCounts c = fake_cuda_counts();
@@ -166,7 +164,7 @@ TEST_F(CudaBackendTest, ExpandableSegmentsMapWholePagesWithAccessAndGiveEverythi
 TEST_F(CudaBackendTest, PagesAreMappedForEveryPeerThatCanReachTheDevice) {
   // A P2P copy or a kernel on device 0 reading a tensor of device 1 needs device 0 named in
   // cuMemSetAccess (Note [peer access to pages] in cuda_pages.h); cudaMalloc memory needs no such step.
-  auto a = make(1, "expandable_segments:True");
+  auto a = make_cuda(1, "expandable_segments:True");
   uintptr_t p = alloc(*a, 30 * kMiB);
   EXPECT_EQ(fake_cuda_page_readers(p), 0b11u) << "device 0 cannot read device 1's pages";
   EXPECT_EQ(fake_cuda_page_readers(p + 25 * kMiB), 0b11u) << "the second page of the block";
@@ -175,14 +173,14 @@ TEST_F(CudaBackendTest, PagesAreMappedForEveryPeerThatCanReachTheDevice) {
 
 TEST_F(CudaBackendTest, PagesAreMappedForTheirOwnDeviceOnlyWhenNoPeerCanReachIt) {
   fake_cuda_set_peer_access(false);  // the fake counts a violation if a peer is named anyway
-  auto a = make(1, "expandable_segments:True");
+  auto a = make_cuda(1, "expandable_segments:True");
   uintptr_t p = alloc(*a, kMiB);
   EXPECT_EQ(fake_cuda_page_readers(p), 0b10u);
   release(*a, p);
 }
 
 TEST_F(CudaBackendTest, AnOutOfMemoryPartWayThroughAMapUndoesItsPages) {
-  auto a = make(0, "expandable_segments:True");
+  auto a = make_cuda(0, "expandable_segments:True");
   uintptr_t held = alloc(*a, 150 * kMiB);  // 8 large pages: 160 MiB of 200
   // 10 MiB are free at the end of the last page; 60 MiB more need 3 pages in one map, and
   // the third does not fit.
@@ -199,7 +197,7 @@ TEST_F(CudaBackendTest, AnOutOfMemoryPartWayThroughAMapUndoesItsPages) {
 }
 
 TEST_F(CudaBackendTest, ADriverErrorWhileMappingIsReportedAndUndone) {
-  auto a = make(0, "expandable_segments:True");
+  auto a = make_cuda(0, "expandable_segments:True");
   fake_cuda_fail_next("cuMemSetAccess", 1);
   try {
     a->malloc(30 * kMiB, 0);
@@ -216,13 +214,13 @@ TEST_F(CudaBackendTest, ADriverErrorWhileMappingIsReportedAndUndone) {
 TEST_F(CudaBackendTest, ADeviceWithoutVirtualMemoryRefusesExpandableSegmentsWithTheReason) {
   fake_cuda_set_vmm_supported(false);
   try {
-    make(0, "expandable_segments:True");
+    make_cuda(0, "expandable_segments:True");
     FAIL() << "expandable segments were accepted without virtual memory support";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("does not support virtual memory management"), std::string::npos)
         << e.what();
   }
-  EXPECT_NE(alloc(*make(0), kMiB), 0u);  // without the option the device works as before
+  EXPECT_NE(alloc(*make_cuda(0), kMiB), 0u);  // without the option the device works as before
 }
 
 }  // namespace

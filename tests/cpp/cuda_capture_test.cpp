@@ -20,6 +20,7 @@ namespace amem {
 namespace {
 
 using test::alloc;
+using test::make_cuda;
 using test::release;
 using test::stat;
 
@@ -46,9 +47,6 @@ class CudaCaptureTest : public ::testing::Test {
     EXPECT_EQ(c.invalidated_captures, expected_refusals_) << "a capture was invalidated";
   }
   size_t expected_refusals_ = 0;  // calls a test makes fail on purpose
-  static std::unique_ptr<CachingAllocator> make(const std::string& conf = "") {
-    return std::make_unique<CachingAllocator>(make_cuda_backend(0), Options::parse(conf));
-  }
   // What torch.cuda.graph does around its body: the pool scope opens before the capture begins.
   static void begin_capture(CachingAllocator& a, int mode = kGlobal) {
     a.begin_allocate_to_pool(kGraphPool, capturing_filter);
@@ -67,7 +65,7 @@ class CudaCaptureTest : public ::testing::Test {
 
 TEST_F(CudaCaptureTest, AFirstAllocationInAGlobalCaptureGetsASegmentWithoutInvalidatingIt) {
   for (int mode : {kGlobal, kThreadLocal, kRelaxed}) {
-    auto a = make();
+    auto a = make_cuda(0);
     begin_capture(*a, mode);
     uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);  // the private pool is empty: cudaMalloc
     EXPECT_EQ(fake_cuda_counts().allocations, 1u);
@@ -78,7 +76,7 @@ TEST_F(CudaCaptureTest, AFirstAllocationInAGlobalCaptureGetsASegmentWithoutInval
 }
 
 TEST_F(CudaCaptureTest, AnotherThreadsGlobalCaptureSurvivesThisThreadsSegments) {
-  auto a = make();
+  auto a = make_cuda(0);
   std::thread([] { ASSERT_EQ(cudaStreamBeginCapture(as_stream(kCaptureStream), kGlobal), 0); }).join();
   uintptr_t p = alloc(*a, 3 * kMiB);  // this thread, the shared pool: cudaMalloc
   release(*a, p);
@@ -89,7 +87,7 @@ TEST_F(CudaCaptureTest, AnotherThreadsGlobalCaptureSurvivesThisThreadsSegments) 
 }
 
 TEST_F(CudaCaptureTest, EmptyCacheDuringACaptureKeepsTheSharedPoolsAndWaitsForNothing) {
-  auto a = make();
+  auto a = make_cuda(0);
   uintptr_t p = alloc(*a, 3 * kMiB);
   a->record_stream(p, 0x7000);
   release(*a, p);                     // pending on stream 0x7000's event
@@ -107,7 +105,7 @@ TEST_F(CudaCaptureTest, EmptyCacheDuringACaptureKeepsTheSharedPoolsAndWaitsForNo
 }
 
 TEST_F(CudaCaptureTest, AGarbageCollectionNeverSynchronizesDuringACapture) {
-  auto a = make("garbage_collection_threshold:0.5");
+  auto a = make_cuda(0, "garbage_collection_threshold:0.5");
   a->set_memory_fraction(1.0);
   uintptr_t p = alloc(*a, 150 * kMiB);
   release(*a, p);                     // 150 of 200 MiB cached: over the threshold
@@ -130,7 +128,7 @@ TEST_F(CudaCaptureTest, TheFakeRefusesCudaMallocInAGlobalCaptureAsCudaDoes) {
 }
 
 TEST_F(CudaCaptureTest, AGraphsPoolGetsPlainSegmentsEvenWithExpandableSegments) {
-  auto a = make("expandable_segments:True");
+  auto a = make_cuda(0, "expandable_segments:True");
   begin_capture(*a);
   uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);
   uintptr_t q = alloc(*a, 1000, kCaptureStream);
@@ -151,7 +149,7 @@ TEST_F(CudaCaptureTest, AGraphsPoolGetsPlainSegmentsEvenWithExpandableSegments) 
 // ---------------------------------------------------------------- record_stream and a failing free
 
 TEST_F(CudaCaptureTest, RecordStreamWithAStreamOfAnotherDeviceRecordsTheEventThere) {
-  auto a = make();
+  auto a = make_cuda(0);
   const StreamId other_device_stream = 0x7100;
   fake_cuda_set_stream_device(other_device_stream, 1);
   uintptr_t p = alloc(*a, kMiB);
@@ -166,7 +164,7 @@ TEST_F(CudaCaptureTest, RecordStreamWithAStreamOfAnotherDeviceRecordsTheEventThe
 }
 
 TEST_F(CudaCaptureTest, AFreeTheDeviceRefusesLeavesTheBlockAllocatedAndTheStateWhole) {
-  auto a = make();
+  auto a = make_cuda(0);
   uintptr_t p = alloc(*a, kMiB);
   a->record_stream(p, 0x7000);
   a->record_stream(p, 0x7001);
@@ -185,7 +183,7 @@ TEST_F(CudaCaptureTest, AFreeTheDeviceRefusesLeavesTheBlockAllocatedAndTheStateW
 // ---------------------------------------------------------------- a failed capture (Note [failed capture])
 
 TEST_F(CudaCaptureTest, AfterAFailedCaptureEventsAreProcessedAndAnOutOfMemoryRetriesAgain) {
-  auto a = make();
+  auto a = make_cuda(0);
   uintptr_t big = alloc(*a, 150 * kMiB);
   release(*a, big);                                   // cached in the shared pool
   uintptr_t used = alloc(*a, kMiB);
@@ -206,7 +204,7 @@ TEST_F(CudaCaptureTest, AfterAFailedCaptureEventsAreProcessedAndAnOutOfMemoryRet
 // ---------------------------------------------------------------- releasing a graph's pool (Note [lazy pool release])
 
 TEST_F(CudaCaptureTest, ReleasingAGraphsPoolGivesNothingBackWhileAReplayMayRun) {
-  auto a = make();
+  auto a = make_cuda(0);
   begin_capture(*a);
   uintptr_t p = alloc(*a, 3 * kMiB, kCaptureStream);
   release(*a, p);

@@ -11,6 +11,7 @@ namespace amem {
 namespace {
 
 using test::alloc;
+using test::make_cuda;
 using test::make_sim;
 using test::release;
 using test::stat;
@@ -157,14 +158,11 @@ class CudaMechanisms : public ::testing::Test {
     EXPECT_EQ(fake_cuda_counts().violations, 0u) << "a CUDA API rule was broken";
     fake_cuda_set_stream_busy(kS1, false);
   }
-  static std::unique_ptr<CachingAllocator> make(const std::string& conf) {
-    return std::make_unique<CachingAllocator>(make_cuda_backend(0), Options::parse(conf));
-  }
 };
 
 TEST_F(CudaMechanisms, HandoverMakesTheConsumerWaitOnTheFreeingStream) {
   {
-    auto a = make("cross_stream_reuse:handover");
+    auto a = make_cuda(0, "cross_stream_reuse:handover");
     fake_cuda_set_stream_busy(kS1, true);
     uintptr_t p = a->malloc(kBig, kS1);
     a->free(p);
@@ -178,7 +176,7 @@ TEST_F(CudaMechanisms, HandoverMakesTheConsumerWaitOnTheFreeingStream) {
 
 TEST_F(CudaMechanisms, WaitRecordsAnEventPerFreeAndReusesOnceItCompleted) {
   {
-    auto a = make("cross_stream_reuse:wait");
+    auto a = make_cuda(0, "cross_stream_reuse:wait");
     fake_cuda_set_stream_busy(kS1, true);
     uintptr_t p = a->malloc(kBig, kS1);
     a->free(p);
@@ -195,7 +193,7 @@ TEST_F(CudaMechanisms, WaitRecordsAnEventPerFreeAndReusesOnceItCompleted) {
 
 TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
   {
-    auto a = make("expandable_segments:True,large_page_mb:2,page_reclaim_age:0");
+    auto a = make_cuda(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0");
     uintptr_t x = a->malloc(10 * kMiB, 0);
     a->malloc(10 * kMiB, 0);
     a->free(x);
@@ -211,7 +209,7 @@ TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
 TEST_F(CudaMechanisms, TheAmemPolicyMapsTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
   // What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
   {
-    auto a = make("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10");
+    auto a = make_cuda(0, "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10");
     fake_cuda_set_stream_busy(kS1, true);
     uintptr_t p = a->malloc(25 * kMiB, kS1);
     EXPECT_EQ(fake_cuda_counts().mappings, 3u) << "25 MiB in 10 MiB pages";

@@ -188,6 +188,11 @@ inline std::unique_ptr<CachingAllocator> make_host(size_t limit, const std::stri
   return std::make_unique<CachingAllocator>(make_host_backend(limit), Options::parse(conf));
 }
 
+// On the cuda backend: in the C++ tests, the fake CUDA (tests/cpp/fake_cuda).
+inline std::unique_ptr<CachingAllocator> make_cuda(int device, const std::string& conf = "") {
+  return std::make_unique<CachingAllocator>(make_cuda_backend(device), Options::parse(conf));
+}
+
 inline SimulatedBackend& streams_of(CachingAllocator& a) {
   return *dynamic_cast<SimulatedBackend*>(&a.backend());
 }
