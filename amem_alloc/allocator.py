@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C, policies
-from .config import resolve
+from . import _C
+from .config import resolve_with_policy
 from .introspection import Fragmentation, SegmentInfo, parse_fragmentation, parse_segments, parse_stats
 
 BACKENDS = ("host", "sim")
@@ -45,8 +45,7 @@ class Allocator:
                 "(the cuda backend is used through amem_alloc.enable())"
             )
         _check_int("limit_bytes", limit_bytes)
-        base = policies.get(policy).conf if policy is not None else ""
-        conf = ",".join(p for p in (base, resolve(options, env={})) if p)
+        conf = resolve_with_policy(options, "amem-defaults" if policy is None else policy, env={}).conf
         self._core = _C.CoreAllocator(backend, conf, limit_bytes)
 
     # ---------------------------------------------------------------- requests

@@ -61,7 +61,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     print(config_mod.describe())
-    chosen = config_mod.resolve_for_enable()
+    chosen = config_mod.resolve_with_policy()
     print(f"\nin effect for amem_alloc.enable() and amem run (policy {chosen.policy}, AMEM_CONF, defaults):")
     print(config_mod.canonical(chosen.conf))
     return 0

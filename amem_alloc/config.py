@@ -56,18 +56,20 @@ def resolve(options: Mapping[str, Any] | None = None, env: Mapping[str, str] | N
 
 
 @dataclass(frozen=True)
-class EnableConfig:
-    """What enable() configures: the conf string, and whether expandable segments are the policy's
-    choice rather than the user's (then a device that cannot map pages gets plain segments)."""
+class PolicyConfig:
+    """A policy with the user's options over it: the conf string, and whether expandable segments
+    are the policy's choice rather than the user's (enable(): then a device that cannot map pages
+    gets plain segments)."""
     conf: str
     policy: str
     expandable_optional: bool
 
 
-def resolve_for_enable(options: Mapping[str, Any] | None = None, policy: str | None = None,
-                       env: Mapping[str, str] | None = None) -> EnableConfig:
+def resolve_with_policy(options: Mapping[str, Any] | None = None, policy: str | None = None,
+                       env: Mapping[str, str] | None = None) -> PolicyConfig:
     """The named policy (argument, else AMEM_POLICY, else `amem`), overlaid by AMEM_CONF, then by
-    keyword options; validated. ValueError names a bad policy, key or value."""
+    keyword options; validated. ValueError names a bad policy, key or value. What enable() runs;
+    Allocator passes its own policy and no environment."""
     env = os.environ if env is None else env
     name = (policy if policy is not None else env.get(POLICY_ENV_VAR, "").strip()) or DEFAULT_POLICY
     try:
@@ -78,7 +80,7 @@ def resolve_for_enable(options: Mapping[str, Any] | None = None, policy: str | N
     conf = ",".join(p for p in (chosen.conf, user) if p)
     _C.canonical_config(conf)
     user_sets_expandable = re.search(r"(^|,)\s*expandable_segments\s*:", user) is not None
-    return EnableConfig(conf, chosen.name, expandable_optional=not user_sets_expandable)
+    return PolicyConfig(conf, chosen.name, expandable_optional=not user_sets_expandable)
 
 
 def canonical(conf: str = "") -> str:

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from . import _C
-from .config import resolve_for_enable
+from .config import resolve_with_policy
 from .devices import block_info, empty_cache, fragmentation, memory_stats, reset_peak_memory_stats, segments  # noqa: F401
 from .devices import device_index as _device_index  # noqa: F401 - the old private name
 from .recording import start_always_on, trace_config_from_env
@@ -67,7 +67,7 @@ def enable(patch_torch: bool = True, policy: str | None = None, **options: Any) 
     """
     import torch
 
-    config = resolve_for_enable(options, policy)
+    config = resolve_with_policy(options, policy)
     conf = config.conf
     trace = trace_config_from_env()  # AMEM_TRACE: a bad value raises before anything is installed
     with _lock:

@@ -81,23 +81,23 @@ def test_amem_conf_environment_is_used_and_kwargs_override_it():
 
 def test_enable_starts_from_amems_policy_and_the_user_overrides_it_key_by_key():
     from amem_alloc import policies
-    from amem_alloc.config import resolve_for_enable
+    from amem_alloc.config import resolve_with_policy
     from amem_alloc._C import canonical_config
 
-    default = resolve_for_enable({}, env={})
+    default = resolve_with_policy({}, env={})
     assert default.policy == "amem" and default.conf == policies.get("amem").conf
     assert default.expandable_optional  # the policy's choice: a device that cannot map pages falls back
     assert "expandable_segments:True" in canonical_config(default.conf)
-    torch_like = resolve_for_enable({}, env={"AMEM_POLICY": "amem-defaults"})
+    torch_like = resolve_with_policy({}, env={"AMEM_POLICY": "amem-defaults"})
     assert canonical_config(torch_like.conf) == canonical_config("")  # torch's own decisions
-    mine = resolve_for_enable({"large_page_mb": 4}, env={"AMEM_CONF": "expandable_segments:False"})
+    mine = resolve_with_policy({"large_page_mb": 4}, env={"AMEM_CONF": "expandable_segments:False"})
     settings = canonical_config(mine.conf)
     assert "expandable_segments:False" in settings and "large_page_mb:4" in settings
     assert "cross_stream_reuse:handover" in settings  # what the user did not set stays the policy's
     assert not mine.expandable_optional                # the user chose: no silent fallback
-    assert resolve_for_enable({}, policy="amem-reclaim", env={"AMEM_POLICY": "torch"}).policy == "amem-reclaim"
+    assert resolve_with_policy({}, policy="amem-reclaim", env={"AMEM_POLICY": "torch"}).policy == "amem-reclaim"
     with pytest.raises(ValueError, match="AMEM_POLICY: unknown policy 'fast'"):
-        resolve_for_enable({}, env={"AMEM_POLICY": "fast"})
+        resolve_with_policy({}, env={"AMEM_POLICY": "fast"})
 
 
 def test_a_cpu_allocator_starts_from_torchs_policy_or_the_one_it_is_given():
