@@ -11,15 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The start of a GPU training script that runs under torch's allocator, or amem's when its first
-# argument is "amem": deterministic kernels and seeds, so two allocators give the same numbers.
-DETERMINISTIC_TRAINING_START = """
-import json, os, sys
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+# The start of a GPU script that runs under torch's allocator, or amem's when its first argument is
+# "amem" (run_python(script, args=["amem"])), so the two can be compared.
+ALLOCATOR_FROM_ARGV = """
+import json, sys
 if sys.argv[1] == "amem":
     import amem_alloc
     amem_alloc.enable()
 import torch
+"""
+
+# The same for a training script: deterministic kernels and seeds, so two allocators give the same numbers.
+DETERMINISTIC_TRAINING_START = """
+import os
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+""" + ALLOCATOR_FROM_ARGV + """
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
 """

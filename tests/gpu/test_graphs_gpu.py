@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import run_python  # noqa: E402
+from helpers import ALLOCATOR_FROM_ARGV, run_python  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -181,12 +181,8 @@ def test_frees_from_a_thread_whose_current_device_differs_and_record_stream_acro
     assert out["value"] == 2.0 * (1 << 20) and out["allocated"] == 4 << 20
 
 
-NO_CONTEXT_ON_DEVICE_0 = """
-import json, sys, threading
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch
+NO_CONTEXT_ON_DEVICE_0 = ALLOCATOR_FROM_ARGV + """
+import threading
 torch.cuda.set_device(1)
 xs = [torch.ones(1 << 20, device="cuda:1") for _ in range(4)]
 def free_from_a_thread_on_device_0():   # a new thread's current device is 0, which has no context

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import run_python  # noqa: E402
+from helpers import ALLOCATOR_FROM_ARGV, run_python  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -19,12 +19,7 @@ def last_json(proc):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-FIGURES = """
-import json, sys
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch
+FIGURES = ALLOCATOR_FROM_ARGV + """
 sizes = [1, 4096, (1 << 20) + 1, 5 << 20, 30 << 20]
 xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
 figs = {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
@@ -175,12 +170,7 @@ def test_each_device_has_its_own_figures_and_a_missing_device_is_a_clear_error()
     assert out == [3 << 20, 7 << 20]
 
 
-PROFILED = """
-import json, sys
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch
+PROFILED = ALLOCATOR_FROM_ARGV + """
 from torch.profiler import profile, ProfilerActivity
 torch.ones(1, device="cuda")                       # CUDA and the allocator are up before profiling
 torch.cuda.synchronize()

@@ -8,16 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import run_python  # noqa: E402
+from helpers import ALLOCATOR_FROM_ARGV, run_python  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-PRELUDE = """
-import json, sys
-if sys.argv[1] == "amem":
-    import amem_alloc
-    amem_alloc.enable()
-import torch, amem_alloc
+PRELUDE = ALLOCATOR_FROM_ARGV + """
+import amem_alloc
 from amem_alloc import Tracer
 """
 
