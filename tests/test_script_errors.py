@@ -66,6 +66,16 @@ def test_run_with_a_bad_amem_conf_is_amems_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("amem run: ") and "max_split_size_mb" in lines[0]
 
 
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_run_with_an_unknown_policy_is_amems_one_line(tmp_path, how):
+    script = _script(tmp_path, "print('ran')\n")
+    argv = [AMEM, "run", "--policy", "fastest", str(script)] if how == "flag" else [AMEM, "run", str(script)]
+    proc = run_command(argv, env={"AMEM_POLICY": "fastest"} if how == "env" else None)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert len(lines) == 1 and lines[0].startswith("amem run: ") and "unknown policy 'fastest'" in lines[0]
+
+
 # ---------------------------------------------------------------------------- AMEM_ENABLE
 def test_amem_enable_with_a_bad_conf_fails_like_amem_run():
     proc = run_python("print('ran')", env={"AMEM_ENABLE": "1", "AMEM_CONF": "max_split_size_mb:1"})
