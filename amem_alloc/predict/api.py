@@ -120,7 +120,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
             infos = dict(self.live.infos)
             infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
             self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
-                                  self.live.markers, self.live_policy.conf, recording)
+                                  self.live.markers, self.live_policy.conf, recording,
+                                  notes=self.session.notes.as_list() if hasattr(self.session, "notes") else [])
         return False
 
 

@@ -162,6 +162,7 @@ class Prediction:
     markers: list[tuple[int, str]]
     trace_conf: str                     # the policy the trace and the live answers used
     seconds: dict[str, float]           # recording, analysis
+    notes: list[dict] = field(default_factory=list)   # notes.Note.as_dict(): stand-ins, estimates, not modelled
 
     @property
     def program(self) -> replay.Program:
@@ -188,6 +189,7 @@ class Prediction:
             "program": {"ops": len(self.ops), "allocations": allocs,
                         "markers": [[i, name] for i, name in self.markers]},
             "seconds": self.seconds,
+            "notes": self.notes,
         }
 
     def write_json(self, path: str | Path) -> Path:
@@ -213,13 +215,14 @@ class Prediction:
 
 
 def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops: list[tuple],
-            infos: dict[int, Any], markers: list, trace_conf: str = "", recording_s: float = 0.0) -> Prediction:
+            infos: dict[int, Any], markers: list, trace_conf: str = "", recording_s: float = 0.0,
+            notes: list[dict] | None = None) -> Prediction:
     started = time.perf_counter()
     program = replay.Program(replay.pack(ops))
     rows = [policy_row(program, p, gpu) for p in policies]
     peak = at_peak(ops, infos)
     return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
-                      {"recording": recording_s, "analysis": time.perf_counter() - started})
+                      {"recording": recording_s, "analysis": time.perf_counter() - started}, list(notes or []))
 
 
 # ============================================================================ text
@@ -267,7 +270,20 @@ def format_text(p: Prediction, top: int = 8) -> str:
     lines += ["", "  by module:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.modules.items())[:top]]
     lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
     lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {g.memory_source}."]
+    lines += _notes_text(p.notes)
     return "\n".join(lines)
+
+
+def _notes_text(notes: list[dict]) -> list[str]:
+    """What the prediction stood in for, estimated or did not model, one line each."""
+    if not notes:
+        return []
+    out = ["", f"What this prediction stood in for, estimated or did not model ({len(notes)}):"]
+    for n in notes:
+        times = f" x{n['count']}" if n["count"] > 1 else ""
+        size = f" ({format_bytes(n['bytes'])})" if n["bytes"] else ""
+        out.append(f"  {n['kind']}: {n['what']}{size} at {n['where']}{times}")
+    return out
 
 
 # ============================================================================ the trace
@@ -365,6 +381,8 @@ def render_report(p: Prediction) -> str:
         summary[f"at peak: {k}"] = format_bytes(v)
     for k, v in list(p.at_peak.modules.items())[:10]:
         summary[f"at peak, module {k}"] = format_bytes(v)
+    for i, n in enumerate(p.notes, 1):
+        summary[f"note {i}: {n['kind']}"] = _notes_text([n])[-1].strip()
     body = [report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
     body += [report_html.device_section(dev) for dev in data["devices"]]
     title = f"Predicted memory: {p.target}"

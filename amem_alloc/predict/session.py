@@ -37,6 +37,7 @@ from ..provenance.records import AllocRecord, next_seq
 from ..replay import ALLOC, FREE, Program, pack
 from . import autocast as autocast_rules
 from . import cuda_rules
+from . import notes as notes_mod
 from .execution import DataDependentError, DeviceMode, Recorder, Storages, user_frames
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
@@ -130,6 +131,7 @@ class FakeCudaSession:
         self._stream_id = None
         self._phase_override: str | None = None
         self._default_cuda = False
+        self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
 
     # ------------------------------------------------------------------ interface
     def add_listener(self, listener: AllocationListener) -> None:
@@ -145,6 +147,7 @@ class FakeCudaSession:
         return Program(pack(self.ops), 0, 0)
 
     def __enter__(self) -> "FakeCudaSession":
+        notes_mod.activate(self.notes)
         autocast_rules.install(self)
         self._patch()
         self.modules.install()
@@ -165,6 +168,7 @@ class FakeCudaSession:
         self._unpatch()
         autocast_rules.install(None)
         autocast_rules.clear_cache()
+        notes_mod.deactivate(self.notes)
         self._learn_model_state()
         self.infos = self.final_infos()
 

@@ -1,0 +1,150 @@
+"""What a prediction stood in for, estimated, or did not model, and where in the user's code.
+
+Design note
+-----------
+A prediction computes no values, so some things it answers are stand-ins (a value read from a fake
+CUDA tensor), some are estimates (memory a CUDA library takes that cannot be known without a GPU,
+such as cuDNN's convolution workspace), and some are not modelled at all (compiled code predicted
+as eager). Each is a `Note`, counted once per (kind, what, where): the user sees every one of them
+beside the figures (text, JSON, report), never a silent approximation.
+
+`where` is the innermost frame of the user's own code (outside torch, amem, the standard library
+and site-packages), then the innermost library frame below it, if any: "train.py:42 (via
+transformers/trainer.py:2301)". Library paths are shortened to the package.
+
+The notes of the session that is running now are reachable from anywhere in the engine through
+`record(...)`; outside a session it does nothing.
+"""
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+
+import torch
+
+STAND_IN = "stand-in"          # a value read answered with a stand-in; the run went on
+UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
+ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
+NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
+KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED)
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB = (os.path.dirname(os.__file__),)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:   # a virtualenv's old site module
+        pass
+    return tuple(sorted(d for d in dirs if d))
+
+
+_LIBRARIES = _library_dirs()
+_NOT_USER = (_TORCH_DIR, _AMEM_DIR, *_STDLIB, *_LIBRARIES)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a frame's file is the user's own code (not torch, amem, the stdlib or a package)."""
+    return not (filename.startswith(_NOT_USER) or filename.startswith("<"))
+
+
+def short_path(filename: str) -> str:
+    """A library file as package/path.py; a user file as given."""
+    for root in (*_LIBRARIES, os.path.dirname(_TORCH_DIR)):
+        if filename.startswith(root + os.sep):
+            return filename[len(root) + 1:]
+    return filename
+
+
+def call_site(skip: int = 1) -> str:
+    """"user.py:12" or "user.py:12 (via package/file.py:34)" for the code running now; a library
+    line alone when no user frame is on the stack."""
+    user, library = None, None
+    f = sys._getframe(skip)
+    while f is not None and user is None:
+        name = f.f_code.co_filename
+        if is_user_file(name):
+            user = f"{name}:{f.f_lineno}"
+        elif library is None and not name.startswith((_TORCH_DIR, _AMEM_DIR, *_STDLIB, "<")):
+            library = f"{short_path(name)}:{f.f_lineno}"
+        f = f.f_back
+    if user and library:
+        return f"{user} (via {library})"
+    return user or library or "?"
+
+
+@dataclass
+class Note:
+    kind: str        # one of KINDS
+    what: str        # what was stood in for, estimated or not modelled, in words
+    where: str       # call_site() of the first occurrence
+    count: int = 1
+    nbytes: int = 0  # for estimates: the bytes the estimate allocated (the largest seen)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "what": self.what, "where": self.where, "count": self.count,
+                "bytes": self.nbytes}
+
+    def line(self) -> str:
+        times = f" ×{self.count}" if self.count > 1 else ""
+        size = f" ({self.nbytes / 2**20:.1f} MiB)" if self.nbytes else ""
+        return f"{self.kind}: {self.what}{size} at {self.where}{times}"
+
+
+@dataclass
+class Notes:
+    """The notes of one prediction, in the order first seen."""
+    items: dict = field(default_factory=dict)   # (kind, what, where) -> Note
+
+    def add(self, kind: str, what: str, where: str, nbytes: int = 0) -> Note:
+        if kind not in KINDS:
+            raise ValueError(f"unknown note kind {kind!r}")
+        key = (kind, what, where)
+        note = self.items.get(key)
+        if note is None:
+            note = self.items[key] = Note(kind, what, where, 0, 0)
+        note.count += 1
+        note.nbytes = max(note.nbytes, int(nbytes))
+        return note
+
+    def __iter__(self):
+        return iter(self.items.values())
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def of_kind(self, kind: str) -> list[Note]:
+        return [n for n in self if n.kind == kind]
+
+    def as_list(self) -> list[dict]:
+        return [n.as_dict() for n in self]
+
+
+_current: list[Notes] = []
+
+
+def activate(notes: Notes) -> None:
+    _current.append(notes)
+
+
+def deactivate(notes: Notes) -> None:
+    if notes in _current:
+        _current.remove(notes)
+
+
+def current() -> Notes | None:
+    return _current[-1] if _current else None
+
+
+def record(kind: str, what: str, nbytes: int = 0, where: str | None = None) -> None:
+    """Adds a note to the prediction running now (nothing outside one)."""
+    notes = current()
+    if notes is not None:
+        notes.add(kind, what, where or call_site(2), nbytes)
