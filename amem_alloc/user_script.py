@@ -20,6 +20,7 @@ from pathlib import Path
 from .usage import UsageError
 
 _RUNPY = os.path.dirname(runpy.__file__)
+_AMEM = os.path.dirname(os.path.abspath(__file__))
 
 
 class ScriptFailed(Exception):
@@ -54,6 +55,18 @@ def _user_frames(tb):
     return None
 
 
+def print_script_error(err: BaseException) -> None:
+    """The traceback Python would print, from the script's first frame on. Ctrl-C lands wherever
+    the script was, often inside amem's own hooks: those frames are left out of its traceback."""
+    tb = _user_frames(err.__traceback__)
+    if not isinstance(err, KeyboardInterrupt):
+        traceback.print_exception(type(err), err, tb)
+        return
+    shown = traceback.TracebackException(type(err), err, tb)
+    shown.stack = traceback.StackSummary.from_list([f for f in shown.stack if not f.filename.startswith(_AMEM)])
+    print("".join(shown.format()), end="", file=sys.stderr)
+
+
 def exit_status(code) -> int:
     """What Python's exit status would be for SystemExit(code)."""
     if code is None:
@@ -82,6 +95,6 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = ())
     except reraise:
         raise
     except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
-        traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
+        print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0

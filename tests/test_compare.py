@@ -97,10 +97,11 @@ def test_compare_without_a_gpu_models_cuda_allocations(tmp_path):
     assert (32 << 20) in sizes                  # cuBLAS's workspace on an H100 (the default card): 32 MiB
 
 
-def test_code_that_needs_values_fails_with_one_line(tmp_path):
-    script = tmp_path / "dd.py"
-    script.write_text("import torch\nx = torch.randn(4, device='cuda')\nprint(float(x.sum()))\n")
-    with pytest.raises(RuntimeError, match=rf"predicting the workload's allocations failed: cannot predict.*dd.py:3"):
+def test_code_whose_sizes_need_values_fails_with_one_line(tmp_path):
+    script = tmp_path / "dd.py"     # a value read gets a stand-in; a size with no upper bound cannot
+    script.write_text("import torch\nx = torch.randn(4, device='cuda')\nprint(float(x.sum()))\n"
+                      "torch.bincount(x.long())\n")
+    with pytest.raises(RuntimeError, match=rf"predicting the workload's allocations failed: cannot predict.*dd.py:4"):
         compare(script=[str(script)], policies=["torch"], out_dir=tmp_path / "out", progress=False)
 
 

@@ -34,7 +34,9 @@ def _one_line_error(proc, code, *needles):
     (["--gpu", "H100", "--capacity-gb", "3", "--workload", "mlp"], "not allowed with argument"),
     (["--policy", "torch,bogus", "--workload", "mlp"], "unknown policy 'bogus'"),
     (["--workload", "bert"], "invalid choice: 'bert'"),
-    (["--workload", "mlp", "--size", "0"], "--size and --steps must be integers >= 1"),
+    (["--workload", "mlp", "--size", "0"], "--size must be an integer >= 1"),
+    (["--workload", "mlp", "--steps", "0"], "--steps >= 1 for a workload"),
+    (["--workload", "mlp", "--timeout", "-1"], "--timeout must be a number of seconds >= 0"),
     (["--", "python", "does_not_exist.py"], "does_not_exist.py: no such script"),
     (["--", "python", "-m", "train"], "not -m module"),
     ([], "give --workload NAME, or -- python script.py"),
@@ -125,11 +127,89 @@ def test_workload_outputs_open_in_memory_viz_and_amem(tmp_path):
     assert "<html" in report.read_text()[:300].lower()
 
 
-def test_data_dependent_code_stops_with_file_and_line(tmp_path):
+def test_strict_stops_at_a_value_read_with_file_and_line(tmp_path):
     script = tmp_path / "dd.py"
     script.write_text("import torch\nx = torch.randn(8, device='cuda')\nif x.sum() > 0:\n    print('positive')\n")
-    proc = amem("--", "python", script)
+    proc = amem("--strict", "--", "python", script)
     _one_line_error(proc, 3, f"{script}:3")
+
+
+def test_value_reads_get_stand_ins_listed_with_the_users_line(tmp_path):
+    script = tmp_path / "dd.py"
+    script.write_text("import torch\nx = torch.randn(8, device='cuda')\nfor i in range(3):\n"
+                      "    if x.sum() > 0:\n        print('positive')\n    print(f'loss {x.mean().item():.2f}')\n")
+    js = tmp_path / "p.json"
+    proc = amem("--json", js, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("loss 0.00") == 3 and "positive" not in proc.stdout
+    notes = json.loads(js.read_text())["notes"]
+    assert {(n["kind"], n["where"], n["count"]) for n in notes} == {("stand-in", f"{script}:4", 3),
+                                                                    ("stand-in", f"{script}:6", 3)}
+    assert f"at {script}:6 x3" in proc.stdout
+
+
+def test_a_script_is_stopped_after_its_steps_and_says_so(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nm = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters())\n"
+                      "for i in range(10000):\n    m(torch.randn(8, 64, device='cuda')).sum().backward()\n"
+                      "    opt.step()\n    opt.zero_grad()\n")
+    js = tmp_path / "p.json"
+    proc = amem("--steps", "3", "--json", js, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(js.read_text())
+    assert [name for _, name in data["program"]["markers"]] == ["step"] * 3
+    assert "stopped after 3 optimizer steps" in data["stopped_after"] and "stopped after 3" in proc.stdout
+
+
+def test_a_script_past_its_timeout_ends_with_one_line(tmp_path):
+    script = tmp_path / "forever.py"
+    script.write_text("import torch\nx = torch.randn(8, device='cuda')\nwhile True:\n    x = x * 2\n")
+    _one_line_error(amem("--timeout", "2", "--", "python", script), 124, "--timeout 2 s", "forever.py:")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("g = torch.cuda.CUDAGraph()", "CUDA graphs"),
+    ("with torch.cuda.graph(None):\n    pass", "CUDA graph capture"),
+])
+def test_cuda_graphs_are_amems_limit_in_one_line(tmp_path, body, needle):
+    script = tmp_path / "graphs.py"
+    script.write_text(f"import torch\nx = torch.randn(4, device='cuda')\n{body}\n")
+    _one_line_error(amem("--", "python", script), 4, needle, f"{script}:3", "cannot be predicted")
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_child_process_using_cuda_is_amems_limit_in_one_line(tmp_path, method):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""\
+        import torch, torch.multiprocessing as mp
+        def work(i):
+            return torch.randn(4, device="cuda")
+        if __name__ == "__main__":
+            p = mp.get_context("{method}").Process(target=work, args=(0,))
+            p.start(); p.join()
+            print("child exit", p.exitcode)
+        """))
+    _one_line_error(amem("--", "python", script), 4, "a child process", "child.py:3", "cannot be predicted")
+
+
+def test_cuda_rng_state_is_a_stand_in(tmp_path):
+    script = tmp_path / "rng.py"
+    script.write_text("import torch\ns = torch.cuda.get_rng_state()\ntorch.cuda.set_rng_state(s)\n"
+                      "x = torch.randn(4, device='cuda')\n")
+    js = tmp_path / "p.json"
+    assert amem("--json", js, "--", "python", script).returncode == 0
+    assert {n["where"] for n in json.loads(js.read_text())["notes"]} == {f"{script}:2", f"{script}:3"}
+
+
+def test_the_scripts_syntax_error_and_ctrl_c_keep_their_own_traceback(tmp_path):
+    script = tmp_path / "syn.py"
+    script.write_text("import torch\nx = (\n")
+    proc = amem("--", "python", script)
+    assert proc.returncode == 1 and "SyntaxError" in proc.stderr and "amem_alloc" not in proc.stderr
+    script.write_text("import torch\nx = torch.randn(4, device='cuda')\nraise KeyboardInterrupt\n")
+    proc = amem("--", "python", script)
+    assert proc.returncode == 130 and "KeyboardInterrupt" in proc.stderr and "amem_alloc" not in proc.stderr
+    assert f'File "{script}", line 3' in proc.stderr
 
 
 def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path):

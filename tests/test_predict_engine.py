@@ -87,18 +87,42 @@ def test_listeners_hear_every_alloc_free_and_marker_in_order():
     assert lst.events[2] == ("free", lst.events[0][1])
 
 
-@pytest.mark.parametrize("code, what", [
-    ("loss.item()", "item"),
-    ("print(loss)", "repr"),
-    ("bool(loss > 0)", "local_scalar_dense"),
-])
-def test_data_dependent_values_raise_naming_the_users_line(code, what):
-    with FakeCudaSession():
+@pytest.mark.parametrize("code", ["loss.item()", "print(loss)", "bool(loss > 0)", "float(loss)",
+                                  "loss.cpu().numpy()", "f'{loss:.3f}'", "torch.equal(loss, loss)"])
+def test_strict_value_reads_raise_naming_the_users_line(code):
+    with FakeCudaSession(strict=True):
         loss = torch.ones(3, device="cuda").sum()
         with pytest.raises(DataDependentError) as err:
             exec(compile(code, __file__, "exec"), {"loss": loss, "torch": torch})
     assert f"{__file__}:1" in str(err.value)
-    assert err.value.filename == __file__
+    assert err.value.filename == __file__ and err.value.lineno == 1
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("loss.item()", 0.0), ("bool(loss > 0)", False), ("float(loss)", 0.0), ("int(n)", 0),
+    ("loss.cpu().numpy().tolist()", 0.0), ("f'{loss:.3f}'", "0.000"), ("n.tolist()", 0),
+    ("repr(loss).startswith('tensor(<no value')", True), ("bool(torch.isinf(loss).any())", False),
+])
+def test_value_reads_get_a_stand_in_and_a_note_at_the_users_line(code, expected):
+    with FakeCudaSession() as s:
+        loss = torch.ones(3, device="cuda").sum()
+        n = torch.ones((), dtype=torch.long, device="cuda")
+        got = eval(compile(code, __file__, "eval"), {"loss": loss, "n": n, "torch": torch})
+    assert got == expected and type(got) is type(expected)
+    (note,) = list(s.notes)
+    assert note.kind == "stand-in" and note.where == f"{__file__}:1" and note.count == 1
+
+
+def test_shapes_from_values_take_their_upper_bound_with_a_note():
+    with FakeCudaSession() as s:
+        x = torch.ones(4, 5, device="cuda")
+        assert x[x > 0].shape == (20,)
+        assert x.nonzero().shape == (20, 2)
+        assert torch.unique(x).shape == (20,)
+        assert x.masked_select(x > 0).shape == (20,)
+        with pytest.raises(DataDependentError):
+            torch.bincount(torch.ones(3, dtype=torch.long, device="cuda"))
+    assert {n.kind for n in s.notes} == {"upper-bound"} and len(s.notes) == 4
 
 
 def test_the_users_own_exception_is_not_relabelled():

@@ -25,7 +25,10 @@ from typing import Any, Callable
 
 from .. import policies as policies_mod
 from . import gpus as gpus_mod
+from .children import ChildWatch
 from .cuda_shims import CudaShims, LiveAllocator
+from .notes import NotModelledError
+from .values import DataDependentError
 from .outcome import Prediction, analyse
 
 
@@ -72,7 +75,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
     def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
                  policies: Any = None, live_policy: str = "torch", device_count: int = 1,
                  target: str = "code", session_factory: Callable[..., Any] | None = None,
-                 shims: bool = True, analyse: bool = True) -> None:
+                 shims: bool = True, analyse: bool = True, strict: bool = False) -> None:
         self.gpu = resolve_gpu(gpu, capacity_gb)
         self.policies = resolve_policies(policies)
         self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
@@ -80,7 +83,9 @@ class predicting:  # noqa: N801 - used like a function in `with`
             raise ValueError(f"device_count must be an integer >= 1, got {device_count!r}")
         self.device_count, self.target = device_count, target
         self._factory = session_factory
-        self._use_shims, self._analyse = shims, analyse
+        self._use_shims, self._analyse, self.strict = shims, analyse, strict
+        self.children = ChildWatch()
+        self.child_reports: list[dict] = []   # children that used CUDA (children.py)
         self.live = LiveAllocator(self.live_policy.conf)
         self.session: Any = None
         self.shims: CudaShims | None = None
@@ -93,8 +98,9 @@ class predicting:  # noqa: N801 - used like a function in `with`
 
     def __enter__(self) -> "predicting":
         factory = self._factory or engine()[0]
+        options = {"strict": True} if self.strict else {}
         self.session = factory(device_count=self.device_count, device_name=self.gpu.name,
-                               capability=self.gpu.capability, total_memory=self.gpu.total_memory)
+                               capability=self.gpu.capability, total_memory=self.gpu.total_memory, **options)
         self.session.add_listener(self.live)
         self.session.__enter__()
         try:
@@ -104,6 +110,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
         except BaseException:
             self.session.__exit__(None, None, None)
             raise
+        self.children.__enter__()
         self._started = time.perf_counter()
         _active[0] += 1
         return self
@@ -112,10 +119,17 @@ class predicting:  # noqa: N801 - used like a function in `with`
         recording = time.perf_counter() - self._started
         _active[0] -= 1
         try:
+            self.children.__exit__(exc_type, exc, tb)
+            self.child_reports = self.children.reports()
+            self.children.cleanup()
             if self.shims is not None:
                 self.shims.__exit__(exc_type, exc, tb)
         finally:
             self.session.__exit__(exc_type, exc, tb)
+        if exc_type is None and self.child_reports:
+            first = self.child_reports[0]
+            raise NotModelledError(f"{first['what']} (pid {first['pid']}): prediction models one process",
+                                   first["where"])
         if exc_type is None and self._analyse:
             infos = dict(self.live.infos)
             infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
@@ -127,14 +141,15 @@ class predicting:  # noqa: N801 - used like a function in `with`
 
 def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None = None,
             capacity_gb: float | None = None, policies: Any = None, live_policy: str = "torch",
-            device_count: int = 1, session_factory: Callable[..., Any] | None = None, **kwargs: Any) -> Prediction:
+            device_count: int = 1, session_factory: Callable[..., Any] | None = None, strict: bool = False,
+            **kwargs: Any) -> Prediction:
     """Runs fn(*args, **kwargs) once under prediction; returns the Prediction (peaks per policy,
     min capacity, fits, what holds memory at the peak; .write_json/.write_trace/.write_report)."""
     if not callable(fn):
         raise TypeError(f"amem_alloc.predict takes a callable (the code to predict), got {type(fn).__name__}")
     name = getattr(fn, "__qualname__", None) or repr(fn)
     with predicting(gpu, capacity_gb=capacity_gb, policies=policies, live_policy=live_policy,
-                    device_count=device_count, target=name, session_factory=session_factory) as run:
+                    device_count=device_count, target=name, session_factory=session_factory, strict=strict) as run:
         fn(*args, **kwargs)
     assert run.result is not None
     return run.result

@@ -1,20 +1,20 @@
 """`amem predict`: a script's or a bundled workload's GPU memory, predicted without a GPU.
 
     amem predict [--gpu NAME | --capacity-gb N] [--policy LIST] [--json PATH] [--trace PATH]
-                 [--report PATH] -- python SCRIPT ARGS...
+                 [--report PATH] [--steps N] [--timeout S] [--strict] -- python SCRIPT ARGS...
     amem predict --workload NAME [--size N] [--steps N] [...]
 
-The script runs unchanged in this process (runpy, sys.argv set, as __main__) on fake CUDA
-tensors. Exit status: 0 with a prediction; the script's own status if it exits non-zero or
-raises (its traceback printed as Python would); 3 when it needs a real value (DataDependentError:
-one line naming the file and line); 2 for bad arguments (one line).
+The script runs unchanged in this process (script.py: runpy, sys.argv set, as __main__): real
+CPU, fake CUDA tensors. Exit status: 0 with a prediction; the script's own status if it exits
+non-zero or raises (its traceback printed as Python would); 2 for bad arguments (one line); 3
+when, under --strict, the code needs a value (one line naming the file and line), or an output's
+size depends on values with no upper bound; 4 when the run cannot be predicted (CUDA graphs,
+CUDA in a child process: one line naming amem's limit); 124 past --timeout.
 """
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,9 @@ from .. import policies as policies_mod
 
 EXIT_BAD_INPUT = 2
 EXIT_DATA_DEPENDENT = 3
+EXIT_NOT_MODELLED = 4
+EXIT_TIMEOUT = 124
 PYTHONS = ("python", "python3")
-
-
-class _ScriptFailed(Exception):
-    """The user's script raised or exited non-zero: its own exit status, its error already printed."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 def _fail(message: str) -> None:
@@ -54,38 +48,6 @@ def _script(target: list[str]) -> list[str] | None:
     return target
 
 
-def _print_user_traceback(err: BaseException, script: str) -> None:
-    """The traceback Python would print for the script: from the script's first frame on."""
-    tb = err.__traceback__
-    wanted = str(Path(script).resolve())
-    while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != wanted:
-        tb = tb.tb_next
-    traceback.print_exception(type(err), err, tb or err.__traceback__, file=sys.stderr)
-
-
-def _run_script(argv: list[str], data_dependent: type) -> None:
-    script = argv[0]
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = list(argv)
-    sys.path.insert(0, str(Path(script).resolve().parent))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exit_:
-        code = exit_.code
-        if code not in (None, 0):
-            if not isinstance(code, int):
-                print(code, file=sys.stderr)
-                code = 1
-            raise _ScriptFailed(code) from None
-    except data_dependent:
-        raise
-    except Exception as err:  # noqa: BLE001 - the user's own error: shown as theirs, not amem's
-        _print_user_traceback(err, script)
-        raise _ScriptFailed(1) from None
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-
-
 def _run_workload(run: Any, name: str, size: int, steps: int | None) -> None:
     from .. import workloads
 
@@ -100,34 +62,83 @@ def _data_dependent_line(err: BaseException) -> str:
     return "amem predict: " + text
 
 
+def _check(args: argparse.Namespace, script: list[str] | None) -> None:
+    if (args.workload is None) == (script is None):
+        raise ValueError("give --workload NAME, or -- python script.py args... (one of the two)")
+    if args.size < 1 or (args.steps is not None and args.steps < (1 if args.workload else 0)):
+        raise ValueError("--size must be an integer >= 1, --steps >= 1 for a workload, >= 0 for a script")
+    if args.timeout is not None and not args.timeout >= 0:
+        raise ValueError("--timeout must be a number of seconds >= 0 (0: no limit)")
+    for path in (args.json, args.trace, args.report):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ValueError(f"{path}: its folder does not exist")
+
+
+def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, policies: list) -> Any:
+    """The prediction (run.result), or an exit status when there is none."""
+    from . import api
+    from . import script as script_mod
+
+    target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
+    steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
+    timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
+    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict)
+    try:
+        with run:
+            if script:
+                run.steps_run = script_mod.run(script, run, steps, timeout)
+            else:
+                _run_workload(run, args.workload, args.size, args.steps)
+    except script_mod.ScriptFailed as failed:
+        if run.child_reports:
+            return _child_failure(run.child_reports)
+        print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)
+        return failed.status
+    except script_mod.PredictionTimeout as late:
+        print(f"amem predict: {late}; no prediction (predict fewer steps with --steps N, or raise --timeout)",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    except api.DataDependentError as err:
+        print(_one_line(err), file=sys.stderr)
+        return EXIT_DATA_DEPENDENT
+    except api.NotModelledError as err:
+        if run.child_reports:
+            return _child_failure(run.child_reports)
+        print(f"amem predict: {err}; this run cannot be predicted", file=sys.stderr)
+        return EXIT_NOT_MODELLED
+    if script:
+        run.result.stopped_after = _stopped_after(run.steps_run, steps)
+    return run.result
+
+
+def _stopped_after(done: int, steps: int) -> str | None:
+    if steps and done >= steps:
+        return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
+                "to its end): the figures cover what ran until then")
+    return None
+
+
+def _child_failure(reports: list[dict]) -> int:
+    for r in reports:
+        print(r["line"], file=sys.stderr)
+    return EXIT_NOT_MODELLED
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return "amem predict: " + text
+
+
 def predict_command(args: argparse.Namespace) -> int:
     from . import api
 
     script = _script(args.target)
-    if (args.workload is None) == (script is None):
-        raise ValueError("give --workload NAME, or -- python script.py args... (one of the two)")
-    if args.size < 1 or (args.steps is not None and args.steps < 1):
-        raise ValueError("--size and --steps must be integers >= 1")
+    _check(args, script)
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
-    for path in (args.json, args.trace, args.report):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"{path}: its folder does not exist")
-    _, data_dependent = api.engine()
-    target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
-    try:
-        with api.predicting(gpu, policies=policies, target=target) as run:
-            if script:
-                _run_script(script, data_dependent)
-            else:
-                _run_workload(run, args.workload, args.size, args.steps)
-    except _ScriptFailed as failed:
-        print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)
-        return failed.status
-    except data_dependent as err:
-        print(_data_dependent_line(err), file=sys.stderr)
-        return EXIT_DATA_DEPENDENT
-    result = run.result
+    result = _predict(args, script, gpu, policies)
+    if isinstance(result, int):
+        return result
     print(result.format_text())
     written = []
     try:
@@ -170,7 +181,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    + ",".join(policies_mod.DEFAULT_COMPARE))
     p.add_argument("--workload", choices=list(workloads.WORKLOADS), help="a bundled workload instead of a script")
     p.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1)")
-    p.add_argument("--steps", type=int, help="the workload's steps (default: the workload's)")
+    p.add_argument("--steps", type=int, help="a workload's steps (default: the workload's); a script is stopped "
+                   "after this many optimizer steps (default 5; 0: run it to its end)")
+    p.add_argument("--timeout", type=float, help="stop a script that runs longer than this many seconds, with "
+                   "no prediction (default 600; 0: no limit)")
+    p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
+                   "(loss.item(), print(t)) instead of answering it with a stand-in")
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")

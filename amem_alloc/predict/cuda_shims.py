@@ -42,6 +42,7 @@ from typing import Any, Callable
 from .. import replay
 from .._C import CoreAllocator
 from ..introspection import format_bytes, parse_stats
+from . import notes
 from .gpus import Gpu
 
 TRACE_ACTIONS_PER_OP = 4  # a ring big enough for a re-simulation: alloc/free plus segment events
@@ -416,6 +417,15 @@ class CudaShims:
             "manual_seed_all": noop(),
             "seed": noop(),
             "seed_all": noop(),
+            "initial_seed": lambda: 0,
+            "get_rng_state": get_rng_state,
+            "get_rng_state_all": lambda: [get_rng_state(i) for i in range(self.device_count)],
+            "set_rng_state": set_rng_state,
+            "set_rng_state_all": lambda states: [set_rng_state(s) for s in states] and None,
+            "graph": _not_modelled_class("torch.cuda.graph (CUDA graph capture)"),
+            "CUDAGraph": _not_modelled_class("torch.cuda.CUDAGraph (CUDA graphs)"),
+            "make_graphed_callables": _not_modelled("torch.cuda.make_graphed_callables (CUDA graphs)"),
+            "graph_pool_handle": _not_modelled("torch.cuda.graph_pool_handle (CUDA graphs)"),
         }
 
     def _accelerator_table(self) -> dict[str, Any]:
@@ -467,6 +477,37 @@ class CudaShims:
 
     def __exit__(self, *exc: Any) -> None:
         self._restore()
+
+
+# ============================================================================ RNG state, CUDA graphs
+_RNG_STATE_BYTES = 16   # CUDAGeneratorImpl::get_state: seed (8 bytes) and philox offset (8 bytes)
+
+
+def get_rng_state(device: Any = "cuda") -> Any:
+    """A stand-in for the CUDA generator's state (no generator runs): a real CPU byte tensor."""
+    import torch
+
+    notes.record(notes.STAND_IN, "torch.cuda.get_rng_state(): a zero generator state")
+    return torch.zeros(_RNG_STATE_BYTES, dtype=torch.uint8)
+
+
+def set_rng_state(state: Any, device: Any = "cuda") -> None:
+    notes.record(notes.STAND_IN, "torch.cuda.set_rng_state(): ignored (no generator runs)")
+
+
+def _not_modelled(what: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise notes.NotModelledError(f"{what} is not modelled by prediction; predict the code without the "
+                                     "graph (its eager allocations), or measure it on a GPU with amem run")
+    return refuse
+
+
+def _not_modelled_class(what: str) -> type:
+    class NotModelled:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _not_modelled(what)()
+    NotModelled.__name__ = what.split()[0].rsplit(".", 1)[-1]
+    return NotModelled
 
 
 def _noop() -> Callable[..., None]:

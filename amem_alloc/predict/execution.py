@@ -1,25 +1,32 @@
-"""Fake execution: meta tensors that say "cuda", torch's own autograd engine, and a record of every
-CUDA storage's life.
+"""Fake execution: real CPU, fake CUDA. CPU work runs for real; CUDA tensors are meta tensors that
+say "cuda"; torch's own autograd engine runs; every CUDA storage's life is recorded.
 
 Design note
 -----------
-Every tensor made while a session is active is a *meta* tensor: it has shape, dtype, strides and a
-storage of a known size, but no data and no memory. Meta tensors go through torch's real
-dispatcher and its real autograd engine (the C++ one: a fake CUDA device cannot, because the
-engine asks the CUDA driver about streams and contexts), so every lifetime is torch's own:
-autograd's saved tensors and their release after each node runs, gradient accumulation and
-stealing, views sharing a storage, in-place ops, `del`, optimizer state, checkpointing.
+Everything that lives on the CPU is real: datasets, numpy, tokenizers, `torch.randint` and
+`randperm`, samplers, DataLoader workers, collate functions, bookkeeping. An op whose inputs are
+all real runs for real and records nothing (the process's own memory is never counted as GPU
+memory). Only CUDA storages are fake: *meta* tensors with shape, dtype, strides and a storage of
+a known size, but no data and no memory. Meta tensors go through torch's real dispatcher and its
+real autograd engine (the C++ one: a fake CUDA device cannot, because the engine asks the CUDA
+driver about streams and contexts), so every lifetime is torch's own: saved tensors and their
+release after each node runs, gradient accumulation and stealing, views sharing a storage,
+in-place ops, `del`, optimizer state, checkpointing.
 
-Which meta tensors are "CUDA" is kept beside them, per storage (`Storages`): a factory call or a
-`.to()/.cuda()` naming a CUDA device makes a CUDA storage, an op whose inputs include a CUDA tensor
-makes CUDA outputs. A torch-function mode (`DeviceMode`) rewrites devices to meta on the way in
-and answers `tensor.device`, `is_cuda`, `get_device()` as the user's code expects; it also applies
-CUDA's autocast policy (meta tensors have no autocast kernels: see autocast.py) and turns reads of
-values (`repr`, `tolist`, `numpy`) into DataDependentError. A torch-dispatch mode (`Recorder`),
-below autograd, sees every aten op: each new storage it returns is an allocation (its nominal
-bytes: the allocator rounds), and a weak reference to the storage reports the free when torch
-drops the last reference. CUDA-only allocations (cuBLAS workspace, attention backends) come from
-cuda_rules.py.
+A real CPU tensor that crosses to the device (`.to("cuda")`, `.cuda()`, a module's `.cuda()` with
+its buffers) becomes a fake CUDA tensor of the same shape, dtype and strides, and the copy's
+allocation is recorded. A fake tensor brought back (`loss.cpu()`) is a fake CPU tensor: it holds
+no value either. Parameters are always fake (session.py): their values never decide what CUDA
+allocates, and a 7B model built on the CPU would need 28 GB of RAM.
+
+Which meta tensors are "CUDA" is kept beside them, per storage (`Storages`). A torch-function mode
+(`DeviceMode`) rewrites CUDA devices to meta on the way in and answers `tensor.device`, `is_cuda`,
+`get_device()` as the user's code expects; it applies CUDA's autocast policy (meta tensors have
+no autocast kernels: see autocast.py) and answers reads of a fake tensor's value with a stand-in
+(values.py). A torch-dispatch mode (`Recorder`), below autograd, sees every aten op: each new
+storage of an op on fake tensors is an allocation (its nominal bytes: the allocator rounds), and
+a weak reference to the storage reports the free when torch drops the last reference. CUDA-only
+allocations (cuBLAS workspace, attention backends) come from cuda_rules.py.
 """
 from __future__ import annotations
 
@@ -37,23 +44,16 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from . import autocast as autocast_rules
 from . import cuda_rules
+from . import notes as notes_mod
+from . import values
+from .values import DataDependentError, is_fake
+
+__all__ = ["DataDependentError", "DeviceMode", "Recorder", "Storages", "is_fake", "user_frames"]
 
 META = torch.device("meta")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_TORCH_DIR, _AMEM_DIR, os.path.dirname(os.__file__))
-
-
-class DataDependentError(RuntimeError):
-    """User code needed a tensor's value, which a prediction does not compute."""
-
-    def __init__(self, what: str, frames: tuple = ()):
-        self.what = what
-        self.filename, self.lineno = (frames[0][0], frames[0][1]) if frames else (None, None)
-        where = f"{self.filename}:{self.lineno}: " if frames else ""
-        super().__init__(f"{where}{what} needs a tensor's value, which prediction does not compute "
-                         "(no data is computed); remove it from the predicted step or guard it with "
-                         "amem's prediction flag")
 
 
 def user_frames(limit: int = 6) -> tuple:
@@ -178,29 +178,6 @@ def device_type(device: Any) -> str | None:
 
 _FACTORIES = None
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
-_VALUE_READS = {"__repr__", "__str__", "__format__", "tolist", "numpy", "__array__", "__dlpack__"}
-
-
-_SCALAR_DATA = {"tensor", "scalar_tensor", "as_tensor", "asarray"}
-
-
-def _is_scalar_factory(func, args, kwargs) -> bool:
-    """Whether a CPU factory call makes a tensor of at most one element."""
-    name = getattr(func, "__name__", "")
-    if name in _SCALAR_DATA:
-        return bool(args) and isinstance(args[0], (int, float, bool))
-    if name in ("zeros", "ones", "empty", "full"):
-        size = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else args[:1] if name == "full" else args
-        try:
-            n = 1
-            for d in size:
-                n *= int(d)
-            return n <= 1
-        except (TypeError, ValueError):
-            return False
-    return False
-
-
 def _factories() -> set:
     global _FACTORIES
     if _FACTORIES is None:
@@ -209,28 +186,43 @@ def _factories() -> set:
     return _FACTORIES
 
 
-def _to_target(args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
-    """(target device or None, args, kwargs with the device replaced by meta) for Tensor.to."""
-    target = kwargs.get("device")
-    if target is not None:
-        kwargs = {**kwargs, "device": META}
-        return target, args, kwargs
-    rest = list(args[1:])
-    for i, a in enumerate(rest):
-        if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
-            if isinstance(a, int) and i > 0:
-                break
-            rest[i] = META
-            return a, (args[0], *rest), kwargs
-        if isinstance(a, torch.Tensor):   # .to(other): other's device and dtype
-            return ("other", a), args, kwargs
-        if isinstance(a, torch.dtype):
-            break
-    return None, args, kwargs
+def _parse_to(func, args: tuple, kwargs: dict):
+    """(target device type or None, to()'s other arguments as keywords) of Tensor.to/.cuda/.cpu."""
+    nb = kwargs.get("non_blocking", False)
+    fmt = kwargs.get("memory_format")
+    if func is torch.Tensor.cuda:
+        return "cuda", {"non_blocking": nb or (len(args) > 2 and bool(args[2])), "memory_format": fmt}
+    if func is torch.Tensor.cpu:
+        return "cpu", {"memory_format": fmt}
+    rest = dict(kwargs)
+    copy = rest.pop("copy", False)
+    other = rest.pop("other", None)
+    positional = list(args[1:])
+    if positional and isinstance(positional[0], torch.Tensor):   # .to(other): its device and dtype
+        other = positional.pop(0)
+    if other is not None:
+        device, dtype = device_type_of(other), other.dtype
+        nb = bool(positional[0]) if positional else nb
+        copy = bool(positional[1]) if len(positional) > 1 else copy
+        return device, {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
+    if len(positional) > 3:   # to(device, dtype, non_blocking, copy): _parse_to takes no copy
+        copy = bool(positional.pop(3))
+    device, dtype, nb, fmt = torch._C._nn._parse_to(*positional, **rest)
+    return (device.type if device is not None else None), {"dtype": dtype, "non_blocking": nb, "copy": copy,
+                                                           "memory_format": fmt}
+
+
+_device_type_of_tensor = None
+
+
+def device_type_of(t) -> str:
+    """The device type a tensor claims under the session (set by DeviceMode)."""
+    return _device_type_of_tensor(t) if _device_type_of_tensor else t.device.type
 
 
 class DeviceMode(TorchFunctionMode):
-    """Rewrites devices to meta and answers device queries as CUDA for CUDA storages."""
+    """Real CPU, fake CUDA: CPU work runs for real; CUDA tensors are meta tensors that answer as CUDA;
+    reading a fake tensor's value gets a stand-in (values.py)."""
 
     def __init__(self, storages: Storages, session: Any, spoof: bool = True):
         super().__init__()
@@ -239,6 +231,8 @@ class DeviceMode(TorchFunctionMode):
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: False}
+        global _device_type_of_tensor
+        _device_type_of_tensor = self._type
 
     def _type(self, t: torch.Tensor) -> str:
         return self.storages.device_of(t) or "cpu"
@@ -253,14 +247,12 @@ class DeviceMode(TorchFunctionMode):
         if getter is not None and getattr(func, "__name__", "") == "__get__":
             return getter(args[0]) if self.spoof else func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
-            raise DataDependentError(f"{name.strip('_')}() of a tensor", user_frames())
+        if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict)
         if func is torch.Tensor.get_device:
             return 0 if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._to(func, args, kwargs)
-        if func is torch.Tensor.pin_memory or func is torch.Tensor.is_pinned:
-            return args[0] if func is torch.Tensor.pin_memory else False
         if func in _factories() or (name in _LIKE and "device" in kwargs):
             return self._factory(func, args, kwargs)
         with _Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
@@ -280,53 +272,30 @@ class DeviceMode(TorchFunctionMode):
 
     def _factory(self, func, args, kwargs):
         device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
-        if device == "cpu" and _is_scalar_factory(func, args, kwargs):
-            return func(*args, **kwargs)   # a CPU scalar (an optimizer's step count) stays real: it is read
-        kwargs = {**kwargs, "device": META}
-        kwargs.pop("pin_memory", None)
+        kwargs = dict(kwargs)
+        if kwargs.pop("pin_memory", False) and device == "cpu":
+            notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
+        if device == "cpu":
+            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping
+        kwargs["device"] = META
         with _Device(device):
             return func(*args, **kwargs)
 
     def _to(self, func, args, kwargs):
         t = args[0]
-        if func is torch.Tensor.cuda:
-            target, args, kwargs = "cuda", (t,), {"non_blocking": kwargs.get("non_blocking", False)}
-        elif func is torch.Tensor.cpu:
-            target, args, kwargs = "cpu", (t,), {}
-        else:
-            target, args, kwargs = _to_target(args, kwargs)
-            if isinstance(target, tuple):   # .to(other tensor)
-                other = target[1]
-                target = self._type(other)
-                args, kwargs = (t, other.dtype), kwargs
-        if func is not torch.Tensor.to:
-            args, kwargs = (t, META), kwargs
-        kind = device_type(target) if target is not None else None
+        target, options = _parse_to(func, args, kwargs)
+        options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
-        if t.device.type != "meta":   # a real tensor made before the session: becomes fake
-            with _Device(kind or source):
-                return torch.Tensor.to(t, *args[1:], **{**kwargs, "device": META})
-        if kind is None or kind == source:
-            return torch.Tensor.to(*args, **kwargs)
-        with _Device(kind):   # a copy across devices: torch copies even when nothing else changes
-            return torch.Tensor.to(*args, **{**kwargs, "copy": True})
+        target = target or source
+        if target == "cpu" and t.device.type != "meta":
+            return torch.Tensor.to(t, **options)            # real stays real
+        if target == source:
+            return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
+        with _Device(target):   # a copy across devices: torch copies even when nothing else changes
+            return torch.Tensor.to(t, device=META, **{**options, "copy": True})
 
 
 # ============================================================================ the recorder
-_DATA_OPS = None
-
-
-def _data_ops() -> set:
-    global _DATA_OPS
-    if _DATA_OPS is None:
-        aten = torch.ops.aten
-        _DATA_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default,
-                     aten.nonzero.default, aten.unique.default if hasattr(aten, "unique") else None,
-                     aten._unique2.default, aten.masked_select.default}
-        _DATA_OPS.discard(None)
-    return _DATA_OPS
-
-
 _CREATE_ON_TARGET = {"_to_copy", "to", "copy"}
 
 
@@ -343,6 +312,15 @@ class Recorder(TorchDispatchMode):
         """Whether `t` is the zeros tensor the previous op just made (a formula's local result)."""
         return (self._last_op in _ZEROS and torch._C._current_graph_task_id() != -1
                 and isinstance(t, torch.Tensor) and self.storages.key_of(t) == self.storages.last_key)
+
+    def _see(self, out, device: str, op: str) -> None:
+        """Every tensor of an op's output: a new storage is an allocation on `device`."""
+        if isinstance(out, torch.Tensor):
+            self.storages.see(out, device, op)
+            return
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.storages.see(t, device, op)
 
     def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
@@ -369,10 +347,17 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         leaves = _leaves(args, kwargs)
+        if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
+                                                    for a in leaves):
+            return func(*args, **kwargs)   # real CPU work: runs, nothing to record
+        strict = self.session.strict
+        read = values.scalar_op(func, args, strict) or values.shape_op(func, args, kwargs, strict)
+        if read is not None and not isinstance(read[0], torch.Tensor):
+            return read[0]
         real = [a for a in leaves if isinstance(a, torch.Tensor) and a.device.type != "meta"]
-        if func in _data_ops() and len(real) < sum(isinstance(a, torch.Tensor) for a in leaves):
-            raise DataDependentError(f"{func.__name__.split('.')[0].strip('_')} (a tensor's value)",
-                                     user_frames())
+        if read is not None:   # a shape from values, taken at its upper bound
+            self._see(read[0], self._device(func, leaves), func.__name__)
+            return read[0]
         if any(a.dim() > 0 for a in real):
             args, kwargs = _fakeify(args, kwargs)
             leaves = _leaves(args, kwargs)
@@ -392,14 +377,8 @@ class Recorder(TorchDispatchMode):
             out = a.add_(b) if _target(a) else b.add_(a)
         else:
             out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
-        op = func.__name__
-        self._last_op = op
-        if isinstance(out, torch.Tensor):
-            self.storages.see(out, device, op)
-        else:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.storages.see(t, device, op)
+        self._last_op = func.__name__
+        self._see(out, device, func.__name__)
         for key in extra:   # the kernel's own temporaries die with the kernel
             self.storages.on_free(key)
         return out

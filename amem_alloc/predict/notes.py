@@ -48,6 +48,10 @@ def _library_dirs() -> tuple[str, ...]:
 
 _LIBRARIES = _library_dirs()
 _NOT_USER = (_TORCH_DIR, _AMEM_DIR, *_STDLIB, *_LIBRARIES)
+# torch's own plumbing between a call and the code that made it: never "the library line"
+_PLUMBING = tuple(os.path.join(_TORCH_DIR, *p.split("/")) for p in (
+    "_tensor.py", "overrides.py", "_ops.py", "utils/_python_dispatch.py", "utils/_contextlib.py",
+    "utils/_device.py", "_compile.py", "nn/modules/module.py", "autograd/", "_dynamo/", "_jit_internal.py"))
 
 
 def is_user_file(filename: str) -> bool:
@@ -72,7 +76,7 @@ def call_site(skip: int = 1) -> str:
         name = f.f_code.co_filename
         if is_user_file(name):
             user = f"{name}:{f.f_lineno}"
-        elif library is None and not name.startswith((_TORCH_DIR, _AMEM_DIR, *_STDLIB, "<")):
+        elif library is None and not name.startswith((_AMEM_DIR, *_STDLIB, *_PLUMBING, "<")):
             library = f"{short_path(name)}:{f.f_lineno}"
         f = f.f_back
     if user and library:
@@ -148,3 +152,12 @@ def record(kind: str, what: str, nbytes: int = 0, where: str | None = None) -> N
     notes = current()
     if notes is not None:
         notes.add(kind, what, where or call_site(2), nbytes)
+
+
+class NotModelledError(RuntimeError):
+    """The code did something a prediction cannot model (CUDA graphs, CUDA in a child process):
+    the run cannot be predicted, and the message says what and where."""
+
+    def __init__(self, what: str, where: str | None = None):
+        self.what, self.where = what, where if where is not None else call_site(2)
+        super().__init__(f"{self.where}: {what}")

@@ -163,6 +163,7 @@ class Prediction:
     trace_conf: str                     # the policy the trace and the live answers used
     seconds: dict[str, float]           # recording, analysis
     notes: list[dict] = field(default_factory=list)   # notes.Note.as_dict(): stand-ins, estimates, not modelled
+    stopped_after: str | None = None    # why the script was stopped early (script.py's step limit), in words
 
     @property
     def program(self) -> replay.Program:
@@ -190,6 +191,7 @@ class Prediction:
                         "markers": [[i, name] for i, name in self.markers]},
             "seconds": self.seconds,
             "notes": self.notes,
+            "stopped_after": self.stopped_after,
         }
 
     def write_json(self, path: str | Path) -> Path:
@@ -245,6 +247,8 @@ def format_text(p: Prediction, top: int = 8) -> str:
     ctx = f"context ~{format_bytes(g.context)} ({g.context_source})" if g.context else "no context taken"
     lines = [f"amem predict: {p.target} on {g.name} ({format_bytes(g.total_memory)}; {ctx}; "
              f"usable {format_bytes(g.usable)})", NOTE, ""]
+    if p.stopped_after:
+        lines[-1:-1] = [p.stopped_after[0].upper() + p.stopped_after[1:] + "."]
     if not any(op[0] == replay.ALLOC for op in p.ops):
         lines += ["No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
                   "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
@@ -381,6 +385,8 @@ def render_report(p: Prediction) -> str:
         summary[f"at peak: {k}"] = format_bytes(v)
     for k, v in list(p.at_peak.modules.items())[:10]:
         summary[f"at peak, module {k}"] = format_bytes(v)
+    if p.stopped_after:
+        summary["stopped"] = p.stopped_after
     for i, n in enumerate(p.notes, 1):
         summary[f"note {i}: {n['kind']}"] = _notes_text([n])[-1].strip()
     body = [report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]

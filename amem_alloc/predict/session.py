@@ -25,20 +25,23 @@ checkpoint recomputation, runs under the session's device and autocast handling)
 from __future__ import annotations
 
 import bisect
+import weakref
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..provenance import classify
 from ..provenance.records import AllocRecord, next_seq
 from ..replay import ALLOC, FREE, Program, pack
 from . import autocast as autocast_rules
+from . import children
 from . import cuda_rules
 from . import notes as notes_mod
-from .execution import DataDependentError, DeviceMode, Recorder, Storages, user_frames
+from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
 
@@ -57,6 +60,8 @@ class AllocationListener(Protocol):
     def on_free(self, key: int) -> None: ...
     def on_marker(self, name: str) -> None: ...
 
+
+_INHERITED = object()   # a patched class attribute that the class itself did not define
 
 _PHASE_GUESS = {"forward": "activation", "backward": "autograd_detail", "optimizer": "optimizer_state",
                 "other": "temporary"}
@@ -112,7 +117,9 @@ class FakeCudaSession:
     """Context manager: from __enter__ on, tensors are fake and CUDA storages are recorded."""
 
     def __init__(self, device_count: int = 1, device_name: str = "NVIDIA H100 80GB HBM3",
-                 capability: tuple[int, int] = (9, 0), total_memory: int = 80 * 2**30, frames: bool = True):
+                 capability: tuple[int, int] = (9, 0), total_memory: int = 80 * 2**30, frames: bool = True,
+                 strict: bool = False):
+        self.strict = strict   # a value read stops the prediction instead of getting a stand-in (values.py)
         self.device_count, self.device_name = device_count, device_name
         self.capability, self.total_memory = tuple(capability), total_memory
         self.record_frames = frames
@@ -194,6 +201,8 @@ class FakeCudaSession:
         return "forward" if self.modules.current is not None or torch.is_grad_enabled() else "other"
 
     def _on_alloc(self, key: int, nbytes: int, op: str, t) -> None:
+        if children.in_child():
+            raise children.cuda_in_child()
         phase = self.phase()
         if phase == "backward" and not self._in_backward:
             self.know.backward_starts.append(next_seq())
@@ -284,6 +293,8 @@ class FakeCudaSession:
             orig_clear()
         self._set(torch, "clear_autocast_cache", clear)
         self._patch_init()
+        self._patch_host()
+        self._patch_compile()
         orig_run = torch.autograd._engine_run_backward
 
         def run_backward(*args, **kwargs):
@@ -305,11 +316,57 @@ class FakeCudaSession:
                 self._set(init, name, _value_only(fn))
         self._default_cuda = False
 
+    def _patch_host(self) -> None:
+        """Parameters are fake wherever they are made (their values never decide what CUDA
+        allocates; a 7B model on the CPU would need 28 GB), and pinning host memory, which needs a
+        CUDA driver, makes an ordinary copy. Both are patched on the classes, not in the modes: the
+        DataLoader pins batches in a thread of its own, where no mode is active."""
+        orig_new = torch.nn.Parameter.__new__
+        pinned = weakref.WeakSet()
+
+        def parameter(cls, data=None, requires_grad=True):
+            if isinstance(data, torch.Tensor) and not is_fake(data):
+                with torch._C.DisableTorchFunction(), _disable_current_modes():
+                    data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
+            return orig_new(cls, data, requires_grad)
+
+        def pin_memory(t, device=None):
+            if is_fake(t):
+                return t
+            out = t.clone()
+            pinned.add(out)
+            return out
+
+        self._set(torch.nn.Parameter, "__new__", parameter)
+        self._set(torch.Tensor, "pin_memory", pin_memory)
+        self._set(torch.Tensor, "is_pinned", lambda t, device=None: t in pinned)
+
+    def _patch_compile(self) -> None:
+        """torch.compile: compiled code is predicted as eager, and the output says so."""
+        what = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
+                "and inductor's buffer reuse are not modelled)")
+
+        def compile(model=None, **kwargs):
+            notes_mod.record(notes_mod.NOT_MODELLED, what)
+            if model is None:
+                return lambda fn: fn
+            return model
+
+        def module_compile(module, *args, **kwargs):
+            notes_mod.record(notes_mod.NOT_MODELLED, what)
+
+        self._set(torch, "compile", compile)
+        self._set(torch.nn.Module, "compile", module_compile)
+
     def _set(self, obj, name, value) -> None:
-        self._patches.append((obj, name, getattr(obj, name)))
+        own = vars(obj).get(name, _INHERITED) if isinstance(obj, type) else getattr(obj, name)
+        self._patches.append((obj, name, own))
         setattr(obj, name, value)
 
     def _unpatch(self) -> None:
         for obj, name, value in reversed(self._patches):
-            setattr(obj, name, value)
+            if value is _INHERITED:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
         self._patches = []

@@ -1,0 +1,108 @@
+"""Running a user's script under prediction: unchanged, as Python would, bounded in steps and time.
+
+Design note
+-----------
+The script runs in this process as `__main__` (user_script.run: its own exit status, its own
+traceback from its first frame, 130 on Ctrl-C). Two bounds keep a prediction short:
+
+* steps: a training script usually loops for thousands of optimizer steps, and its memory
+  reaches its steady state within the first few (the optimizer's state exists from the first
+  step; gradients and activations repeat). After `steps` optimizer steps the script is stopped
+  there (`StopPrediction`, a BaseException, so the script's own `except Exception` does not
+  catch it) and the prediction covers what ran; the output says so. 0 runs the script to its end.
+* time: past `timeout` seconds the script is stopped (`PredictionTimeout`) and no prediction is
+  printed: what it would have allocated later is unknown.
+
+Each optimizer step is a "step" marker in the recorded program.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .. import user_script
+from .notes import NotModelledError, call_site
+from .values import DataDependentError
+
+DEFAULT_STEPS = 5
+DEFAULT_TIMEOUT = 600.0
+
+
+class StopPrediction(BaseException):
+    """Raised into the script after its last predicted optimizer step."""
+
+
+class PredictionTimeout(BaseException):
+    """Raised into the script when it runs past the prediction's time limit."""
+
+    def __init__(self, seconds: float, where: str):
+        super().__init__(f"the script ran past --timeout {seconds:g} s (it was at {where})")
+        self.seconds, self.where = seconds, where
+
+
+class ScriptFailed(Exception):
+    """The user's script raised or exited non-zero: its own exit status, its error already printed."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _StepLimit:
+    """Marks each optimizer step; stops the script after `steps` of them (0: never)."""
+
+    def __init__(self, run: Any, steps: int) -> None:
+        self.run, self.steps, self.done = run, steps, 0
+
+    def __enter__(self) -> "_StepLimit":
+        self.hook = register_optimizer_step_post_hook(self._after_step)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.hook.remove()
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.done += 1
+        self.run.marker("step")
+        if self.steps and self.done >= self.steps:
+            raise StopPrediction
+
+
+class _Deadline:
+    """Raises PredictionTimeout in the main thread after `seconds` (SIGALRM; main thread only)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.armed = seconds > 0 and threading.current_thread() is threading.main_thread()
+
+    def _fire(self, signum: int, frame: Any) -> None:
+        raise PredictionTimeout(self.seconds, call_site(1))
+
+    def __enter__(self) -> "_Deadline":
+        if self.armed:
+            self.previous = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+
+def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
+    ScriptFailed when it fails; DataDependentError, NotModelledError and PredictionTimeout go on."""
+    limit = _StepLimit(run, steps)
+    try:
+        with limit, _Deadline(timeout):
+            status = user_script.run(argv[0], argv[1:], reraise=(DataDependentError, NotModelledError,
+                                                                 StopPrediction, PredictionTimeout))
+    except StopPrediction:
+        return limit.done
+    if status != 0:
+        raise ScriptFailed(status)
+    return limit.done
