@@ -271,6 +271,7 @@ class DeviceMode(TorchFunctionMode):
         return seen
 
     def _factory(self, func, args, kwargs):
+        name = getattr(func, "__name__", "factory")
         device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":
@@ -279,14 +280,18 @@ class DeviceMode(TorchFunctionMode):
             return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping
         kwargs["device"] = META
         with _Device(device):
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and self.storages.key_of(out) is None:
+            self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
+        return out
 
     def _to(self, func, args, kwargs):
         t = args[0]
         target, options = _parse_to(func, args, kwargs)
         options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
-        target = target or source
+        if target is None or (target == "meta" and t.device.type == "meta"):
+            target = source   # "meta" is a fake tensor's real device, as code below the mode sees it
         if target == "cpu" and t.device.type != "meta":
             return torch.Tensor.to(t, **options)            # real stays real
         if target == source:

@@ -91,7 +91,7 @@ def _read_name(name: str) -> str:
 
 def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool):
     """The stand-in for a value read `name` of fake tensor `t` (whose claimed device is `device`)."""
-    what = f"{_read_name(name)} of a {device.upper() if device == 'cuda' else device} tensor"
+    what = f"{_read_name(name)} of a {({'cuda': 'CUDA', 'cpu': 'CPU'}).get(device, 'fake')} tensor"
     where = notes.call_site()
     if strict or name == "__dlpack__":
         raise DataDependentError(what, where)
