@@ -13,6 +13,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1
+# Real third-party programs that the prediction tests run unchanged (tests/programs): their libraries,
+# from the package index. torchvision is pinned to the release built against $(TORCH).
+PROGRAM_LIBS ?= "transformers>=5,<6" "accelerate>=1,<2" "torchvision==0.29.*"
 CPP_BUILD := build/cpp-tests
 # Any sanitizer report fails the run (UBSan only reports unless told to halt).
 SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
@@ -21,7 +24,7 @@ SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
 
 .PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu test-torch-versions bench gtest chromium clean
 
-setup: $(VENV)/.ready build
+setup: $(VENV)/.ready $(VENV)/.programs build
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +33,11 @@ $(VENV)/.ready: pyproject.toml
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	@# An editable install carries packages only; a wheel install carries this file itself (setup.py).
 	cp amem_alloc/amem_alloc_autoenable.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	touch $@
+
+$(VENV)/.programs: $(VENV)/.ready Makefile
+	$(PY) -m pip install -q $(PROGRAM_LIBS)
+	$(PY) -c "import torch, torchvision; assert torch.__version__.startswith('$(subst torch==,,$(TORCH))'), torch.__version__"
 	touch $@
 
 build: $(VENV)/.ready
