@@ -276,8 +276,8 @@ class DeviceMode(TorchFunctionMode):
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":
             notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
-        if device == "cpu":
-            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping
+        if device in ("cpu", "meta"):
+            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; meta is asked for
         kwargs["device"] = META
         with _Device(device):
             out = func(*args, **kwargs)
