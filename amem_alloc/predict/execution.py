@@ -305,7 +305,8 @@ class DeviceMode(TorchFunctionMode):
         source = self._type(t)
         if t.device.type != "meta":   # a real tensor made before the session: becomes fake
             with _Device(kind or source):
-                return torch.Tensor.to(t, *args[1:], **{**kwargs, "device": META})
+                rest = [a for a in args[1:] if not (isinstance(a, torch.device) and a == META)]
+                return torch.Tensor.to(t, *rest, **{**kwargs, "device": META})
         if kind is None or kind == source:
             return torch.Tensor.to(*args, **kwargs)
         with _Device(kind):   # a copy across devices: torch copies even when nothing else changes
