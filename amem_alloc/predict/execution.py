@@ -18,8 +18,8 @@ CUDA's autocast policy (meta tensors have no autocast kernels: see autocast.py) 
 values (`repr`, `tolist`, `numpy`) into DataDependentError. A torch-dispatch mode (`Recorder`),
 below autograd, sees every aten op: each new storage it returns is an allocation (its nominal
 bytes: the allocator rounds), and a weak reference to the storage reports the free when torch
-drops the last reference. CUDA-only allocations (cuBLAS workspace, attention backends) come from
-cuda_rules.py.
+drops the last reference. CUDA-only allocations (workspaces, kernel temporaries, attention backends)
+come from cuda_rules.py (the rules are in kernels/).
 """
 from __future__ import annotations
 
@@ -398,9 +398,9 @@ class Recorder(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self.storages.see(out, device, op)
         else:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self.storages.see(t, device, op)
+            host = cuda_rules.host_outputs(func, args, kwargs) if device == "cuda" else ()
+            for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+                self.storages.see(t, "cpu" if i in host else device, op)
         for key in extra:   # the kernel's own temporaries die with the kernel
             self.storages.on_free(key)
         return out
