@@ -5,6 +5,7 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
     dropout.py      the fused dropout kernel and its bool mask
     sdpa_select.py  which attention kernel sdp_utils.cpp picks
     attention.py    the attention composite per kernel, and the kernels' temporaries
+    meta_kernels.py Meta kernels for CUDA-only ops torch ships without one
     scratch.py      how a rule takes and frees a kernel's temporaries
     platform.py     the card and the installed libraries the rules consult
 
@@ -21,13 +22,16 @@ The engine (execution.py) calls three entry points, through cuda_rules.py:
 * `host_outputs(func, args, kwargs) -> positions` after a CUDA op: outputs (by position among the
   op's tensor outputs) that CUDA keeps on the host or does not allocate, which the recorder must
   not count as device memory.
+Importing the package registers the missing Meta kernels (meta_kernels.py).
 """
 from __future__ import annotations
 
-from . import attention, cublas, dropout
+from . import attention, cublas, dropout, meta_kernels
 from .scratch import Scratch
 
 __all__ = ["function", "before_op", "host_outputs"]
+
+meta_kernels.install()
 
 def _sdpa(func, args, kwargs, mode):
     return attention.scaled_dot_product_attention(args, kwargs, mode)

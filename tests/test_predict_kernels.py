@@ -1,0 +1,125 @@
+"""CUDA's kernels as CUDA runs them (amem_alloc/predict/kernels/): fused and foreach optimizers,
+GradScaler, cuDNN batch norm, cross-entropy under autocast, embedding backward, cuDNN convolution.
+Byte counts are worked out here from the model's shapes and torch's sources (named per test)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from amem_alloc.predict.session import FakeCudaSession  # noqa: E402
+from amem_alloc.replay import ALLOC  # noqa: E402
+
+A100 = dict(capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
+
+
+def events(s, start, end=None):
+    """[("alloc", op, bytes, key) | ("free", key)] between two markers."""
+    marks = dict((name, i) for i, name in s.markers)
+    out = []
+    for kind, key, size, _ in s.ops[marks[start]:marks[end] if end else len(s.ops)]:
+        out.append(("alloc", s.infos[key].op, size, key) if kind == ALLOC else ("free", key))
+    return out
+
+
+def allocs(s, start, end=None):
+    return [(op, size) for kind, op, size, _ in (e for e in events(s, start, end) if e[0] == "alloc")]
+
+
+def peak_extra(s, start, end):
+    """The most bytes allocated at once between two markers beyond what was live at `start`."""
+    live = top = 0
+    sizes = {}
+    for e in events(s, start, end):
+        if e[0] == "alloc":
+            sizes[e[3]] = e[2]
+            live += e[2]
+            top = max(top, live)
+        elif e[1] in sizes:
+            live -= sizes.pop(e[1])
+    return top
+
+
+# ============================================================================ optimizers
+W, BIAS = 64 * 64 * 4, 64 * 4      # a Linear(64, 64)'s weight and bias, float32
+
+
+def _trained(optimizer, **kw):
+    s = FakeCudaSession(**A100)
+    with s:
+        model = torch.nn.Linear(64, 64).cuda()
+        opt = getattr(torch.optim, optimizer)(model.parameters(), **kw)
+        for step in ("first", "second"):
+            model(torch.randn(8, 64, device="cuda")).sum().backward()
+            s.marker(step)
+            opt.step()
+            s.marker(f"{step} done")
+    return s
+
+
+@pytest.mark.parametrize("optimizer, kw", [("Adam", {}), ("AdamW", {}), ("SGD", dict(lr=0.1, momentum=0.9)),
+                                           ("Adagrad", {})])
+def test_fused_optimizers_run_and_allocate_only_their_state(optimizer, kw):
+    """fused_adam*.cu, FusedSgdKernel.cu, fused_adagrad*.cu update in place through
+    multi_tensor_apply, whose tensor lists travel as kernel arguments: no device memory of their own.
+    The first step makes the state (fused: the step counters are float32 scalars on the GPU)."""
+    s = _trained(optimizer, fused=True, **kw)
+    first = sorted(allocs(s, "first", "first done"))
+    expected = {"Adam": [4, 4, BIAS, BIAS, W, W], "AdamW": [4, 4, BIAS, BIAS, W, W],   # step, exp_avg, exp_avg_sq
+                "SGD": [BIAS, W],                                                    # momentum buffers
+                "Adagrad": []}[optimizer]             # Adagrad makes its state in __init__
+    assert sorted(size for _, size in first) == sorted(expected)
+    assert allocs(s, "second", "second done") == []
+
+
+def test_foreach_adam_step_peak_is_the_sqrt_intermediate_of_multi_tensor_adam():
+    """torch/optim/adam.py _multi_tensor_adam (no weight decay, not capturable): the only
+    intermediate is exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), one tensor per parameter, all
+    alive until addcdiv_; the step counters stay on the CPU."""
+    s = _trained("Adam", foreach=True)
+    assert sorted(allocs(s, "second", "second done")) == sorted([("_foreach_sqrt.default", W),
+                                                                 ("_foreach_sqrt.default", BIAS)])
+    assert peak_extra(s, "second", "second done") == W + BIAS
+
+
+def test_foreach_adam_weight_decay_adds_a_gradient_copy_freed_before_the_sqrt():
+    s = _trained("Adam", foreach=True, weight_decay=0.1)   # device_grads = _foreach_add(grads, params)
+    ops = allocs(s, "second", "second done")
+    assert sorted(size for op, size in ops if op == "_foreach_add.List") == [BIAS, W]
+    assert peak_extra(s, "second", "second done") == W + BIAS   # the copy dies (del) before the sqrt
+
+
+def test_grad_scaler_tensors_are_device_allocations_and_its_ops_run_in_place():
+    """torch/amp/grad_scaler.py: scale and growth tracker (float32 / int32 scalars), per step a
+    found_inf and a unit inv_scale, each copied by _MultiDeviceReplicator (copy=True);
+    _amp_foreach_non_finite_check_and_unscale_ and _amp_update_scale_ allocate nothing."""
+    s = FakeCudaSession(**A100)
+    with s:
+        model = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.AdamW(model.parameters(), fused=True)
+        scaler = torch.amp.GradScaler("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(8, 64, device="cuda")).float().sum()
+        s.marker("scale")
+        scaled = scaler.scale(loss)
+        scaled.backward()
+        s.marker("step")
+        scaler.step(opt)
+        s.marker("update")
+        scaler.update()
+        s.marker("end")
+    assert allocs(s, "scale", "step")[:3] == [("full.default", 4), ("full.default", 4), ("mul.Tensor", 4)]
+    step = allocs(s, "step", "update")
+    assert step[:4] == [("full.default", 4), ("full.default", 4), ("_to_copy.default", 4), ("_to_copy.default", 4)]
+    assert allocs(s, "update", "end") == []
+
+
+def test_missing_meta_kernels_are_registered_only_where_torch_has_none():
+    from amem_alloc.predict.kernels import meta_kernels
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF:
+        if meta_kernels._exists(name):
+            assert has(f"aten::{name}", "Meta"), name
+    if hasattr(torch._meta_registrations, "meta__fused_adam_"):   # torch's own Meta kernel is kept
+        assert "_fused_adam_" not in meta_kernels.registered
