@@ -123,3 +123,63 @@ def test_missing_meta_kernels_are_registered_only_where_torch_has_none():
             assert has(f"aten::{name}", "Meta"), name
     if hasattr(torch._meta_registrations, "meta__fused_adam_"):   # torch's own Meta kernel is kept
         assert "_fused_adam_" not in meta_kernels.registered
+
+
+# ============================================================================ batch norm
+N, C, HW = 4, 16, 8
+
+
+def _bn(dtype, weight_dtype=torch.float32, training=True, layout=None, dim=4, cudnn=True):
+    s = FakeCudaSession(**A100)
+    with s, torch.backends.cudnn.flags(enabled=cudnn):
+        bn = torch.nn.BatchNorm2d(C) if dim == 4 else torch.nn.BatchNorm1d(C)
+        bn = bn.cuda().to(weight_dtype).train(training)
+        shape = (N, C, HW, HW) if dim == 4 else (N, C)
+        x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+        if layout == "channels_last":
+            x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+        if layout == "transposed":
+            x = x.detach().transpose(2, 3).requires_grad_()
+        s.marker("forward")
+        y = bn(x)
+        s.marker("backward")
+        if training:
+            y.backward(torch.ones_like(y))
+        s.marker("end")
+    return s
+
+
+def test_batch_norm_takes_cudnn_for_fp16_input_with_fp32_weight_and_saves_what_it_returns():
+    """Normalization.cpp _select_batch_norm_backend: fp16 input with an fp32 weight, 4-D, training.
+    cudnn_batch_norm returns output, save_mean, save_var [C] f32 and a reserve (0 bytes here)."""
+    s = _bn(torch.float16)
+    fwd = allocs(s, "forward", "backward")
+    assert sorted(size for op, size in fwd if op == "cudnn_batch_norm.default") == sorted([N * C * HW * HW * 2, C * 4, C * 4])
+    bwd = allocs(s, "backward", "end")
+    assert sorted(size for op, size in bwd if op == "cudnn_batch_norm_backward.default") == sorted(
+        [N * C * HW * HW * 2, C * 4, C * 4])     # grad_input, grad_weight, grad_bias
+    assert not any(op.startswith("native_batch_norm") for op, _ in fwd + bwd)
+
+
+@pytest.mark.parametrize("case, kwargs", [
+    ("bfloat16 input", dict(dtype=torch.bfloat16)),
+    ("fp16 weight", dict(dtype=torch.float16, weight_dtype=torch.float16)),
+    ("2-D input", dict(dtype=torch.float32, dim=2)),
+    ("cuDNN disabled", dict(dtype=torch.float32, cudnn=False)),
+])
+def test_batch_norm_stays_native_where_cudnn_is_not_taken(case, kwargs):
+    s = _bn(**kwargs)
+    ops = {op for op, _ in allocs(s, "forward", "end")}
+    assert "native_batch_norm.default" in ops and "cudnn_batch_norm.default" not in ops
+
+
+def test_cudnn_batch_norm_in_eval_returns_empty_stats_and_copies_a_non_contiguous_input():
+    s = _bn(torch.float32, training=False, layout="transposed")
+    fwd = allocs(s, "forward", "backward")
+    assert ("clone.default", N * C * HW * HW * 4) in fwd          # input.contiguous(suggest_memory_format())
+    assert sorted(size for op, size in fwd if op == "cudnn_batch_norm.default") == [N * C * HW * HW * 4]
+
+
+def test_cudnn_batch_norm_keeps_channels_last_without_a_copy():
+    s = _bn(torch.float16, layout="channels_last")
+    assert not any(op == "clone.default" for op, _ in allocs(s, "forward", "backward"))

@@ -5,6 +5,7 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
     dropout.py      the fused dropout kernel and its bool mask
     sdpa_select.py  which attention kernel sdp_utils.cpp picks
     attention.py    the attention composite per kernel, and the kernels' temporaries
+    norms.py        cuDNN batch norm where torch picks it
     meta_kernels.py Meta kernels for CUDA-only ops torch ships without one
     scratch.py      how a rule takes and frees a kernel's temporaries
     platform.py     the card and the installed libraries the rules consult
@@ -14,8 +15,8 @@ Design note
 The engine (execution.py) calls three entry points, through cuda_rules.py:
 
 * `function(func, name, args, kwargs, mode)` at the torch-function level, for every call: calls
-  that CUDA routes differently from a meta tensor (F.dropout, F.scaled_dot_product_attention)
-  are answered by calling the ops CUDA runs, so autograd saves what CUDA saves; any
+  that CUDA routes differently from a meta tensor (F.dropout, F.scaled_dot_product_attention,
+  batch norm) are answered by calling the ops CUDA runs, so autograd saves what CUDA saves; any
   other call runs as it is;
 * `before_op(func, args, kwargs, session) -> keys` at the dispatch level, before each CUDA op: the
   kernel's own temporaries (scratch.py); the keys returned are freed once the op has run;
@@ -26,7 +27,9 @@ Importing the package registers the missing Meta kernels (meta_kernels.py).
 """
 from __future__ import annotations
 
-from . import attention, cublas, dropout, meta_kernels
+import torch
+
+from . import attention, cublas, dropout, meta_kernels, norms
 from .scratch import Scratch
 
 __all__ = ["function", "before_op", "host_outputs"]
@@ -41,7 +44,13 @@ def _dropout(func, args, kwargs, mode):
     return dropout.function(args, kwargs, mode)
 
 
-_FUNCTION = {"dropout": _dropout, "scaled_dot_product_attention": _sdpa}
+def _batch_norm(func, args, kwargs, mode):
+    if func is torch.nn.functional.batch_norm or func is torch.batch_norm:
+        return norms.batch_norm(func, args, kwargs, mode)
+    return None
+
+
+_FUNCTION = {"dropout": _dropout, "scaled_dot_product_attention": _sdpa, "batch_norm": _batch_norm}
 
 _BEFORE_OP = {
     **{name: cublas.before_op for name in cublas.BLAS_OPS},
