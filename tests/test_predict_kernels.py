@@ -183,3 +183,46 @@ def test_cudnn_batch_norm_in_eval_returns_empty_stats_and_copies_a_non_contiguou
 def test_cudnn_batch_norm_keeps_channels_last_without_a_copy():
     s = _bn(torch.float16, layout="channels_last")
     assert not any(op == "clone.default" for op, _ in allocs(s, "forward", "backward"))
+
+
+# ============================================================================ cross-entropy
+NT, V = 32, 1000     # tokens, classes
+
+
+def _ce(autocast=True, **kw):
+    s = FakeCudaSession(**A100)
+    with s:
+        head = torch.nn.Linear(64, V).cuda()
+        x, target = torch.randn(NT, 64, device="cuda"), torch.randint(0, V, (NT,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            logits = head(x)
+            s.marker("loss")
+            loss = F.cross_entropy(logits, target, **kw)
+        s.marker("backward")
+        loss.backward()
+        s.marker("end")
+    return s, loss
+
+
+def test_cross_entropy_under_autocast_keeps_fp16_log_probs_and_their_fp32_copy():
+    """LossNLL.cpp: log_softmax(x, 1, x.scalar_type()) keeps fp16 (autocast keeps an explicit
+    dtype); nll_loss is on autocast's fp32 list, so the log-probabilities are copied to fp32."""
+    s, loss = _ce()
+    ops = allocs(s, "loss", "backward")
+    assert ops[:2] == [("_log_softmax.default", NT * V * 2), ("_to_copy.default", NT * V * 4)]
+    assert sorted(size for op, size in ops if op == "nll_loss_forward.default") == [4, 4]   # loss, total_weight
+    assert loss.dtype == torch.float32
+
+
+def test_cross_entropy_label_smoothing_sums_the_fp16_log_probs_in_fp32():
+    s, _ = _ce(label_smoothing=0.1)
+    ops = allocs(s, "loss", "backward")
+    assert ("_log_softmax.default", NT * V * 2) in ops
+    assert ("sum.dim_IntList", NT * 4) in ops        # -logp.sum(1): sum is fp32_set_opt_dtype
+    assert ("eq.Scalar", NT) in ops                   # target == ignore_index
+
+
+def test_cross_entropy_without_autocast_is_torch_own_composite():
+    s, _ = _ce(autocast=False)
+    ops = allocs(s, "loss", "backward")
+    assert ops[0] == ("_log_softmax.default", NT * V * 4) and ("_to_copy.default", NT * V * 4) not in ops

@@ -6,6 +6,7 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
     sdpa_select.py  which attention kernel sdp_utils.cpp picks
     attention.py    the attention composite per kernel, and the kernels' temporaries
     norms.py        cuDNN batch norm where torch picks it
+    losses.py       cross-entropy under autocast, op for op (autocast.py calls it)
     meta_kernels.py Meta kernels for CUDA-only ops torch ships without one
     scratch.py      how a rule takes and frees a kernel's temporaries
     platform.py     the card and the installed libraries the rules consult
