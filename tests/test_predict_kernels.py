@@ -226,3 +226,59 @@ def test_cross_entropy_without_autocast_is_torch_own_composite():
     s, _ = _ce(autocast=False)
     ops = allocs(s, "loss", "backward")
     assert ops[0] == ("_log_softmax.default", NT * V * 4) and ("_to_copy.default", NT * V * 4) not in ops
+
+
+# ============================================================================ embedding backward
+VOCAB, DIM = 1000, 64
+
+
+def _embedding(tokens, dtype=torch.float32, scale=False):
+    s = FakeCudaSession(**A100)
+    with s:
+        emb = torch.nn.Embedding(VOCAB, DIM, scale_grad_by_freq=scale).cuda().to(dtype)
+        idx = torch.randint(0, VOCAB, tokens, device="cuda")
+        out = emb(idx)
+        s.marker("backward")
+        out.backward(torch.ones_like(out))
+        s.marker("end")
+    return s
+
+
+def _temporaries(s):
+    return {op.split(":", 1)[1]: size for op, size in allocs(s, "backward", "end")
+            if op.startswith("embedding_dense_backward:")}
+
+
+def test_embedding_backward_sorts_indices_and_accumulates_segments_as_embedding_cu_does():
+    """Embedding.cu embedding_dense_backward_cuda (n > 3072: the sort path) and
+    EmbeddingBackwardKernel.cu: int64 index buffers of n elements, and grad_weight_per_segment
+    [n, D] in the gradient's accumulation type."""
+    n = 8 * 512
+    s = _embedding((8, 512))
+    tmp = _temporaries(s)
+    for name in ("sorted_indices", "orig_indices", "range", "segment_offsets", "partials_per_segment",
+                 "partials_per_segment_offset", "partial_segment_offset"):
+        assert tmp[name] == n * 8, name
+    assert tmp["num_of_segments"] == tmp["num_of_partial_segments"] == 8
+    assert tmp["grad_weight_per_segment"] == n * DIM * 4
+    assert ("embedding_dense_backward.default", VOCAB * DIM * 4) in allocs(s, "backward", "end")
+    # while grad_weight_per_segment exists, so do the sorted buffers and segment tables (range and
+    # the sort's storage are gone): the op's peak beyond what was live before it
+    held = sum(tmp[k] for k in ("sorted_indices", "orig_indices", "segment_offsets", "num_of_segments",
+                                "partials_per_segment", "partials_per_segment_offset", "num_of_partial_segments",
+                                "partial_segment_offset", "grad_weight_per_segment"))
+    grad_output = n * DIM * 4                               # the ones_like passed to backward
+    assert peak_extra(s, "backward", "end") == grad_output + held + VOCAB * DIM * 4
+
+
+def test_embedding_backward_of_few_indices_takes_no_temporaries():
+    assert _temporaries(_embedding((4, 256))) == {}       # 1024 <= 3072: one kernel over the rows
+
+
+def test_embedding_backward_accumulates_half_gradients_in_float32():
+    assert _temporaries(_embedding((8, 512), dtype=torch.float16))["grad_weight_per_segment"] == 8 * 512 * DIM * 4
+
+
+def test_embedding_backward_scaled_by_frequency_counts_indices():
+    tmp = _temporaries(_embedding((4, 256), scale=True))   # scale_grad_by_freq always sorts
+    assert tmp["count"] == 4 * 256 * 8

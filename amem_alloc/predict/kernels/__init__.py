@@ -7,6 +7,7 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
     attention.py    the attention composite per kernel, and the kernels' temporaries
     norms.py        cuDNN batch norm where torch picks it
     losses.py       cross-entropy under autocast, op for op (autocast.py calls it)
+    embedding.py    embedding backward's sort and segment buffers
     meta_kernels.py Meta kernels for CUDA-only ops torch ships without one
     scratch.py      how a rule takes and frees a kernel's temporaries
     platform.py     the card and the installed libraries the rules consult
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, cublas, dropout, meta_kernels, norms
+from . import attention, cublas, dropout, embedding, meta_kernels, norms
 from .scratch import Scratch
 
 __all__ = ["function", "before_op", "host_outputs"]
@@ -56,6 +57,7 @@ _FUNCTION = {"dropout": _dropout, "scaled_dot_product_attention": _sdpa, "batch_
 _BEFORE_OP = {
     **{name: cublas.before_op for name in cublas.BLAS_OPS},
     **attention.BEFORE_OP,
+    "embedding_dense_backward": embedding.dense_backward,
 }
 
 
