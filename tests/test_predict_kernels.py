@@ -282,3 +282,65 @@ def test_embedding_backward_accumulates_half_gradients_in_float32():
 def test_embedding_backward_scaled_by_frequency_counts_indices():
     tmp = _temporaries(_embedding((4, 256), scale=True))   # scale_grad_by_freq always sorts
     assert tmp["count"] == 4 * 256 * 8
+
+
+# ============================================================================ cuDNN convolution
+def _conv(dtype, channels_last=False, capability=(8, 0), tf32=True):
+    s = FakeCudaSession(capability=capability, device_name="NVIDIA A100-SXM4-80GB")
+    with s, torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda().to(dtype)
+        x = torch.randn(4, 16, 20, 20, device="cuda", dtype=dtype, requires_grad=True)
+        if channels_last:
+            conv = conv.to(memory_format=torch.channels_last)
+            x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+        s.marker("forward")
+        y = conv(x)
+        s.marker("backward")
+        y.backward(torch.ones_like(y))
+        s.marker("end")
+    return s
+
+
+X, Y, WT = 4 * 16 * 20 * 20, 4 * 32 * 20 * 20, 32 * 16 * 3 * 3    # elements of x, y and the weight
+
+
+def _workspaces(s):
+    return [(op.split(", ")[1], size) for op, size in allocs(s, "forward", "end") if "workspace" in op]
+
+
+def test_cudnn_convolution_workspace_is_the_nhwc_transposition_estimate_and_a_note():
+    """convolution.py's stated rule: a channels-first tensor-core conv is given its tensors' bytes
+    (forward x + y + w, backward data dy + dx + w, backward filter x + dy + w)."""
+    s = _conv(torch.float16)
+    assert _workspaces(s) == [("forward", (X + Y + WT) * 2), ("backward data", (Y + X + WT) * 2),
+                              ("backward filter", (X + Y + WT) * 2)]
+    assert {n.what.split(" (")[0] for n in s.notes} >= {"cuDNN convolution workspace, forward",
+                                                      "cuDNN convolution workspace, backward filter"}
+    assert all(n.kind == "estimate" for n in s.notes if "convolution" in n.what)
+
+
+def test_cudnn_convolution_workspace_is_freed_with_each_call():
+    s = _conv(torch.float16)
+    frees = {e[1] for e in events(s, "forward") if e[0] == "free"}
+    assert all(e[3] in frees for e in events(s, "forward") if e[0] == "alloc" and "workspace" in e[1])
+
+
+@pytest.mark.parametrize("case, kwargs", [
+    ("channels-last", dict(dtype=torch.float16, channels_last=True)),
+    ("fp32 without TF32", dict(dtype=torch.float32, tf32=False)),
+    ("fp32 on a V100", dict(dtype=torch.float32, capability=(7, 0))),
+])
+def test_no_workspace_estimate_where_no_transposition_is_needed(case, kwargs):
+    assert all(size == 0 for _, size in _workspaces(_conv(**kwargs)))
+
+
+def test_convolution_backward_copies_a_non_contiguous_grad_output():
+    s = FakeCudaSession(**A100)
+    with s:
+        conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+        y = conv(torch.randn(4, 16, 20, 20, device="cuda"))
+        grad = torch.ones(4, 32, 20, 20, device="cuda").transpose(2, 3)
+        s.marker("backward")
+        y.backward(grad)
+        s.marker("end")
+    assert ("convolution_backward:grad_output.contiguous", Y * 4) in allocs(s, "backward", "end")

@@ -8,6 +8,7 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
     norms.py        cuDNN batch norm where torch picks it
     losses.py       cross-entropy under autocast, op for op (autocast.py calls it)
     embedding.py    embedding backward's sort and segment buffers
+    convolution.py  cuDNN convolution workspaces (an estimate by a stated rule)
     meta_kernels.py Meta kernels for CUDA-only ops torch ships without one
     scratch.py      how a rule takes and frees a kernel's temporaries
     platform.py     the card and the installed libraries the rules consult
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, cublas, dropout, embedding, meta_kernels, norms
+from . import attention, convolution, cublas, dropout, embedding, meta_kernels, norms
 from .scratch import Scratch
 
 __all__ = ["function", "before_op", "host_outputs"]
@@ -58,6 +59,8 @@ _BEFORE_OP = {
     **{name: cublas.before_op for name in cublas.BLAS_OPS},
     **attention.BEFORE_OP,
     "embedding_dense_backward": embedding.dense_backward,
+    "convolution": convolution.forward,
+    "convolution_backward": convolution.backward,
 }
 
 
