@@ -201,7 +201,7 @@ def test_autocast_weight_copies_live_while_autocast_or_autograd_needs_them():
 
 
 def test_dropout_keeps_a_bool_mask_and_flash_attention_its_logsumexp():
-    s, _ = _train_step()
+    s, _ = _train_step((8, 0))   # an A100: flash (on a Hopper with cuDNN > 9.15, torch picks cuDNN first)
     live = live_at(s, "forward")
     dropout = sorted(size for key, size in live.items() if s.infos[key].op == "native_dropout.default")
     assert dropout == [B * S * D * 1]     # the bool mask is saved; the bf16 output died in the add
@@ -233,13 +233,16 @@ def test_cublas_workspace_per_thread_and_stream_sized_by_capability():
 
 
 def test_sdpa_backend_follows_dtype_and_capability():
-    from amem_alloc.predict.cuda_rules import sdpa_backend
+    from amem_alloc.predict.kernels.platform import Platform
+    from amem_alloc.predict.kernels.sdpa_select import Params, select
     q16 = torch.empty(B, H, S, 16, dtype=torch.bfloat16, device="meta")
     q32 = torch.empty(B, H, S, 16, device="meta")
-    assert sdpa_backend(q16, q16, q16, None, 0.0, (9, 0)) == "flash"
-    assert sdpa_backend(q16, q16, q16, torch.empty(S, S, device="meta"), 0.0, (9, 0)) == "efficient"
-    assert sdpa_backend(q32, q32, q32, None, 0.0, (9, 0)) == "efficient"
-    assert sdpa_backend(q16, q16, q16, None, 0.0, (7, 5)) == "math"
+    a100, v100 = Platform((8, 0), 108, 92400, 13000, (2, 14)), Platform((7, 0), 80, 92400, 13000, (2, 14))
+    call = lambda q, mask=None, plat=a100: select(Params(q, q, q, mask, 0.0, False, False, False), plat)
+    assert call(q16) == "flash"
+    assert call(q16, torch.empty(S, S, device="meta")) == "efficient"
+    assert call(q32) == "efficient"
+    assert call(q16, plat=v100) == "math"     # bfloat16 below sm80: no fused kernel
 
 
 def test_zero_grad_set_to_none_frees_gradients():

@@ -26,7 +26,8 @@ no autocast kernels: see autocast.py) and answers reads of a fake tensor's value
 (values.py). A torch-dispatch mode (`Recorder`), below autograd, sees every aten op: each new
 storage of an op on fake tensors is an allocation (its nominal bytes: the allocator rounds), and
 a weak reference to the storage reports the free when torch drops the last reference. CUDA-only
-allocations (cuBLAS workspace, attention backends) come from cuda_rules.py.
+allocations (workspaces, kernel temporaries, attention backends) come from cuda_rules.py (the
+rules are in kernels/).
 """
 from __future__ import annotations
 
@@ -318,14 +319,14 @@ class Recorder(TorchDispatchMode):
         return (self._last_op in _ZEROS and torch._C._current_graph_task_id() != -1
                 and isinstance(t, torch.Tensor) and self.storages.key_of(t) == self.storages.last_key)
 
-    def _see(self, out, device: str, op: str) -> None:
-        """Every tensor of an op's output: a new storage is an allocation on `device`."""
+    def _see(self, out, device: str, op: str, host: tuple = ()) -> None:
+        """Every tensor of an op's output: a new storage is an allocation on `device`, except the
+        outputs at positions `host`, which CUDA's kernel keeps on the CPU (cuda_rules.host_outputs)."""
         if isinstance(out, torch.Tensor):
             self.storages.see(out, device, op)
             return
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.storages.see(t, device, op)
+        for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+            self.storages.see(t, "cpu" if i in host else device, op)
 
     def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
@@ -383,7 +384,9 @@ class Recorder(TorchDispatchMode):
         else:
             out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
         self._last_op = func.__name__
-        self._see(out, device, func.__name__)
+        host = cuda_rules.host_outputs(func, args, kwargs) if device == "cuda" and not isinstance(out, torch.Tensor) \
+            else ()
+        self._see(out, device, func.__name__, host)
         for key in extra:   # the kernel's own temporaries die with the kernel
             self.storages.on_free(key)
         return out

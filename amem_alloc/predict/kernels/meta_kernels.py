@@ -1,0 +1,54 @@
+"""Meta kernels for CUDA-only ops that torch ships without one: fused optimizers, AMP's scaler ops.
+
+Design note
+-----------
+A fake CUDA tensor is a meta tensor, so every op it meets needs a Meta kernel. Some ops exist
+only for CUDA (aten/src/ATen/native/cuda/fused_adam*.cu, FusedSgdKernel.cu, fused_adagrad*.cu,
+AmpKernels.cu) and torch registers no Meta kernel for some of their overloads: the in-place fused
+optimizers' `tensor_lr` overloads (lr given as a tensor), every `_fused_sgd_` and
+`_fused_adagrad_`, and in some releases the GradScaler ops. All of them update their tensor-list
+arguments in place and return nothing (`_amp_update_scale_` returns its first argument), and the
+CUDA kernels take no memory of their own: `multi_tensor_apply` passes the tensor lists' addresses
+as kernel arguments (MultiTensorApply.cuh), so they allocate nothing on the device. Their Meta
+kernels therefore only return, and are registered (torch.library, dispatch key Meta) only where
+`torch._C._dispatch_has_kernel_for_dispatch_key` says torch has none, once per process.
+"""
+from __future__ import annotations
+
+import torch
+
+IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", "_fused_sgd_.tensor_lr",
+            "_fused_adagrad_", "_fused_adagrad_.tensor_lr", "_fused_adam_", "_fused_adamw_",
+            "_amp_foreach_non_finite_check_and_unscale_")
+RETURNS_SELF = ("_amp_update_scale_",)
+
+_library = None
+registered: list[str] = []
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+def _first(*args, **kwargs):
+    return args[0]
+
+
+def _exists(name: str) -> bool:
+    packet, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, packet, None)
+    return packet is not None and (overload or "default") in packet.overloads()
+
+
+def install() -> list[str]:
+    """Registers the missing Meta kernels; returns the overloads registered in this process."""
+    global _library
+    if _library is not None:
+        return registered
+    _library = torch.library.Library("aten", "IMPL")
+    for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first)):
+        for name in names:
+            if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                _library.impl(name, kernel, "Meta")
+                registered.append(name)
+    return registered
