@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from .. import atomic_write
 from .. import policies as policies_mod
 from .. import usage
 
@@ -32,7 +33,7 @@ def _replay(args: argparse.Namespace) -> int:
                                        limit_bytes=int(args.limit_gb * (1 << 30)))
     print(trace_replay.format_text(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+        atomic_write.write_text(args.json, json.dumps(report.to_dict(), indent=1))
         print(f"\nwrote {args.json}")
     if args.plot:
         print("wrote " + ", ".join(str(p) for p in trace_replay.write_plot(report, args.plot)))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import threading
 from pathlib import Path
 from typing import Any
 
 from .. import _C
+from ..atomic_write import atomic_file
 from ..sources import Source, device_source
 from ..stacks import frames_for as uncached_frames_for
 from ..stacks import tag_names
@@ -122,21 +122,15 @@ def build_snapshot(allocator: Any = None) -> dict:
 
 
 def save_snapshot(data: dict, path: str | os.PathLike) -> Path:
-    """Writes a snapshot dict (a checked copy of it) as a protocol-4 pickle, atomically (write, then rename)."""
+    """Writes a snapshot dict (a checked copy of it) as a protocol-4 pickle, atomically (amem_alloc.atomic_write)."""
     return _write(checked_snapshot(data, str(path), in_place=False), path)
 
 
 def _write(data: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_file(path, "wb") as f:
+        pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
     return path
 
 
