@@ -45,7 +45,7 @@ MAX_STACK = 1 << 20           # values on the unpickler's stack at once (real fi
 MAX_BATCH = 1 << 20           # items one opcode gathers into a container (picklers batch 1,000)
 MAX_DEVICES = 1024            # device indices 0..1023
 MAX_VALUE = 1 << 63           # sizes, addresses and streams lie in 0 .. 2^63 - 1
-FRAMES_PER_BYTE = 16          # frame entries all stacks may reference, per byte of the file ...
+FRAMES_PER_BYTE = 32          # frame entries all stacks may reference, per byte of the file ...
 MIN_FRAME_BUDGET = 1 << 20    # ... and at least this many (shared stacks count at every use)
 _max_bytes = [MAX_FILE_BYTES]  # the size cap in effect (amem's CLI: --max-trace-mb)
 
@@ -298,7 +298,8 @@ class _Checker:
         _int(seg, "device", where, maximum=MAX_DEVICES)
         _int(seg, "stream", where)
         offset, blocks = seg["address"], []
-        for j, b in enumerate(_list(self.once(seg.get("blocks", []), f"{where}.blocks"), f"{where}.blocks")):
+        listed = seg.get("blocks")  # only the file's own lists are remembered (ids of freed defaults recur)
+        for j, b in enumerate(_list([] if listed is None else self.once(listed, f"{where}.blocks"), f"{where}.blocks")):
             blocks.append(self.block(b, f"{where}.blocks[{j}]", offset))
             offset = blocks[-1]["address"] + blocks[-1]["size"]
         seg["blocks"] = blocks
