@@ -71,6 +71,7 @@ def _report(args: argparse.Namespace) -> int:
     from .report import write_report
 
     usage.output_file(args.output)
+    usage.apply_trace_limit(args)
     for trace in args.trace:
         usage.input_file(trace, "a snapshot pickle")
     if len(args.trace) > 1:  # several ranks (or runs) side by side
@@ -92,7 +93,8 @@ def _export(args: argparse.Namespace) -> int:
     from .snapshot import load_snapshot
 
     usage.output_file(args.output)
-    snapshot = load_snapshot(args.trace)
+    usage.apply_trace_limit(args)
+    snapshot = load_snapshot(usage.input_file(args.trace, "a snapshot pickle"))
     if args.device is not None and args.device not in devices_with_events(snapshot):
         have = ", ".join(map(str, devices_with_events(snapshot))) or "none"
         raise UsageError(f"{args.trace} has no events for device {args.device} (devices with events: {have}); "
@@ -105,20 +107,24 @@ def _export(args: argparse.Namespace) -> int:
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="write a self-contained HTML report of a memory snapshot (amem's or torch's)")
     report.add_argument("trace", nargs="+", help="a snapshot pickle (amem_alloc.dump_snapshot or "
-                        "torch.cuda.memory._dump_snapshot); several (e.g. one per rank) are shown side by side")
+                        "torch.cuda.memory._dump_snapshot), or - for standard input; several (e.g. one per rank) "
+                        "are shown side by side")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default: report.html)")
     report.add_argument("--provenance", help="a JSON file with provenance data (Tracer.to_json()) to add as a section")
     report.add_argument("--title", help="the page's title")
     report.add_argument("--top", type=usage.positive_int, default=20, help="how many of the largest allocations to list")
+    usage.add_trace_limit(report)
     report.set_defaults(func=_report)
     export = sub.add_parser("export", help="convert a snapshot's trace to Chrome/Perfetto JSON or RMM's log CSV")
-    export.add_argument("trace", help="a snapshot pickle (amem's or torch's)")
+    export.add_argument("trace", help="a snapshot pickle (amem's or torch's), or - for standard input")
     export.add_argument("-f", "--format", choices=("chrome", "rmm"), default="chrome",
                         help="chrome: Trace Event JSON for ui.perfetto.dev / chrome://tracing; rmm: "
                              "Thread,Time,Action,Pointer,Size,Stream for RMM's replay benchmark")
     export.add_argument("-o", "--output", required=True, help="the file to write (rmm, several devices: one per "
                                                               "device, named like out.dev0.csv)")
-    export.add_argument("--device", type=int, help="rmm: the device to export (default: the only one with events)")
+    export.add_argument("--device", type=usage.device_index, help="rmm: the device to export (default: the only one "
+                        "with events)")
+    usage.add_trace_limit(export)
     export.set_defaults(func=_export)
 
 

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import atomic_write
 from .report.timeline import DeviceTimeline, Lifetime, build_timeline
 from .snapshot import format_frames
 
@@ -151,13 +152,8 @@ def write_export(snapshot: dict, out: str | os.PathLike, fmt: str, device: int |
     if fmt not in FORMATS:
         raise ValueError(f"amem: unknown export format {fmt!r}; choose one of {FORMATS}")
     if fmt == "chrome":
-        out.write_text(json.dumps(chrome_trace(snapshot), separators=(",", ":")))
-        return [out]
+        return [atomic_write.write_text(out, json.dumps(chrome_trace(snapshot), separators=(",", ":")))]
     devices = devices_with_events(snapshot)
     if device is not None or len(devices) <= 1:
-        out.write_text(rmm_csv(snapshot, device))
-        return [out]
-    paths = [_device_path(out, d) for d in devices]
-    for d, path in zip(devices, paths):
-        path.write_text(rmm_csv(snapshot, d))
-    return paths
+        return [atomic_write.write_text(out, rmm_csv(snapshot, device))]
+    return [atomic_write.write_text(_device_path(out, d), rmm_csv(snapshot, d)) for d in devices]

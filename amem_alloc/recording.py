@@ -22,13 +22,26 @@ interpreter exit, and to oom_path(path) (".oom" inserted before the suffix) ever
 allocation runs out of memory, before torch raises — so the trace of the crash is on disk even
 if the process then dies without running atexit handlers. AMEM_TRACE_STACKS=python adds stacks;
 AMEM_TRACE_ENTRIES=N sizes the ring (default DEFAULT_MAX_ENTRIES).
+
+How jobs end (torchrun, Slurm and Kubernetes stop a job with SIGTERM, then SIGKILL): SIGTERM,
+whose default kills the process without atexit, gets a handler that dumps the trace, then ends
+the process with SIGTERM's own status (the default disposition restored and the signal raised
+again), or hands over to a handler installed before amem's. SIGINT keeps Python's
+KeyboardInterrupt, which unwinds through atexit (the dump) and exits by SIGINT; a handler of the
+user's own is chained the same way as for SIGTERM. SIGKILL and os._exit run nothing, so
+AMEM_TRACE_FLUSH=SECONDS adds a background thread that rewrites the trace every SECONDS when
+the allocators have changed since the last write. Every write is atomic (amem_alloc.atomic_write):
+a kill mid-dump leaves the previous trace whole, the file always loadable.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
+import signal
 import sys
+import threading
 import weakref
 from pathlib import Path
 from typing import Any, Iterator
@@ -165,8 +178,21 @@ def rank_path(path: str, env: Any = None) -> str:
     return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}") if p.suffix else p.with_name(f"{p.name}.rank{rank}"))
 
 
+def _flush_seconds(text: str) -> float | None:
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or not 0 < seconds < 1e6:
+        raise ValueError(f"AMEM_TRACE_FLUSH: bad value {text!r}; accepted: seconds between writes of the trace, "
+                         "a number > 0 (e.g. 60), or empty for none")
+    return seconds
+
+
 def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
-    """AMEM_TRACE / AMEM_TRACE_STACKS / AMEM_TRACE_ENTRIES as start_always_on() arguments.
+    """AMEM_TRACE / _STACKS / _ENTRIES / _FLUSH as start_always_on() arguments.
 
     None when AMEM_TRACE is unset or empty; ValueError naming the variable for a bad value. The
     path is this rank's (rank_path): one file per process under torchrun.
@@ -185,7 +211,8 @@ def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
         _check_max_entries(entries)
     except (TypeError, ValueError):
         raise ValueError(f"AMEM_TRACE_ENTRIES: bad value {entries_text!r}; accepted: an integer >= 1") from None
-    return {"path": path, "stacks": stacks, "max_entries": entries}
+    flush = _flush_seconds(env.get("AMEM_TRACE_FLUSH", "").strip())
+    return {"path": path, "stacks": stacks, "max_entries": entries, "flush_seconds": flush}
 
 
 def _dump_quietly(path: Path, why: str) -> None:
@@ -205,9 +232,79 @@ def _at_exit() -> None:
         _dump_quietly(Path(_always_on["path"]), "at exit")
 
 
+# ---------------------------------------------------------------------------- how jobs end
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Dumps, then does what the signal would have done without amem (see the design note)."""
+    name = signal.Signals(signum).name
+    previous = _always_on.get("previous", {}).get(signum, signal.SIG_DFL)
+    if _always_on.get("path") and previous is not signal.default_int_handler:  # Ctrl-C: atexit dumps
+        _dump_quietly(Path(_always_on["path"]), f"at {name}")
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+    if previous in (signal.SIG_DFL, None):
+        os.kill(os.getpid(), signum)  # ends the process with the signal's own status
+
+
+def _install_signal_handlers() -> None:
+    """Our handler in front of what was there (main thread only; a signal ignored stays ignored)."""
+    if threading.current_thread() is not threading.main_thread() or _always_on.get("previous"):
+        return
+    previous = {}
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_IGN:
+            continue
+        previous[signum] = current
+        signal.signal(signum, _on_stop_signal)
+    _always_on["previous"] = previous
+
+
+def _restore_signal_handlers() -> None:
+    previous = _always_on.pop("previous", None) or {}
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, handler in previous.items():
+        if signal.getsignal(signum) is _on_stop_signal:
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+class _Flusher(threading.Thread):
+    """AMEM_TRACE_FLUSH: rewrites the trace every `seconds` when the allocators changed since."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(name="amem-trace-flush", daemon=True)
+        self.seconds, self.stopped, self.last = seconds, threading.Event(), None
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.seconds):
+            source, path = _always_on.get("source"), _always_on.get("path")
+            if source is None or not path:
+                continue
+            state = source.progress()
+            if state != self.last:
+                _dump_quietly(Path(path), "in the periodic flush")
+                self.last = state
+
+
+def _start_flushing(seconds: float | None) -> None:
+    old = _always_on.pop("flusher", None)
+    if old is not None:
+        old.stopped.set()
+    if seconds is not None:
+        _always_on["flusher"] = _Flusher(seconds)
+        _always_on["flusher"].start()
+
+
 def start_always_on(path: str | os.PathLike, stacks: str | None = None,
-                    max_entries: int = DEFAULT_MAX_ENTRIES, allocator: Any = None) -> None:
-    """Records from now on; dumps to `path` at exit and to oom_path(path) on out-of-memory.
+                    max_entries: int = DEFAULT_MAX_ENTRIES, allocator: Any = None,
+                    flush_seconds: float | None = None) -> None:
+    """Records from now on; dumps to `path` at exit, on SIGTERM and SIGINT, and to oom_path(path)
+    on out-of-memory; with flush_seconds, also every that many seconds while events come in.
 
     With allocator=None this covers amem's CUDA allocators (what AMEM_TRACE does); an
     Allocator is accepted for tests on a CPU (its OOMs do not call the callback: the CUDA entry
@@ -215,18 +312,22 @@ def start_always_on(path: str | os.PathLike, stacks: str | None = None,
     """
     source = device_source(allocator)
     record(True, max_entries=max_entries, stacks=stacks, allocator=source)
-    first = not _always_on
+    first = "on_oom" not in _always_on
     _always_on.update(path=str(path), source=source, on_oom=_on_oom)
     source.set_oom_callback(_on_oom)
     if first:
         atexit.register(_at_exit)
+    _install_signal_handlers()
+    _start_flushing(flush_seconds)
 
 
 def stop_always_on() -> None:
-    """Stops the exit and out-of-memory dumps (recording itself goes on; see stop())."""
+    """Stops the exit, signal, periodic and out-of-memory dumps (recording itself goes on; see stop())."""
     source = _always_on.get("source")
     if source is not None:
         source.set_oom_callback(None)
+    _start_flushing(None)
+    _restore_signal_handlers()
     _always_on["path"] = None
     _always_on["source"] = None
 

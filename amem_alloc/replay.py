@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _C
+from . import _C, atomic_write
 from .introspection import parse_fragmentation, parse_stats
 
 OPS = np.dtype([("key", "<u8"), ("size", "<u8"), ("stream", "<u8"), ("kind", "<u8")])
@@ -86,7 +86,7 @@ class Program:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        with open(path, "wb") as f:  # np.savez would append .npz to a name without it
+        with atomic_write.atomic_file(path, "wb") as f:  # np.savez would append .npz to a name without it
             np.savez(f, ops=self.ops, prologue=self.prologue, device=self.device)
         return path
 

@@ -46,6 +46,10 @@ class CudaDevices:
                         json.loads(_C.cuda_segments_json(d) or "[]"), json.loads(_C.cuda_stats_json(d) or "{}")))
         return out
 
+    def progress(self) -> tuple:
+        """Changes whenever an allocator does (its counters): cheap, for periodic flushes."""
+        return tuple((d, _C.cuda_stats_json(d)) for d in _C.cuda_devices_in_use())
+
     def start_trace(self, max_entries: int) -> None:
         _C.cuda_record(max_entries)
         self._recording = True
@@ -80,6 +84,9 @@ class AllocatorDevice:
     def devices(self) -> list[DeviceState]:
         core = self._core
         return [(0, json.loads(core.trace_json()), json.loads(core.segments_json()), json.loads(core.stats_json()))]
+
+    def progress(self) -> tuple:
+        return (self._core.stats_json(),)
 
     def start_trace(self, max_entries: int) -> None:
         self._core.start_trace(max_entries)

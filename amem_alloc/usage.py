@@ -72,6 +72,40 @@ def capacity_gb(text: str) -> float:
     return value
 
 
+def device_index(text: str) -> int:
+    """--device: a device index, 0 .. 1023."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device index; give an integer from 0") from None
+    if not 0 <= value < 1024:
+        raise argparse.ArgumentTypeError(f"{value} is not a device index; give an integer from 0 to 1023")
+    return value
+
+
+def trace_limit_mb(text: str) -> int:
+    """--max-trace-mb: the largest trace file (or standard input) amem reads, in MiB."""
+    value = positive_int(text)
+    if value > 1 << 30:
+        raise argparse.ArgumentTypeError(f"{value} MiB is more than amem can read; give at most {1 << 30}")
+    return value
+
+
+def add_trace_limit(parser: argparse.ArgumentParser) -> None:
+    """The size cap of the traces a command reads (amem_alloc/snapshot/load.py)."""
+    from .snapshot import MAX_FILE_BYTES
+
+    parser.add_argument("--max-trace-mb", type=trace_limit_mb, default=MAX_FILE_BYTES >> 20,
+                        help=f"refuse trace files larger than this many MiB (default {MAX_FILE_BYTES >> 20}; "
+                             "loading takes about 10-20 times the file's size in memory)")
+
+
+def apply_trace_limit(args: argparse.Namespace) -> None:
+    from .snapshot import set_max_trace_bytes
+
+    set_max_trace_bytes(args.max_trace_mb << 20)
+
+
 def whole_gb(text: str) -> int:
     value = capacity_gb(text)
     if value != int(value):
@@ -109,6 +143,9 @@ def output_folder(path: Any, option: str = "--out") -> Path:
 
 
 def input_file(path: Any, what: str) -> Path:
+    """A file amem is about to read (`-`: standard input, read by the loader itself)."""
+    if str(path) == "-":
+        return Path("-")
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path}: no such file; give the path of {what}")

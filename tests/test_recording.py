@@ -143,7 +143,7 @@ def test_oom_path_inserts_oom_before_the_suffix():
 def test_trace_config_from_env():
     assert recording.trace_config_from_env({}) is None
     assert recording.trace_config_from_env({"AMEM_TRACE": "t.pickle"}) == {
-        "path": "t.pickle", "stacks": None, "max_entries": recording.DEFAULT_MAX_ENTRIES}
+        "path": "t.pickle", "stacks": None, "max_entries": recording.DEFAULT_MAX_ENTRIES, "flush_seconds": None}
     assert recording.trace_config_from_env({"AMEM_TRACE": "t", "AMEM_TRACE_STACKS": "python",
                                             "AMEM_TRACE_ENTRIES": "64"})["max_entries"] == 64
     with pytest.raises(ValueError, match="AMEM_TRACE_STACKS"):

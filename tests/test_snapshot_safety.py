@@ -117,14 +117,19 @@ def test_a_directory_is_a_clear_error(tmp_path):
         load_snapshot(tmp_path)
 
 
-def test_shared_frame_lists_are_checked_once(tmp_path):
-    """A small file can reference one long list a million times: checking must not multiply."""
-    frames = [{"filename": "f.py", "line": 1, "name": "g"}] * 20_000
+def test_shared_frame_lists_are_checked_once_and_counted_at_each_use(tmp_path):
+    """A small file can reference one long list a million times: checking must not multiply, and
+    what readers would walk (every use of a shared stack) is bounded by the file's size."""
+    frames = [{"filename": "f.py", "line": 1, "name": "g"}] * 500
     events = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0, "frames": frames} for i in range(2000)]
-    raw = pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)
-    assert len(raw) < 1_000_000
-    data = load_snapshot(write(tmp_path, raw))
-    render_report(data)
+    data = load_snapshot(write(tmp_path, pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)))
+    render_report(data)  # 1M references in all: within the budget, and shown
+    frames = frames * 40
+    events = [dict(ev, frames=frames) for ev in events]  # 40M references from a 100 KB file
+    path = write(tmp_path, pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4), "big.pickle")
+    assert path.stat().st_size < 200_000
+    with pytest.raises(SnapshotError, match=r"reference more than \d,\d{3},\d{3} frame entries .*32 per byte"):
+        load_snapshot(path)
 
 
 # ============================================================================ empty and odd traces

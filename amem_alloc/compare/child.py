@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import replay
+from .. import atomic_write, replay
 
 MAX_ENTRIES = 2_000_000  # trace ring for GPU runs (about 128 MB for amem)
 TIMELINE_POINTS = 2000
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = _replay(args) if args.what == "replay" else _gpu(args)
     result.update(policy=args.policy, conf=args.conf, pid=os.getpid(), wall_seconds=time.perf_counter() - started)
-    Path(args.out).write_text(json.dumps(result))
+    atomic_write.write_text(args.out, json.dumps(result))
     return 0
 
 

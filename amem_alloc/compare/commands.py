@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from .. import atomic_write
 from .. import policies as policies_mod
 from .. import usage
 
@@ -28,11 +29,12 @@ def _replay(args: argparse.Namespace) -> int:
         if getattr(args, option):
             usage.output_file(getattr(args, option), f"--{option}")
     usage.input_file(args.trace, "a snapshot pickle or a program .npz written by amem compare")
+    usage.apply_trace_limit(args)
     report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,
                                        limit_bytes=int(args.limit_gb * (1 << 30)))
     print(trace_replay.format_text(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+        atomic_write.write_text(args.json, json.dumps(report.to_dict(), indent=1))
         print(f"\nwrote {args.json}")
     if args.plot:
         print("wrote " + ", ".join(str(p) for p in trace_replay.write_plot(report, args.plot)))
@@ -89,13 +91,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          description="Replays a snapshot (torch.cuda.memory._dump_snapshot, amem's, or a program "
                          "recorded by amem compare) on the sim backend. Policies:\n" + policies_mod.describe(),
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    rep.add_argument("trace", help="a snapshot pickle, or a .npz program")
+    rep.add_argument("trace", help="a snapshot pickle (- for standard input), or a .npz program")
     rep.add_argument("--policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
                      "default: the policy emulating the trace's own allocator settings")
-    rep.add_argument("--device", type=int, help="only this device")
+    rep.add_argument("--device", type=usage.device_index, help="only this device")
     rep.add_argument("--limit-gb", type=usage.capacity_gb, default=0, help="simulated device capacity in GiB (0: unlimited)")
     rep.add_argument("--json", help="write the full report (timelines included) as JSON")
     rep.add_argument("--plot", help="write allocated/reserved over time as PNG")
+    usage.add_trace_limit(rep)
     rep.set_defaults(func=_replay)
     cmp_ = sub.add_parser("compare", help="run a workload under torch's allocator and amem's policies, "
                           "each in a fresh process (simulated without a GPU)",

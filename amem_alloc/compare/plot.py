@@ -40,10 +40,15 @@ def plot_timelines(series: list[tuple[str, list]], path: str | Path, title: str,
     """series: (label, [(x, allocated bytes, reserved bytes), ...]) per configuration."""
     from matplotlib import pyplot as plt
 
+    from ..atomic_write import atomic_file
+
     fig = _figure(series, title, xlabel, steps)
     path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import replay
+from .. import atomic_write, replay
 
 METHOD = "prediction: fake CUDA tensors (amem_alloc.predict), the allocations CUDA's caching allocator would receive"
 
@@ -81,7 +81,7 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     meta = {"workload": workload, "script": script, "size": size, "info": info, "pid": os.getpid(),
             "method": METHOD, "ops": len(program), "allocations": int((program.ops["kind"] == replay.ALLOC).sum()),
             "step_ops": step_ops, "steps": len(step_ops), "record_seconds": seconds, "torch": torch.__version__}
-    (out_dir / "recording.json").write_text(json.dumps(meta, indent=1))
+    atomic_write.write_text(out_dir / "recording.json", json.dumps(meta, indent=1))
     return meta
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .. import atomic_write
 from .. import policies as policies_mod
 
 MODES = ("auto", "real", "simulated")
@@ -230,7 +231,7 @@ def compare(workload: str | None = None, script: list[str] | None = None, size: 
     result.files.update(plot.write(result, out))
     result.files["html"] = table.write_html(result, out / "compare.html", result.files.get("png"))
     result.files["json"] = out / "compare.json"
-    result.files["json"].write_text(json.dumps(result.to_dict(), indent=1))
+    atomic_write.write_text(result.files["json"], json.dumps(result.to_dict(), indent=1))
     return result
 
 

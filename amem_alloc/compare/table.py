@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from .. import atomic_write
 from ..introspection import format_bytes
 
 HEADERS = ("configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "OOMs",
@@ -100,5 +101,4 @@ def write_html(result: Any, path: Path, png: Path | None) -> Path:
     except (ImportError, AttributeError, TypeError, OSError):
         text = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
                 f"<body><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p>{_body(result, png)}</body></html>")
-    path.write_text(text, encoding="utf-8")
-    return path
+    return atomic_write.write_text(path, text)

@@ -148,8 +148,8 @@ def predict_command(args: argparse.Namespace) -> int:
             written.append(result.write_trace(args.trace))
         if args.report:
             written.append(result.write_report(args.report))
-    except OSError as err:
-        raise ValueError(f"cannot write {err.filename}: {err.strerror or err}") from None
+    except OSError as err:  # atomic_write's WriteError names the path; nothing half-written is left there
+        raise ValueError(str(err) if err.filename else f"cannot write an output: {err.strerror or err}") from None
     if written:
         print("\nwrote " + ", ".join(str(p) for p in written))
     return 0

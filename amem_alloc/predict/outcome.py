@@ -195,9 +195,9 @@ class Prediction:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        from ..atomic_write import write_text
+
+        return write_text(path, json.dumps(self.to_dict(), indent=1))
 
     def snapshot(self) -> dict:
         return predicted_snapshot(self.ops, self.infos, self.trace_conf)
@@ -208,9 +208,9 @@ class Prediction:
         return save_snapshot(self.snapshot(), path)
 
     def write_report(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(render_report(self), encoding="utf-8")
-        return path
+        from ..atomic_write import write_text
+
+        return write_text(path, render_report(self))
 
     def format_text(self, top: int = 8) -> str:
         return format_text(self, top)

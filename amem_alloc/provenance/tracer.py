@@ -23,6 +23,7 @@ import weakref
 import torch
 from torch.optim import optimizer as optim_hooks
 
+from .. import atomic_write
 from ..usage import output_file
 from . import activations as activations_mod
 from . import lookup, report
@@ -322,8 +323,7 @@ class Tracer:
             output_file(path, "Tracer.to_json")
         text = json.dumps(self.to_dict(allocations=allocations), indent=indent)
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            atomic_write.write_text(path, text)
         return text
 
     def report(self, file=None, compare=None, top: int = 25, labels=None) -> str:
@@ -342,8 +342,7 @@ class Tracer:
             output_file(path, "Tracer.to_html")
         text = html.page(self.to_dict(allocations=False))
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            atomic_write.write_text(path, text)
         return text
 
     def _flush_if_done(self) -> None:

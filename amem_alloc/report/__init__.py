@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .. import atomic_write
 from . import html as _html
 from .data import report_data
 
@@ -74,9 +75,7 @@ def write_report(trace: str | os.PathLike | dict, out: str | os.PathLike, proven
         snapshot, source = load_snapshot(trace), str(trace)
     if provenance is not None and not isinstance(provenance, dict):
         raise ValueError(f"amem: provenance must be a dict (e.g. Tracer.to_json()), got {type(provenance).__name__}")
-    out = Path(out)
-    out.write_text(render_report(snapshot, provenance, title, source, top), encoding="utf-8")
-    return out
+    return atomic_write.write_text(out, render_report(snapshot, provenance, title, source, top))
 
 
 def render_ranks_report(snapshots: list[tuple[str, dict]], title: str | None = None) -> str:
@@ -95,6 +94,4 @@ def write_ranks_report(traces: list, out: str | os.PathLike, title: str | None =
     from ..snapshot import load_snapshot
 
     snapshots = [(str(t), load_snapshot(t)) for t in traces]
-    out = Path(out)
-    out.write_text(render_ranks_report(snapshots, title), encoding="utf-8")
-    return out
+    return atomic_write.write_text(out, render_ranks_report(snapshots, title))

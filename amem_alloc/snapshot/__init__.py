@@ -26,10 +26,11 @@ load.py (reading a file safely and checking every field; the caller's dict is ne
 frames.py (reading and formatting stack frames) and format.py (the constants, SnapshotError,
 and reading amem's own events back). Every public name is importable from amem_alloc.snapshot.
 
-Loading refuses every class lookup (a snapshot holds only dicts, lists, tuples, numbers and
-strings), then checks every field that amem's readers use. Anything wrong — an unreadable
-file, a truncated or hostile pickle, a wrong type, a missing key, an unknown amem format
-version — raises SnapshotError naming the file and the problem; nothing else escapes.
+Loading is bounded (load.py's note): regular files or standard input up to a size cap, the
+pickle's opcodes scanned in C++ before unpickling, every class lookup refused, every field
+checked, each segment, block and event listed once. Anything wrong — an unreadable file, a
+truncated or hostile pickle, a wrong type, a missing key, an unknown amem format version —
+raises SnapshotError naming the file, the problem and the limit; nothing else escapes.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ from .build import build_snapshot, dump_snapshot, save_snapshot
 from .format import (BLOCK_STATES, EXTRA_COLUMNS, FORMAT_VERSION, MAX_FILE_BYTES, PICKLE_PROTOCOL, TORCH_ACTIONS,
                      SnapshotError, amem_events, device_extra, round_block, tag_table)
 from .frames import format_frames, frame_fields
-from .load import load_snapshot, parse_snapshot
+from .load import load_snapshot, max_trace_bytes, parse_snapshot, read_trace_bytes, set_max_trace_bytes
 
 __all__ = ["BLOCK_STATES", "EXTRA_COLUMNS", "FORMAT_VERSION", "MAX_FILE_BYTES", "PICKLE_PROTOCOL", "TORCH_ACTIONS",
            "SnapshotError", "amem_events", "build_snapshot", "device_extra", "dump_snapshot", "format_frames",
-           "frame_fields", "load_snapshot", "parse_snapshot", "round_block", "save_snapshot", "tag_table"]
+           "frame_fields", "load_snapshot", "max_trace_bytes", "parse_snapshot", "read_trace_bytes", "round_block", "save_snapshot", "set_max_trace_bytes", "tag_table"]

@@ -3,20 +3,21 @@
 A device's events become torch's trace entries (exactly torch's keys); what torch has no key for
 goes to amem's extras: one column per extra field aligned with the trace (EXTRA_COLUMNS), the
 empty_cache events, the ring's recorded/dropped counts and the allocator's stats. Stack ids
-become frame lists through the interned stacks (amem_alloc.stacks), each stack's list built once.
+become frame lists through the interned stacks (amem_alloc.stacks), each stack's list and each
+frame's dict built once per process and shared, so pickle writes each of them once.
 """
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import threading
 from pathlib import Path
 from typing import Any
 
 from .. import _C
+from ..atomic_write import atomic_file
 from ..sources import Source, device_source
-from ..stacks import frames_for as uncached_frames_for
+from ..stacks import frames_for
 from ..stacks import tag_names
 from .format import EXTRA_COLUMNS, FORMAT_VERSION, PICKLE_PROTOCOL
 from .load import checked_snapshot
@@ -90,14 +91,6 @@ def build_snapshot(allocator: Any = None) -> dict:
     from .. import __version__
 
     source = device_source(allocator)
-    cache: dict[int, list] = {}  # one list per stack: pickle then writes each stack once
-
-    def frames_for(context: int) -> list:
-        found = cache.get(context)
-        if found is None:
-            found = cache[context] = uncached_frames_for(context)
-        return found
-
     tags = tag_names()
     states = source.devices()
     n_devices = max((d for d, *_ in states), default=-1) + 1
@@ -122,21 +115,15 @@ def build_snapshot(allocator: Any = None) -> dict:
 
 
 def save_snapshot(data: dict, path: str | os.PathLike) -> Path:
-    """Writes a snapshot dict (a checked copy of it) as a protocol-4 pickle, atomically (write, then rename)."""
+    """Writes a snapshot dict (a checked copy of it) as a protocol-4 pickle, atomically (amem_alloc.atomic_write)."""
     return _write(checked_snapshot(data, str(path), in_place=False), path)
 
 
 def _write(data: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_file(path, "wb") as f:
+        pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
     return path
 
 
@@ -145,7 +132,10 @@ def dump_snapshot(path: str | os.PathLike, allocator: Any = None) -> Path:
 
     The file is torch.cuda.memory._snapshot()'s format (pickle protocol 4): torch's
     `python -m torch.cuda._memory_viz` and its web viewer read it; amem report renders it.
+    build_snapshot's dict is written as built, not checked again: it comes from the core's typed
+    records (checking 1M events took as long as building them), and load_snapshot checks every
+    file it reads anyway.
     """
-    return _write(checked_snapshot(build_snapshot(allocator), str(path), in_place=True), path)
+    return _write(build_snapshot(allocator), path)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 FORMAT_VERSION = 1  # of the "amem" key; load_snapshot refuses newer ones
 PICKLE_PROTOCOL = 4  # torch's web viewer reads protocol <= 4
 EXTRA_COLUMNS = ("seq", "rounded_size", "thread", "tag", "context", "alloc_seq")
-MAX_FILE_BYTES = 4 << 30  # refuse larger files rather than exhaust memory
+MAX_FILE_BYTES = 512 << 20  # the default size cap of load_snapshot (--max-trace-mb raises it); loading
+                            # costs about 10-20x the file's size in memory
 TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
                  "segment_map", "segment_unmap", "oom", "snapshot")
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")

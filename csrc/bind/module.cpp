@@ -14,6 +14,7 @@
 #include "../core/caching_allocator.h"
 #include "../core/replay.h"
 #include "device_registry.h"
+#include "pickle_scan.h"
 #include "python_hooks.h"
 #include "torch_oom.h"
 #include "torch_profiler.h"
@@ -201,6 +202,28 @@ void bind_cuda_registry(py::module_& m) {
   m.def("cuda_check_valid", [](int d) { on_device(d, [](auto& a) { a.check_valid(); return 0; }); });
 }
 
+// The opcode scan amem_alloc.snapshot.load runs before unpickling an untrusted file (pickle_scan.h).
+py::dict scan_pickle(const py::buffer& data, uint64_t max_marks, uint64_t max_stack, uint64_t max_batch) {
+  py::buffer_info info = data.request();
+  amem::PickleScan scan;
+  {
+    py::gil_scoped_release release;
+    scan = amem::scan_pickle(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize),
+                             amem::PickleLimits{max_marks, max_stack, max_batch});
+  }
+  py::dict out;
+  out["refused"] = scan.refused;
+  out["parsed"] = scan.parsed;
+  out["problem"] = scan.problem;
+  out["offset"] = scan.offset;
+  out["opcodes"] = scan.opcodes;
+  out["memo_puts"] = scan.memo_puts;
+  out["memo_gets"] = scan.memo_gets;
+  out["max_stack"] = scan.max_stack;
+  out["max_marks"] = scan.max_marks;
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -210,4 +233,6 @@ PYBIND11_MODULE(_C, m) {
   bind_policy(m);
   bind_cuda_registry(m);
   bind_recording(m);
+  m.def("scan_pickle", &scan_pickle, py::arg("data"), py::arg("max_marks"), py::arg("max_stack"),
+        py::arg("max_batch"));
 }
