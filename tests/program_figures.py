@@ -24,10 +24,17 @@ Sizes are for an H100 (capability 9.0). `round512` is the allocator's rounding (
 """
 from __future__ import annotations
 
+import inspect
 import math
+import pickle
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 MiB = 1 << 20
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+NANOGPT = PROGRAMS / "nanogpt"
 CUBLAS_WORKSPACE_H100 = 32 * MiB
 
 
@@ -349,3 +356,106 @@ def fused_adamw(impl="fused", vocab=4096, d_model=256, heads=4, layers=2, seq=12
     return Figures(f"fused_adamw[{impl}]", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes),
                    storages(shapes), adam_state(shapes, fused=(impl == "fused")), layers * per_layer + outside,
                    0.15, "saved for backward at the end of forward, fp32, SDPA memory-efficient")
+
+
+# ============================================================================ the programs
+@dataclass
+class Program:
+    """A program under tests/programs/, how it is run (its own command line only), and what its
+    prediction is judged against."""
+    name: str
+    script: str                      # relative to its folder
+    smoke: list                      # arguments of the default run (small, a few seconds)
+    full: list                       # arguments of the slow run and of the benchmark
+    figures: Callable                # (the arguments as a dict) -> Figures
+    stand_ins: list = field(default_factory=list)      # source texts whose lines must hold a stand-in note
+    not_modelled: list = field(default_factory=list)   # ... a not-modelled note
+    needs: tuple = ()                # modules it imports beyond torch
+    folder: Path = PROGRAMS
+    workspace_exact: bool = True     # only cuBLAS's workspaces (False: cuDNN's are estimates)
+    peak_after_first_step: bool = True
+
+    def path(self) -> Path:
+        return self.folder / self.script
+
+    def args(self, size: str) -> list:
+        return list(self.smoke if size == "smoke" else self.full)
+
+    def expected(self, size: str) -> Figures:
+        return self.figures(command_line(self.args(size)))
+
+    def workdir(self, scratch: Path) -> Path:
+        """The folder to run it in: its own, or for nanoGPT a prepared copy (nanogpt_workdir)."""
+        return nanogpt_workdir(scratch) if self.folder == NANOGPT else self.folder
+
+
+def command_line(args: list) -> dict:
+    """--key value / --key=value / --flag -> {key: value} (dashes as underscores), as argparse reads them."""
+    out, i = {}, 0
+    while i < len(args):
+        a = str(args[i]).lstrip("-").replace("-", "_")
+        if "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+            out[a], i = args[i + 1], i + 1
+        else:
+            out[a] = True
+        i += 1
+    return {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in out.items()}
+
+
+def _pick(fn, args: dict, **extra) -> Figures:
+    names = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in {**args, **extra}.items() if k in names})
+
+
+LARGER_TRANSFORMER = ["--d-model", "512", "--layers", "6", "--seq", "512"]
+PROGRAM_LIST = [
+    Program("hf_trainer", "hf_trainer.py", ["--bf16"],
+            ["--layers", "4", "--embd", "256", "--seq", "256", "--batch", "8", "--bf16"],
+            lambda a: _pick(hf_trainer, a, bf16=bool(a.get("bf16"))),
+            stand_ins=["trainer.train()"], needs=("transformers", "accelerate")),
+    Program("hf_llama_gqa", "hf_llama_gqa.py", ["--seq", "256"],
+            ["--hidden", "2048", "--intermediate", "5632", "--layers", "4", "--seq", "1024", "--batch", "4"],
+            lambda a: _pick(hf_llama_gqa, a), stand_ins=["loss.item()"], needs=("transformers",)),
+    Program("resnet50_amp", "resnet50_amp.py", ["--image", "128", "--batch", "4"], ["--batch", "32"],
+            lambda a: _pick(resnet50_amp, a), stand_ins=["scaler.step(optimizer)", "loss.item()"],
+            needs=("torchvision",), workspace_exact=False),
+    Program("dataloader_workers", "dataloader_workers.py", [], ["--samples", "2048", "--batch", "256"],
+            lambda a: _pick(dataloader_workers, a), stand_ins=["loss.item()"]),
+    Program("fused_adamw", "fused_adamw.py", ["--impl", "fused"], ["--impl", "fused", *LARGER_TRANSFORMER],
+            lambda a: _pick(fused_adamw, a), stand_ins=["loss.item()"]),
+    Program("foreach_adamw", "fused_adamw.py", ["--impl", "foreach"], ["--impl", "foreach", *LARGER_TRANSFORMER],
+            lambda a: _pick(fused_adamw, a), stand_ins=["loss.item()"]),
+    Program("compiled_step", "compiled_step.py", [], ["--width", "4096", "--depth", "8", "--batch", "256"],
+            lambda a: _pick(compiled_step, a), stand_ins=["loss.item()"],
+            not_modelled=["compiled = torch.compile(model)", "@torch.compile(fullgraph=False)"]),
+    Program("nanogpt", "train.py",
+            ["config/train_shakespeare_char.py", "--max_iters=2", "--eval_iters=2", "--compile=False"],
+            ["config/train_shakespeare_char.py", "--max_iters=5", "--eval_iters=5"],
+            lambda a: nanogpt(), stand_ins=["losses[k] = loss.item()", "lossf = loss.item()"],
+            not_modelled=[], folder=NANOGPT),
+]
+BY_NAME = {p.name: p for p in PROGRAM_LIST}
+
+
+def nanogpt_workdir(root: Path) -> Path:
+    """What a user of nanoGPT has after `python data/shakespeare_char/prepare.py`: the scripts, and
+    data/shakespeare_char/{train,val}.bin (uint16 token ids) and meta.pkl, here random tokens
+    (memory does not depend on their values)."""
+    import numpy as np
+
+    work = root / "nanogpt"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("train.py", "model.py", "configurator.py"):
+        shutil.copy(NANOGPT / name, work / name)
+    shutil.copytree(NANOGPT / "config", work / "config", dirs_exist_ok=True)
+    data = work / "data" / "shakespeare_char"
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 65, size=50_000, dtype=np.uint16).tofile(data / "train.bin")
+    rng.integers(0, 65, size=5_000, dtype=np.uint16).tofile(data / "val.bin")
+    with open(data / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 65, "itos": {}, "stoi": {}}, f)
+    return work

@@ -30,11 +30,10 @@ import json
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,6 @@ np = pytest.importorskip("numpy")
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
-NANOGPT = PROGRAMS / "nanogpt"
 TIMEOUT_S = 600
 CATEGORIES_EXACT = ("parameter", "gradient", "optimizer_state")
 
@@ -57,10 +55,6 @@ def amem_path() -> str:
     if spec is None or not spec.origin:
         pytest.skip("amem_alloc is not importable")
     return str(Path(spec.origin).resolve().parent.parent)
-
-
-def has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 # ============================================================================ running a prediction
@@ -116,6 +110,10 @@ def category_maxima(trace: dict) -> dict:
 
 
 # ============================================================================ the programs
+PROGRAM_LIST, BY_NAME = pf.PROGRAM_LIST, pf.BY_NAME
+NANOGPT = pf.NANOGPT
+
+
 def line_of(path: Path, text: str) -> int:
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if text in line:
@@ -123,93 +121,8 @@ def line_of(path: Path, text: str) -> int:
     raise AssertionError(f"{text!r} is not in {path}")
 
 
-@dataclass
-class Program:
-    name: str
-    script: str                      # relative to its folder
-    smoke: list                      # arguments of the default run
-    full: list                       # arguments of the slow run
-    figures: callable                # (args dict) -> pf.Figures
-    stand_ins: list = field(default_factory=list)   # source texts whose lines must hold a stand-in note
-    not_modelled: list = field(default_factory=list)
-    needs: tuple = ()
-    folder: Path = PROGRAMS
-    workspace_exact: bool = True     # only cuBLAS's workspaces (no cuDNN)
-    peak_after_first_step: bool = True
-
-    def path(self) -> Path:
-        return self.folder / self.script
-
-
-def _kv(args: list) -> dict:
-    """--key value / --key=value / --flag -> {key: value}, as the program's argparse reads them."""
-    out, i = {}, 0
-    while i < len(args):
-        a = args[i].lstrip("-").replace("-", "_")
-        if "=" in a:
-            k, v = a.split("=", 1)
-            out[k] = v
-        elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
-            out[a], i = args[i + 1], i + 1
-        else:
-            out[a] = True
-        i += 1
-    return {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in out.items()}
-
-
-def _pick(fn, args: dict, **extra):
-    import inspect
-    names = inspect.signature(fn).parameters
-    return fn(**{k: v for k, v in {**args, **extra}.items() if k in names})
-
-
-PROGRAM_LIST = [
-    Program("hf_trainer", "hf_trainer.py", ["--bf16"], ["--layers", "4", "--embd", "256", "--seq", "256",
-                                                          "--batch", "8", "--bf16"],
-            lambda a: _pick(pf.hf_trainer, a, bf16=bool(a.get("bf16"))),
-            stand_ins=["trainer.train()"], needs=("transformers", "accelerate")),
-    Program("hf_llama_gqa", "hf_llama_gqa.py", ["--seq", "256"], ["--hidden", "2048", "--intermediate", "5632",
-                                                                  "--layers", "4", "--seq", "1024", "--batch", "4"],
-            lambda a: _pick(pf.hf_llama_gqa, a), stand_ins=["loss.item()"], needs=("transformers",)),
-    Program("resnet50_amp", "resnet50_amp.py", ["--image", "128", "--batch", "4"], ["--batch", "32"],
-            lambda a: _pick(pf.resnet50_amp, a), stand_ins=["scaler.step(optimizer)", "loss.item()"],
-            needs=("torchvision",), workspace_exact=False),
-    Program("dataloader_workers", "dataloader_workers.py", [], ["--samples", "2048", "--batch", "256"],
-            lambda a: _pick(pf.dataloader_workers, a), stand_ins=["loss.item()"]),
-    Program("fused_adamw", "fused_adamw.py", ["--impl", "fused"], ["--impl", "fused", "--d-model", "512",
-                                                                  "--layers", "6", "--seq", "512"],
-            lambda a: _pick(pf.fused_adamw, a), stand_ins=["loss.item()"]),
-    Program("foreach_adamw", "fused_adamw.py", ["--impl", "foreach"], ["--impl", "foreach", "--d-model", "512",
-                                                                      "--layers", "6", "--seq", "512"],
-            lambda a: _pick(pf.fused_adamw, a), stand_ins=["loss.item()"]),
-    Program("compiled_step", "compiled_step.py", [], ["--width", "4096", "--depth", "8", "--batch", "256"],
-            lambda a: _pick(pf.compiled_step, a), stand_ins=["loss.item()"],
-            not_modelled=["compiled = torch.compile(model)", "@torch.compile(fullgraph=False)"]),
-    Program("nanogpt", "train.py",
-            ["config/train_shakespeare_char.py", "--max_iters=2", "--eval_iters=2", "--compile=False"],
-            ["config/train_shakespeare_char.py", "--max_iters=5", "--eval_iters=5"],
-            lambda a: pf.nanogpt(), stand_ins=["losses[k] = loss.item()", "lossf = loss.item()"],
-            not_modelled=[], folder=NANOGPT),
-]
-BY_NAME = {p.name: p for p in PROGRAM_LIST}
-
-
-def nanogpt_workdir(root: Path) -> Path:
-    """What a user of nanoGPT has after `python data/shakespeare_char/prepare.py`: the scripts, and
-    data/shakespeare_char/{train,val}.bin (uint16 token ids) and meta.pkl, here random tokens."""
-    work = root / "nanogpt"
-    work.mkdir(parents=True, exist_ok=True)
-    for name in ("train.py", "model.py", "configurator.py"):
-        shutil.copy(NANOGPT / name, work / name)
-    shutil.copytree(NANOGPT / "config", work / "config", dirs_exist_ok=True)
-    data = work / "data" / "shakespeare_char"
-    data.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    rng.integers(0, 65, size=50_000, dtype=np.uint16).tofile(data / "train.bin")
-    rng.integers(0, 65, size=5_000, dtype=np.uint16).tofile(data / "val.bin")
-    with open(data / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": 65, "itos": {}, "stoi": {}}, f)
-    return work
+def has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 _CACHE: dict = {}
@@ -221,10 +134,9 @@ def run_program(program: Program, size: str, tmp_root: Path) -> tuple[Prediction
         for module in program.needs:
             if not has(module):
                 pytest.skip(f"{module} is not installed")
-        args = program.smoke if size == "smoke" else program.full
-        cwd = nanogpt_workdir(tmp_root / size) if program.folder == NANOGPT else program.folder
-        p = predict(program.script, args, cwd, tmp_root / size / program.name)
-        _CACHE[key] = (p, program.figures(_kv(args)))
+        args = program.args(size)
+        p = predict(program.script, args, program.workdir(tmp_root / size), tmp_root / size / program.name)
+        _CACHE[key] = (p, program.expected(size))
     return _CACHE[key]
 
 
@@ -510,3 +422,20 @@ def test_a_branch_on_known_values_goes_the_gpus_way(tmp_path):
     p = _predict_snippet(tmp_path, STAND_IN_BRANCH)
     _completed(p)
     assert not any(size == 1024 * 1024 for size, *_ in _allocs(p)), _allocs(p)
+
+
+# ============================================================================ the benchmark
+def test_the_benchmark_times_a_program(tmp_path):
+    """benchmarks/bench_predict_programs.py runs (one program, small) and reports its figures; it
+    judges no speed here (a loaded CI machine proves nothing about speed)."""
+    rows = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (amem_path(), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "bench_predict_programs.py"), "--quick",
+                           "dataloader_workers", "--json", str(rows)], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = json.loads(rows.read_text())
+    assert row["exit"] == 0 and row["wall_s"] > 0 and row["cpu_s"] > 0 and row["maxrss"] > 100 * 2**20, row
+    assert row["at_peak"]["parameter"] == row["first_principles"]["parameter"], row
+    assert "| dataloader_workers |" in proc.stdout
