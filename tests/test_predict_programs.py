@@ -354,16 +354,12 @@ m(x).sum().backward()
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/execution.py:284-285 (1367236): DeviceMode._factory registers any factory "
-    "output it has not seen, also the engine's own torch.empty_strided(device=META) that _MetaCache "
-    "makes on a cache hit (execution.py:491 -> _make, :548). In backward a DeviceMode is on the stack "
-    "(session.py:305, run_backward), so that empty_strided reaches _factory and is registered as a "
-    "'meta' storage; the Recorder's _see(out, 'cuda') (execution.py:386) then finds it known and "
-    "records nothing. Every backward op repeating an earlier (op, shapes) is lost: the second of two "
-    "equal layers, every layer after the first of a transformer (nanoGPT: 7.6 of 43.0 MB of "
-    "gradients recorded)"))
 def test_backward_of_equal_layers_records_every_gradient(tmp_path):
+    """Failed at 1367236, fixed in 18164d6: DeviceMode._factory registered every factory output it
+    had not seen, also the engine's own torch.empty_strided(device=META) that _MetaCache makes on a
+    cache hit; in backward (a DeviceMode on the stack, session.py run_backward) that storage became
+    a 'meta' one and the Recorder recorded nothing for it. Every backward op that repeated an earlier
+    (op, shapes) was lost: nanoGPT's gradients came out 7.6 of 43.0 MB."""
     p = _predict_snippet(tmp_path, TWO_EQUAL_LAYERS)
     _completed(p)
     grads = sorted(size for size, cat, _ in _allocs(p) if cat == "gradient")
