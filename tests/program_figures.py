@@ -1,0 +1,461 @@
+"""First-principles memory figures for the real programs under tests/programs/, computed from
+their configurations alone: no amem, no fake execution.
+
+What each figure is, in the terms of `amem predict --json` ("at_peak": bytes live at the peak,
+each storage's request rounded to 512 B as CUDA's caching allocator rounds it):
+
+* parameter: every parameter and buffer the model puts on the GPU, one storage each (a tied
+  weight is one storage). Exact.
+* gradient: one fp32 .grad per trainable parameter (same shape and dtype as the parameter: the
+  parameters stay fp32 under autocast). Exact, when every gradient is live.
+* optimizer_state: what the optimizer keeps per parameter after its first step. Exact:
+    Adam/AdamW, foreach or single-tensor: exp_avg and exp_avg_sq (like the parameter); `step` is a
+      CPU scalar unless fused or capturable (torch/optim/adam.py, _init_group);
+    fused=True: the same plus `step` as a float32 scalar on the GPU (one 512 B block per parameter);
+    SGD with momentum: momentum_buffer (like the parameter).
+* activation: the tensors the forward pass saves for backward, live at the end of the forward
+  pass, plus the autocast weight casts (kept until backward uses them). An estimate, from the
+  layer-by-layer rules written next to each program below; each program states its tolerance.
+* workspace: cuBLAS keeps one workspace per (handle, stream); handles are per thread, so a
+  training step has two (the caller's thread and the autograd engine's). 32 MiB each from compute
+  capability 9.0 (aten/src/ATen/cuda/CublasHandlePool.cpp): 64 MiB on an H100.
+
+Sizes are for an H100 (capability 9.0). `round512` is the allocator's rounding (kMinBlockSize).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import pickle
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+MiB = 1 << 20
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+NANOGPT = PROGRAMS / "nanogpt"
+CUBLAS_WORKSPACE_H100 = 32 * MiB
+
+
+def round512(nbytes: int) -> int:
+    return max(512, -(-nbytes // 512) * 512) if nbytes else 0
+
+
+def storages(shapes, itemsize: int = 4) -> int:
+    """Bytes of one storage per shape, each rounded as the allocator rounds it."""
+    return sum(round512(math.prod(s) * itemsize) for s in shapes)
+
+
+@dataclass
+class Figures:
+    program: str
+    parameters: int                 # number of parameter elements
+    parameter_tensors: int
+    parameter: int                  # bytes: parameters and buffers on the GPU, each rounded
+    gradient: int                   # bytes: all .grad storages
+    optimizer_state: int            # bytes: all optimizer state on the GPU after the first step
+    activation: int                 # bytes: estimate of what the forward pass saves (end of forward)
+    activation_tolerance: float     # relative
+    activation_why: str
+    workspace: int = 2 * CUBLAS_WORKSPACE_H100
+    notes: dict = field(default_factory=dict)   # anything else worth printing
+
+    def exact(self) -> dict:
+        return {"parameter": self.parameter, "gradient": self.gradient, "optimizer_state": self.optimizer_state}
+
+
+def adam_state(param_shapes, fused: bool) -> int:
+    state = 2 * storages(param_shapes)
+    return state + (round512(4) * len(param_shapes) if fused else 0)
+
+
+# ============================================================================ nanoGPT
+def nanogpt_param_shapes(n_layer, n_embd, vocab_size, block_size, bias=False):
+    """model.py's GPT: wte (tied with lm_head: one storage), wpe, per block ln_1, c_attn, c_proj,
+    ln_2, c_fc, mlp.c_proj; ln_f. LayerNorm has a weight, and a bias only with bias=True."""
+    C = n_embd
+    shapes = [(vocab_size, C), (block_size, C)]
+    for _ in range(n_layer):
+        shapes += [(C,), (3 * C, C), (C, C), (C,), (4 * C, C), (C, 4 * C)]
+        if bias:
+            shapes += [(C,), (3 * C,), (C,), (C,), (4 * C,), (C,)]
+    shapes.append((C,))
+    if bias:
+        shapes.append((C,))
+    return shapes
+
+
+def nanogpt(batch_size=64, block_size=256, n_layer=6, n_embd=384, n_head=6, vocab_size=65, bias=False,
+            dropout=0.2) -> Figures:
+    """config/train_shakespeare_char.py on train.py's defaults: bias=False, dtype bfloat16 (the card
+    supports it), fused AdamW (configure_optimizers: fused when on CUDA), GradScaler disabled.
+
+    Activations, bf16 autocast, per token (B*T tokens), per block:
+      ln_1: mean and rstd, fp32                                     8 B
+      c_attn: its input cast to bf16 (saved by mm)                 2C
+      c_attn's bf16 output: q, k, v are views of it; flash
+        attention saves them                                        6C
+      flash attention: its bf16 output (already in (B,T,H,hs)
+        layout, so transpose(1,2).contiguous() copies nothing)
+        and logsumexp (fp32, per head)                             2C + 4H
+      resid_dropout: the bool mask (its output dies in the add)     C
+      x + attn(...): the fp32 residual (saved by ln_2)             4C
+      ln_2: mean and rstd                                           8 B
+      c_fc: input cast to bf16                                     2C
+      c_fc output (saved by gelu), gelu output (saved by c_proj)   8C + 8C
+      mlp dropout mask                                              C
+      x + mlp(...): the fp32 residual (saved by the next ln_1)     4C
+    = 38C + 4H + 16 bytes per token per block (Korthikanti et al.'s 34 sbh for 16-bit residuals;
+    here the residual stream is fp32). Before the blocks: the embedding dropout's fp32 output and
+    bool mask (5C). After: ln_f's stats, lm_head's bf16 input (2C), the bf16 logits (2V) and
+    cross_entropy's fp32 log_softmax (4V). Plus every weight's bf16 autocast copy (kept by the
+    backward of each matmul) and, while GPT.forward runs, its locals: tok_emb and ln_f's fp32
+    output (4C each: not saved, category "temporary").
+    Tolerance 10%: rounding of the small stats tensors, philox state, the index tensors.
+    """
+    C, L, H, V, BT = n_embd, n_layer, n_head, vocab_size, batch_size * block_size
+    shapes = nanogpt_param_shapes(n_layer, n_embd, vocab_size, block_size, bias)
+    per_block = (38 * C + 4 * H + 16) * BT
+    outside = (5 * C + 8 + 2 * C + 4 * V) * BT
+    casts = L * (storages([(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)], 2)) + storages([(V, C)], 2)
+    return Figures("nanogpt", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes), storages(shapes),
+                   adam_state(shapes, fused=True), L * per_block + outside + casts, 0.10,
+                   "saved for backward at the end of forward, bf16 autocast, flash attention",
+                   notes={"temporaries_in_forward": (8 * C + 2 * V) * BT})
+
+
+# ============================================================================ GPT-2 (Hugging Face)
+def gpt2_param_shapes(n_layer, n_embd, vocab_size, n_positions):
+    """GPT2LMHeadModel: wte (tied with lm_head), wpe; per block ln_1 (w, b), c_attn Conv1D (C, 3C)
+    + bias, c_proj (C, C) + bias, ln_2, c_fc (C, 4C) + bias, mlp c_proj (4C, C) + bias; ln_f."""
+    C = n_embd
+    shapes = [(vocab_size, C), (n_positions, C)]
+    for _ in range(n_layer):
+        shapes += [(C,), (C,), (C, 3 * C), (3 * C,), (C, C), (C,), (C,), (C,), (C, 4 * C), (4 * C,), (4 * C, C), (C,)]
+    return shapes + [(C,), (C,)]
+
+
+def hf_trainer(layers=2, embd=128, heads=4, vocab=1000, seq=128, batch=4, bf16=True) -> Figures:
+    """Trainer's defaults on torch >= 2.8: optim "adamw_torch_fused" (fused AdamW), max_grad_norm 1.0.
+
+    Activations per token per block, bf16 autocast (Conv1D is addmm: its input is cast to bf16),
+    attention by SDPA (no mask: causal; dropout 0.1: flash), dropout 0.1 everywhere:
+      ln_1 stats 8 B; c_attn's bf16 input 2C; c_attn's bf16 output (q, k, v are views of it,
+      saved by flash) 6C; flash output 2C (already (B,T,H,hs) in memory: transpose + contiguous
+      copy nothing) and logsumexp 4H; c_proj (bf16 input: no cast); resid dropout mask C; fp32
+      residual 4C; ln_2 stats 8 B; c_fc's bf16 input 2C;
+      gelu_new, Python code 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*pow(x,3)))) on c_fc's bf16
+      output x (4C elements): pow is on autocast's fp32 list, so x is cast to fp32 and saved
+      (16C); the sum becomes fp32; tanh saves its fp32 output (16C); 1+tanh is saved by the last
+      multiply (16C) with 0.5*x (bf16, 8C); the product is fp32 and c_proj casts it to bf16,
+      saved (8C). c_fc's own bf16 output is saved by nothing.
+      mlp dropout mask C; fp32 residual 4C.
+    = 2+6+2+1+4+2+64+1+4 = 86C + 4H + 16 bytes. Outside the blocks: embedding dropout (fp32
+    output and mask, 5C), ln_f's stats, lm_head's bf16 input (2C) and the loss's fp32
+    log_softmax (4V; transformers' ForCausalLMLoss upcasts the logits first: not saved).
+    Tolerance 15%: small tensors (stats, philox state, labels) are counted coarsely.
+    """
+    C, L, H, V, BT = embd, layers, heads, vocab, batch * seq
+    shapes = gpt2_param_shapes(layers, embd, vocab, seq)
+    per_block = (86 * C + 4 * H + 16) * BT
+    outside = (5 * C + 8 + 2 * C + 4 * V) * BT
+    casts = L * storages([(C, 3 * C), (3 * C,), (C, C), (C,), (C, 4 * C), (4 * C,), (4 * C, C), (C,)], 2) \
+        + storages([(V, C)], 2)
+    return Figures("hf_trainer", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes), storages(shapes),
+                   adam_state(shapes, fused=True), L * per_block + outside + casts, 0.15,
+                   "saved for backward at the end of forward, bf16 autocast, SDPA flash")
+
+
+# ============================================================================ Llama with GQA
+def llama_param_shapes(hidden, intermediate, layers, heads, kv_heads, vocab):
+    """LlamaForCausalLM (tie_word_embeddings False): embed_tokens, per layer q/k/v/o (no bias),
+    gate/up/down, two RMSNorm weights; the final norm; lm_head."""
+    Hd, I, kv = hidden, intermediate, hidden // heads * kv_heads
+    shapes = [(vocab, Hd)]
+    for _ in range(layers):
+        shapes += [(Hd, Hd), (kv, Hd), (kv, Hd), (Hd, Hd), (I, Hd), (I, Hd), (Hd, I), (Hd,), (Hd,)]
+    return shapes + [(Hd,), (vocab, Hd)]
+
+
+def hf_llama_gqa(hidden=1024, intermediate=2816, layers=2, vocab=8192, seq=512, batch=2, heads=16,
+                 kv_heads=4) -> Figures:
+    """AdamW on CUDA parameters defaults to foreach: no GPU step tensors. Buffers: the rotary
+    embedding's inv_freq and original_inv_freq (fp32, head_dim/2 each).
+
+    Activations per token per layer, bf16 autocast, fp32 residual stream (the embedding is fp32
+    and nothing in the residual path is autocast), SDPA with enable_gqa (no mask, head_dim 64:
+    transformers passes enable_gqa=True; flash and cuDNN attention both take GQA on sm90 and save
+    q, k, v, the output and a per-head fp32 logsumexp):
+      input RMSNorm: x * rsqrt(var) saved in fp32 (by the weight multiply) 4H, rsqrt 4 B
+      q_proj, k_proj, v_proj each cast the fp32 normed input to bf16 separately (autocast
+        caches only weight casts): 3 x 2H
+      rotary: q*cos + rotate_half(q)*sin promotes to fp32 (cos/sin are fp32); SDPA casts it back:
+        q in bf16 2H, k in bf16 2Hkv, v (v_proj's output) 2Hkv, saved by SDPA
+      SDPA output bf16 2H (o_proj's input, no cast), logsumexp 4*heads
+      fp32 residual after attention 4H
+      post-attention RMSNorm 4H + 4 B
+      gate_proj and up_proj inputs cast separately: 2 x 2H
+      gate out, silu out, up out, their product: 4 x 2I
+      fp32 residual after the MLP 4H
+    Outside the layers: the fp32 embedding output 4H, cos and sin (fp32, head_dim each), the final
+    RMSNorm 4H, lm_head's bf16 input 2H, and the loss's log_softmax in fp32 4V (transformers'
+    ForCausalLMLoss upcasts the logits; log_softmax saves its output). Plus the bf16 weight casts of
+    every Linear (lm_head included; the embedding is not cast).
+    Tolerance 10%.
+    """
+    Hd, I, L, V, BT = hidden, intermediate, layers, vocab, batch * seq
+    hd = hidden // heads
+    kv = hd * kv_heads
+    shapes = llama_param_shapes(hidden, intermediate, layers, heads, kv_heads, vocab)
+    buffers = [(hd // 2,), (hd // 2,)]
+    per_layer = (4 * Hd + 4 + 6 * Hd + 2 * Hd + 4 * kv + 2 * Hd + 4 * heads + 4 * Hd + 4 * Hd + 4
+                 + 4 * Hd + 8 * I + 4 * Hd) * BT
+    outside = (4 * Hd + 8 * hd + 4 * Hd + 4 + 2 * Hd + 4 * V) * BT
+    casts = L * storages([(Hd, Hd), (kv, Hd), (kv, Hd), (Hd, Hd), (I, Hd), (I, Hd), (Hd, I)], 2) \
+        + storages([(V, Hd)], 2)
+    return Figures("hf_llama_gqa", sum(math.prod(s) for s in shapes), len(shapes),
+                   storages(shapes) + storages(buffers), storages(shapes), adam_state(shapes, fused=False),
+                   L * per_layer + outside + casts, 0.10,
+                   "saved for backward at the end of forward, bf16 autocast, SDPA flash/cuDNN with GQA")
+
+
+# ============================================================================ ResNet-50
+RESNET50_LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))   # (width, blocks, stride)
+
+
+def resnet50_param_shapes(classes):
+    """torchvision resnet50 (Bottleneck, expansion 4, stride on the 3x3 conv): conv weights have
+    no bias; every BatchNorm has weight and bias (parameters) and running_mean, running_var (fp32)
+    and num_batches_tracked (int64) as buffers."""
+    params, bns = [(64, 3, 7, 7)], [64]
+    inplanes = 64
+    for width, blocks, _ in RESNET50_LAYERS:
+        for b in range(blocks):
+            params += [(width, inplanes, 1, 1), (width, width, 3, 3), (width * 4, width, 1, 1)]
+            bns += [width, width, width * 4]
+            if b == 0:
+                params.append((width * 4, inplanes, 1, 1))
+                bns.append(width * 4)
+            inplanes = width * 4
+    params += [(c,) for c in bns for _ in range(2)]
+    params += [(classes, 2048), (classes,)]
+    return params, bns
+
+
+def resnet50_amp(image=224, batch=8, classes=10) -> Figures:
+    """SGD(momentum=0.9): one momentum buffer per parameter, made at the first step.
+
+    Activations, fp16 autocast: convolutions run in fp16; batch_norm is on no autocast list, so it
+    runs on the fp16 conv output (cuDNN takes fp16 input with fp32 weights) and returns fp16; ReLU
+    is in place. Saved, per conv -> bn -> relu: the conv's output (bn's input) and bn's output
+    (relu's output, the next conv's input), both fp16, plus bn's fp32 mean and invstd per
+    channel. In a Bottleneck: conv1/bn1, conv2/bn2 (stride), conv3/bn3 (bn3's output takes the
+    residual add and the relu in place: it is the block's output); the downsample's conv output
+    (its bn output only feeds the add). Stem: the input's fp16 cast, conv1's output, bn1's output,
+    maxpool's output and its int64 indices. Head: the avgpool output (fp16) feeds fc; log_softmax
+    fp32. Plus the fp16 casts of every conv and fc weight (the autocast cache, then kept by each
+    conv's backward), and the fp32 input batch itself (the loop's x).
+    Not counted: cuDNN's batch-norm reserve space and convolution workspaces (library scratch).
+    Tolerance 10%.
+    """
+    N = batch
+    params, bns = resnet50_param_shapes(classes)
+    buffers = [(c,) for c in bns for _ in range(2)]
+    counters = len(bns)                              # num_batches_tracked, int64: one 512 B block each
+    s = image // 2                                   # after conv1 (stride 2)
+    saved = N * 3 * image * image * 2                # the input's fp16 cast (conv1's input)
+    saved += 2 * N * 64 * s * s * 2                  # conv1 out, bn1 out
+    s = (s + 1) // 2                                 # maxpool 3x3 stride 2, padding 1
+    saved += N * 64 * s * s * (2 + 8)                # maxpool output (fp16) and indices (int64)
+    bn_stats = 0
+    for width, blocks, stride in RESNET50_LAYERS:
+        for b in range(blocks):
+            st = stride if b == 0 else 1
+            so = s // st
+            saved += 2 * N * width * s * s * 2 + 2 * N * width * so * so * 2 + 2 * N * 4 * width * so * so * 2
+            if b == 0:
+                saved += N * 4 * width * so * so * 2    # downsample conv's output
+            s = so
+    bn_stats = sum(2 * round512(c * 4) for c in bns)
+    head = round512(N * 2048 * 2) + round512(N * classes * 2) + round512(N * classes * 4)
+    conv_fc_weights = [p for p in params if len(p) == 4] + [(classes, 2048), (classes,)]
+    casts = storages(conv_fc_weights, 2)
+    x = round512(N * 3 * image * image * 4) + round512(N * 8)
+    return Figures("resnet50_amp", sum(math.prod(p) for p in params), len(params),
+                   storages(params) + storages(buffers) + counters * round512(8), storages(params),
+                   storages(params), saved + bn_stats + head + casts + x, 0.10,
+                   "saved for backward at the end of forward, fp16 autocast (cuDNN conv/bn)",
+                   workspace=2 * CUBLAS_WORKSPACE_H100)
+
+
+# ============================================================================ small MLP programs
+def mlp_shapes(sizes):
+    shapes = []
+    for a, b in zip(sizes, sizes[1:]):
+        shapes += [(b, a), (b,)]
+    return shapes
+
+
+def dataloader_workers(features=512, hidden=1024, classes=10, batch=64) -> Figures:
+    """Adam (foreach on CUDA). Activations saved by forward (fp32): each Linear's input (x is the
+    batch, the others are ReLU outputs, which ReLU saves too), the logits' log_softmax; the batch
+    x and labels y themselves."""
+    shapes = mlp_shapes([features, hidden, hidden, classes])
+    act = (round512(batch * features * 4) + 2 * round512(batch * hidden * 4) + round512(batch * classes * 4)
+           + round512(batch * 8))
+    return Figures("dataloader_workers", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes),
+                   storages(shapes), adam_state(shapes, fused=False), act, 0.10,
+                   "saved for backward at the end of forward, fp32")
+
+
+def compiled_step(width=1024, depth=4, batch=64) -> Figures:
+    """Predicted as eager (the engine notes torch.compile). Adam, foreach; a compiled optimizer step
+    on a real GPU sets capturable (torch/_dynamo/variables/optimizer.py) and keeps `step` on the GPU:
+    that would add one 512 B block per parameter, which eager does not have.
+    Activations (fp32, eager): per layer Linear's input, LayerNorm's input (the Linear's output),
+    mean and rstd, GELU's input (LayerNorm's output); the last Linear's input; mse_loss's inputs."""
+    shapes = []
+    for _ in range(depth):
+        shapes += [(width, width), (width,), (width,), (width,)]
+    shapes += [(1, width), (1,)]
+    per_layer = 3 * round512(batch * width * 4) + 2 * round512(batch * 4)
+    act = round512(batch * width * 4) + depth * per_layer + 2 * round512(batch * 4)
+    return Figures("compiled_step", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes),
+                   storages(shapes), adam_state(shapes, fused=False), act, 0.10,
+                   "saved for backward at the end of forward, fp32, eager")
+
+
+def encoder_param_shapes(vocab, d, layers, classes):
+    """Embedding; per nn.TransformerEncoderLayer: self_attn in_proj (3d, d) + bias, out_proj (d, d)
+    + bias, linear1 (4d, d) + bias, linear2 (d, 4d) + bias, norm1 and norm2 (weight, bias); head."""
+    shapes = [(vocab, d)]
+    for _ in range(layers):
+        shapes += [(3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,), (d,), (d,), (d,), (d,)]
+    return shapes + [(classes, d), (classes,)]
+
+
+def fused_adamw(impl="fused", vocab=4096, d_model=256, heads=4, layers=2, seq=128, batch=16) -> Figures:
+    """AdamW fused or foreach; clip_grad_norm_ (foreach norms).
+
+    Activations per token per layer, fp32, norm_first, dropout 0.1, multi_head_attention_forward
+    in training (no fast path): norm1 output 4d and stats 8 B; in_proj output 12d, copied to
+    (3, T, B, d) contiguous by _in_projection_packed 12d (q, k, v views of the copy, saved by
+    SDPA's memory-efficient kernel: fp32 with dropout rules flash out); SDPA output 4d and
+    logsumexp 4*heads; the output's permute().contiguous() 4d (out_proj's input); out_proj output
+    dropout mask d (bool); residual 4d; norm2 output 4d and stats; linear1 output 16d (relu's
+    input), relu output 16d (dropout's input), dropout mask 4d and output 16d (linear2's input);
+    linear2 dropout mask d; residual 4d.
+    = 4+12+12+4+4+1+4+4+16+16+4+16+1+4 = 102d + 4*heads + 16 bytes. Outside: the embedding
+    output 4d, the mean over the sequence, the head. Tolerance 15%.
+    """
+    d, BT = d_model, batch * seq
+    shapes = encoder_param_shapes(vocab, d, layers, 2)
+    per_layer = (102 * d + 4 * heads + 16) * BT
+    outside = 4 * d * BT + round512(batch * d * 4) + 2 * round512(batch * 2 * 4)
+    return Figures(f"fused_adamw[{impl}]", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes),
+                   storages(shapes), adam_state(shapes, fused=(impl == "fused")), layers * per_layer + outside,
+                   0.15, "saved for backward at the end of forward, fp32, SDPA memory-efficient")
+
+
+# ============================================================================ the programs
+@dataclass
+class Program:
+    """A program under tests/programs/, how it is run (its own command line only), and what its
+    prediction is judged against."""
+    name: str
+    script: str                      # relative to its folder
+    smoke: list                      # arguments of the default run (small, a few seconds)
+    full: list                       # arguments of the slow run and of the benchmark
+    figures: Callable                # (the arguments as a dict) -> Figures
+    stand_ins: list = field(default_factory=list)      # source texts whose lines must hold a stand-in note
+    not_modelled: list = field(default_factory=list)   # ... a not-modelled note
+    needs: tuple = ()                # modules it imports beyond torch
+    folder: Path = PROGRAMS
+    workspace_exact: bool = True     # only cuBLAS's workspaces (False: cuDNN's are estimates)
+    peak_after_first_step: bool = True
+
+    def path(self) -> Path:
+        return self.folder / self.script
+
+    def args(self, size: str) -> list:
+        return list(self.smoke if size == "smoke" else self.full)
+
+    def expected(self, size: str) -> Figures:
+        return self.figures(command_line(self.args(size)))
+
+    def workdir(self, scratch: Path) -> Path:
+        """The folder to run it in: its own, or for nanoGPT a prepared copy (nanogpt_workdir)."""
+        return nanogpt_workdir(scratch) if self.folder == NANOGPT else self.folder
+
+
+def command_line(args: list) -> dict:
+    """--key value / --key=value / --flag -> {key: value} (dashes as underscores), as argparse reads them."""
+    out, i = {}, 0
+    while i < len(args):
+        a = str(args[i]).lstrip("-").replace("-", "_")
+        if "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+            out[a], i = args[i + 1], i + 1
+        else:
+            out[a] = True
+        i += 1
+    return {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in out.items()}
+
+
+def _pick(fn, args: dict, **extra) -> Figures:
+    names = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in {**args, **extra}.items() if k in names})
+
+
+LARGER_TRANSFORMER = ["--d-model", "512", "--layers", "6", "--seq", "512"]
+PROGRAM_LIST = [
+    Program("hf_trainer", "hf_trainer.py", ["--bf16"],
+            ["--layers", "4", "--embd", "256", "--seq", "256", "--batch", "8", "--bf16"],
+            lambda a: _pick(hf_trainer, a, bf16=bool(a.get("bf16"))),
+            stand_ins=["trainer.train()"], needs=("transformers", "accelerate")),
+    Program("hf_llama_gqa", "hf_llama_gqa.py", ["--seq", "256"],
+            ["--hidden", "2048", "--intermediate", "5632", "--layers", "4", "--seq", "1024", "--batch", "4"],
+            lambda a: _pick(hf_llama_gqa, a), stand_ins=["loss.item()"], needs=("transformers",)),
+    Program("resnet50_amp", "resnet50_amp.py", ["--image", "128", "--batch", "4"], ["--batch", "32"],
+            lambda a: _pick(resnet50_amp, a), stand_ins=["scaler.step(optimizer)", "loss.item()"],
+            needs=("torchvision",), workspace_exact=False),
+    Program("dataloader_workers", "dataloader_workers.py", [], ["--samples", "2048", "--batch", "256"],
+            lambda a: _pick(dataloader_workers, a), stand_ins=["loss.item()"]),
+    Program("fused_adamw", "fused_adamw.py", ["--impl", "fused"], ["--impl", "fused", *LARGER_TRANSFORMER],
+            lambda a: _pick(fused_adamw, a), stand_ins=["loss.item()"]),
+    Program("foreach_adamw", "fused_adamw.py", ["--impl", "foreach"], ["--impl", "foreach", *LARGER_TRANSFORMER],
+            lambda a: _pick(fused_adamw, a), stand_ins=["loss.item()"]),
+    Program("compiled_step", "compiled_step.py", [], ["--width", "4096", "--depth", "8", "--batch", "256"],
+            lambda a: _pick(compiled_step, a), stand_ins=["loss.item()"],
+            not_modelled=["compiled = torch.compile(model)", "@torch.compile(fullgraph=False)"]),
+    Program("nanogpt", "train.py",
+            ["config/train_shakespeare_char.py", "--max_iters=2", "--eval_iters=2", "--compile=False"],
+            ["config/train_shakespeare_char.py", "--max_iters=5", "--eval_iters=5"],
+            lambda a: nanogpt(), stand_ins=["losses[k] = loss.item()", "lossf = loss.item()"],
+            not_modelled=[], folder=NANOGPT),
+]
+BY_NAME = {p.name: p for p in PROGRAM_LIST}
+
+
+def nanogpt_workdir(root: Path) -> Path:
+    """What a user of nanoGPT has after `python data/shakespeare_char/prepare.py`: the scripts, and
+    data/shakespeare_char/{train,val}.bin (uint16 token ids) and meta.pkl, here random tokens
+    (memory does not depend on their values)."""
+    import numpy as np
+
+    work = root / "nanogpt"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("train.py", "model.py", "configurator.py"):
+        shutil.copy(NANOGPT / name, work / name)
+    shutil.copytree(NANOGPT / "config", work / "config", dirs_exist_ok=True)
+    data = work / "data" / "shakespeare_char"
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 65, size=50_000, dtype=np.uint16).tofile(data / "train.bin")
+    rng.integers(0, 65, size=5_000, dtype=np.uint16).tofile(data / "val.bin")
+    with open(data / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 65, "itos": {}, "stoi": {}}, f)
+    return work
