@@ -297,12 +297,12 @@ def safe_softmax(args, kwargs, s: Scratch, session) -> None:
     x, dim = args[0], _arg(args, kwargs, 1, "dim", -1)
     dtype = _arg(args, kwargs, 2, "dtype") or x.dtype
     dim = dim % x.dim() if x.dim() else 0
-    soft = s.take(nbytes(x.shape, dtype), "softmax")
-    neg_inf = s.take(dtype.itemsize, "neg_inf")
-    masked = s.take(x.numel(), "masked")
-    rows = s.take(x.numel() // max(1, x.shape[dim]) if x.dim() else 1, "masked_rows")
-    zero = s.take(dtype.itemsize, "zero")
-    del soft, neg_inf, masked, rows, zero   # all held until the where() result exists, then freed
+    # all held until the where() result (the op's output) exists, then freed
+    s.take(nbytes(x.shape, dtype), "softmax")
+    s.take(dtype.itemsize, "neg_inf")
+    s.take(x.numel(), "masked")
+    s.take(x.numel() // max(1, x.shape[dim]) if x.dim() else 1, "masked_rows")
+    s.take(dtype.itemsize, "zero")
 
 
 def _contiguous_copy(s: Scratch, t, what: str) -> None:

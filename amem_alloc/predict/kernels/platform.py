@@ -7,11 +7,13 @@ the process loaded (cuDNN's runtime version, the CUDA version torch was built wi
 release). A prediction has no device, so the card is the session's (FakeCudaSession.capability
 and the card table's SM count), and the libraries are the ones installed here: torch reports
 cuDNN's runtime version and its CUDA version without a GPU. `of(session)` gathers them once per
-session.
+session. The SM count is the session's `multi_processor_count` where it has one, else the card
+table's entry for the session's device name.
 """
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,14 +64,13 @@ def sm_count(session) -> int:
     return DEFAULT_SMS
 
 
+_of_session: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def of(session) -> Platform:
-    cached = getattr(session, "_kernel_platform", None)
-    if cached is not None:
-        return cached
-    cudnn, cuda, release = _libraries()
-    found = Platform(tuple(session.capability), sm_count(session), cudnn, cuda, release)
-    try:
-        session._kernel_platform = found
-    except AttributeError:
-        pass
+    """The session's platform, gathered on first use."""
+    found = _of_session.get(session)
+    if found is None:
+        cudnn, cuda, release = _libraries()
+        found = _of_session[session] = Platform(tuple(session.capability), sm_count(session), cudnn, cuda, release)
     return found

@@ -18,7 +18,7 @@ order the user set before the first call; that difference is kept out).
 
 Version notes. The checks follow the torch installed here (2.14 when written: its binary has the
 same messages and template instantiations). Two things arrived late and are gated on the torch
-release (`_MQA_AND_MEMEFF_GQA`, first assumed in 2.13): the memory-efficient kernel accepting
+release (`_late_gqa`, first assumed in 2.13): the memory-efficient kernel accepting
 grouped-query attention, and every fused kernel accepting K/V with one head without
 `enable_gqa` (`check_batch_size_and_num_heads_dense<.., supports_mqa>`, pytorch#191085). In torch
 2.11 GQA runs only on flash and cuDNN. cuDNN's head-dimension limit of 256 also needs a cuDNN
@@ -117,7 +117,7 @@ def can_use_efficient(p: Params, plat: Platform) -> bool:
             and check_data_ptr_alignment_mem_efficient(p, plat)
             and check_nonzero_sequence_lengths_dense(p)
             and check_last_dim_stride_equals_1_dense(p, ignore_singleton_dim=False)
-            and check_batch_size_and_num_heads_dense(p, plat, gqa=_MQA_AND_MEMEFF_GQA(plat), same_heads=True)
+            and check_batch_size_and_num_heads_dense(p, plat, gqa=_late_gqa(plat), same_heads=True)
             and check_tensor_dtype(p, dtypes))
 
 
@@ -142,7 +142,8 @@ def can_use_cudnn(p: Params, plat: Platform) -> bool:
 
 
 # ============================================================================ the checks
-def _MQA_AND_MEMEFF_GQA(plat: Platform) -> bool:  # noqa: N802 - a version gate, read as a constant
+def _late_gqa(plat: Platform) -> bool:
+    """Memory-efficient GQA and implicit MQA (pytorch#191085): assumed from torch 2.13."""
     return plat.torch_version >= (2, 13)
 
 
@@ -228,7 +229,7 @@ def check_batch_size_and_num_heads_dense(p: Params, plat: Platform, gqa: bool, s
         return hk > 0 and hv > 0 and hq % hk == 0 and (same_heads or hq % hv == 0)
     if hq == hk == hv:
         return True
-    return _MQA_AND_MEMEFF_GQA(plat) and hk == 1 and hv == 1 and hq > 0
+    return _late_gqa(plat) and hk == 1 and hv == 1 and hq > 0
 
 
 def check_nonzero_sequence_lengths_dense(p: Params) -> bool:
