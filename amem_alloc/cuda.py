@@ -46,6 +46,14 @@ HOOKS = {
 }
 
 
+def pluggable_problem(torch: Any) -> str | None:
+    """Why this torch cannot take a pluggable CUDA allocator (None: it can)."""
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        return (f"torch {torch.__version__} has no pluggable CUDA allocator (torch._C._cuda_customAllocator is "
+                "missing: a build without CUDA); install a CUDA build of torch")
+    return None
+
+
 def _register_hooks(pluggable: Any, lib: ctypes.CDLL) -> None:
     for setter, symbol in HOOKS.items():
         getattr(pluggable, setter)(_function_address(lib, symbol))
@@ -80,6 +88,8 @@ def enable(patch_torch: bool = True, policy: str | None = None, **options: Any) 
             return
         if torch.cuda.is_initialized():
             raise RuntimeError(_TOO_LATE)
+        if pluggable_problem(torch):
+            raise RuntimeError(f"amem cannot be torch's allocator: {pluggable_problem(torch)}")
         _C.cuda_configure(conf, expandable_optional=config.expandable_optional)
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "amem_malloc", "amem_free")
         _register_hooks(pluggable._allocator, ctypes.CDLL(_C.__file__))

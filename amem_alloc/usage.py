@@ -57,6 +57,31 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_up_to(most: int):
+    """An argparse type: an integer from 1 to `most`."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{value} is too large; give an integer from 1 to {most:,}")
+        return value
+
+    parse.__name__ = f"integer up to {most}"
+    return parse
+
+
+def require_module(module: str, option: str, package: str | None = None) -> None:
+    """An optional dependency an option needs: one line saying what to install when it is missing."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"{option} needs {module}, which is not installed; install it with "
+                         f"`python -m pip install {package or module}`, or leave {option} out")
+
+
 def capacity_gb(text: str) -> float:
     """A device capacity in GiB: a finite number >= 0 (0: unlimited)."""
     try:

@@ -28,6 +28,8 @@ def _replay(args: argparse.Namespace) -> int:
     for option in ("json", "plot"):
         if getattr(args, option):
             usage.output_file(getattr(args, option), f"--{option}")
+    if args.plot:
+        usage.require_module("matplotlib", "--plot")  # said before the replay, not after it
     usage.input_file(args.trace, "a snapshot pickle or a program .npz written by amem compare")
     usage.apply_trace_limit(args)
     report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,
@@ -62,6 +64,13 @@ def _compare(args: argparse.Namespace) -> int:
     policies = policies_mod.parse_list(args.policies) if args.policies else None
     if args.out:
         usage.output_folder(args.out)
+    if args.mode == "real":
+        from .runner import gpu_problem
+
+        problem = gpu_problem()
+        if problem:
+            raise usage.UsageError(f"--mode real needs a GPU: {problem}; use --mode simulated (or auto, which "
+                                   "picks simulated here)")
     if script:
         from .. import user_script
 
@@ -80,6 +89,11 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"--- {row['policy']}: the run's stderr ---\n{row['stderr'].rstrip()}", file=sys.stderr)
     print(table.format_text(result))
     print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
+    if "png" not in result.files:
+        try:
+            usage.require_module("matplotlib", "compare.png")
+        except usage.UsageError as missing:  # optional: the table, JSON and page stand without it
+            print(f"amem compare: no {missing}", file=sys.stderr)
     return 0 if not any(r.get("error") for r in result.rows) else 1
 
 
@@ -105,8 +119,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                           description="Workloads: " + ", ".join(workloads.WORKLOADS) + ". Policies:\n"
                           + policies_mod.describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp_.add_argument("--workload", choices=list(workloads.WORKLOADS))
-    cmp_.add_argument("--size", type=usage.positive_int, default=1, help="the workload's size knob (default 1: CPU-sized)")
-    cmp_.add_argument("--steps", type=usage.positive_int, help="steps to run (default: the workload's)")
+    cmp_.add_argument("--size", type=usage.int_up_to(workloads.MAX_SIZE), default=1,
+                      help="the workload's size knob (default 1: CPU-sized)")
+    cmp_.add_argument("--steps", type=usage.int_up_to(workloads.MAX_STEPS), help="steps to run (default: the workload's)")
     cmp_.add_argument("--policies", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); "
                       "default: " + ",".join(policies_mod.DEFAULT_COMPARE))
     cmp_.add_argument("--mode", choices=MODES, default="auto", help="real needs a GPU; auto picks real when one is there")

@@ -149,16 +149,20 @@ def _run_all(policies: list, work: Path, real: bool, child_args, bar, jobs: int)
     return rows  # type: ignore[return-value]
 
 
-def _cuda_available() -> bool:
-    """Whether a CUDA device is usable; cheap when the machine has no NVIDIA driver at all."""
+def gpu_problem() -> str | None:
+    """Why no CUDA device is usable here (None: one is); cheap when there is no NVIDIA driver at all."""
     if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
-        return False
+        return "this machine has no NVIDIA driver (no /dev/nvidiactl)"
     try:
         import torch
 
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no usable torch means no GPU run
-        return False
+        return None if torch.cuda.is_available() else "torch sees no CUDA device (torch.cuda.is_available() is False)"
+    except Exception as err:  # noqa: BLE001 - no usable torch means no GPU run
+        return f"torch cannot be imported ({type(err).__name__}: {err})"
+
+
+def _cuda_available() -> bool:
+    return gpu_problem() is None
 
 
 def _environment(mode: str, rows: list[dict], recording: dict | None) -> dict:
@@ -183,6 +187,8 @@ def _check(workload: str | None, script: list[str] | None, size: int, mode: str)
         raise ValueError(f"amem compare: size must be an integer >= 1, got {size!r}")
     if mode not in MODES:
         raise ValueError(f"amem compare: mode must be one of {MODES}, got {mode!r}")
+    if mode == "real" and gpu_problem():
+        raise ValueError(f"amem compare: mode 'real' needs a GPU: {gpu_problem()}; use mode 'simulated'")
 
 
 def _simulated(out: Path, work: Path, policies: list, target: tuple, bar, jobs: int | None) -> tuple[list, dict]:

@@ -5,7 +5,12 @@ a real model that calls on_step(i) after each step; all but llama7b are small en
 size 1 (llama7b is 7e9 parameters: for `amem predict`, which runs nothing). Workloads with more
 than one stream use workloads/streams.py, which works on CUDA and on the CPU.
 training_events() is the synthetic pattern (no torch) that `amem demo` allocates.
+
+Sizes and steps are bounded (MAX_SIZE, MAX_STEPS) wherever a workload is run: a size of 10^20
+once reached torch as a C++ overflow with 39 lines of frames, and 10^9 steps never end.
 """
+import functools
+
 from . import decode, fsdp, gpt, llama, mlp, moe, pipeline, serving
 from .training import training_events
 
@@ -26,11 +31,32 @@ WORKLOADS = {
 }
 
 
+MAX_SIZE = 4096      # the size knob: batch (llama7b) or a scale of the model; larger ones overflow torch's shapes
+MAX_STEPS = 100_000  # steps of one run
+
+
+def check_size(size: object, steps: object = None) -> None:
+    """ValueError (one line, what to give) for a size or step count no workload can run."""
+    for option, value, most in (("--size", size, MAX_SIZE), ("--steps", steps, MAX_STEPS)):
+        if value is None and option == "--steps":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"{option} {value}: a workload takes an integer from 1 to {most:,}")
+
+
 def get(name: str):
-    """The run function of a bundled workload; ValueError naming the choices."""
+    """The run function of a bundled workload (its size and steps checked first); ValueError
+    naming the choices."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
-    return WORKLOADS[name][0]
+    run = WORKLOADS[name][0]
+
+    @functools.wraps(run)
+    def checked(size: int = 1, steps: int | None = None, *args, **kwargs):
+        check_size(size, steps)
+        return run(size, steps, *args, **kwargs)
+
+    return checked
 
 
-__all__ = ["WORKLOADS", "get", "training_events"]
+__all__ = ["MAX_SIZE", "MAX_STEPS", "WORKLOADS", "check_size", "get", "training_events"]
