@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import re
 import secrets
 from pathlib import Path
@@ -125,6 +126,18 @@ def clean_leftovers(path: str | os.PathLike) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- writing
+def _refuse_special(path: Path) -> None:
+    """A device, FIFO or socket at the target is refused: renaming over it would replace the node
+    itself (an output given as /dev/null would turn /dev/null into a regular file)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, pipe or socket)"
+        raise WriteError(path, f"it is {kind}; give the path of a file")
+
+
 def _reason(err: BaseException) -> tuple[str, int | None]:
     if isinstance(err, OSError):
         return err.strerror or str(err), err.errno
@@ -141,6 +154,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     path = Path(path)
     if mode not in ("w", "wb"):
         raise ValueError(f"amem: atomic_file writes whole files ('w' or 'wb'), not mode {mode!r}")
+    _refuse_special(path)
     clean_leftovers(path)
     named: Path | None = None
     try:

@@ -256,3 +256,14 @@ def test_max_trace_mb_raises_and_lowers_the_cap(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and "the limit is 1 MiB" in err and "--max-trace-mb" in err, err
     load_mod.set_max_trace_bytes(load_mod.MAX_FILE_BYTES)
+
+
+def test_an_output_given_as_a_device_is_refused_and_the_device_stays(tmp_path):
+    """Renaming a temporary over /dev/null would replace the device node with a regular file."""
+    import stat as stat_mod
+
+    from amem_alloc.atomic_write import WriteError, write_text
+    before = os.stat("/dev/null")
+    with pytest.raises(WriteError, match="not a regular file"):
+        write_text("/dev/null", "x")
+    assert stat_mod.S_ISCHR(os.stat("/dev/null").st_mode) and os.stat("/dev/null").st_rdev == before.st_rdev
