@@ -151,6 +151,13 @@ NAMES = [p.name for p in PROGRAM_LIST]
 
 
 # ============================================================================ the checks
+def _known_failure(request, program: pf.Program, check: str) -> None:
+    """A check amem fails now for a diagnosed reason (Program.known): xfail, not strict, so it turns
+    on by itself once fixed."""
+    if check in program.known:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=program.known[check]))
+
+
 def _completed(p: Prediction) -> dict:
     assert p.returncode == 0 and p.data is not None, p.why()
     assert p.data["predicted"] is True
@@ -198,8 +205,9 @@ def test_largest_totals_are_exact(name, size, tmp_root):
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", NAMES)
-def test_activations_within_tolerance(name, size, tmp_root):
+def test_activations_within_tolerance(name, size, tmp_root, request):
     """The activations' largest total (the end of a forward pass) against the estimate."""
+    _known_failure(request, BY_NAME[name], "activation")
     p, fig = run_program(BY_NAME[name], size, tmp_root)
     _completed(p)
     most = category_maxima(p.trace).get("activation", 0)
@@ -378,13 +386,11 @@ out.float().sum().backward()
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/cuda_rules.py _sdpa: `backend == 'flash' and not p.get('enable_gqa')` (and "
-    "the same for 'efficient') sends every GQA call to the meta math decomposition, which expands "
-    "k and v to all heads and saves the (B, H, T, T) fp32 softmax; on sm90 torch 2.14 runs flash "
-    "(backend_supports_grouped_query_attention = true in sdp_utils.cpp; cuDNN attention if preferred). "
-    "HF Llama with sdpa passes enable_gqa=True: its activations come out +19% (hf_llama_gqa)"))
 def test_gqa_attention_is_not_the_math_path(tmp_path):
+    """Failed before main's kernels merge (e27adf9): cuda_rules.py _sdpa sent every enable_gqa call
+    to the meta math decomposition (k and v expanded to all heads, the (B,H,T,T) fp32 softmax
+    saved); on sm90 torch 2.14 takes cuDNN attention or flash, both with GQA. HF Llama with sdpa
+    passes enable_gqa=True: hf_llama_gqa's activations came out +19%."""
     p = _predict_snippet(tmp_path, GQA)
     _completed(p)
     ops = {op for _, _, op in _allocs(p)}
