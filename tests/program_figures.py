@@ -374,7 +374,7 @@ class Program:
     full: list                       # arguments of the slow run and of the benchmark
     figures: Callable                # (the arguments as a dict) -> Figures
     stand_ins: list = field(default_factory=list)      # source texts whose lines must hold a stand-in note
-    not_modelled: list = field(default_factory=list)   # ... a not-modelled note
+    not_modelled: Callable = lambda args: []          # (its arguments) -> texts whose lines hold a not-modelled note
     needs: tuple = ()                # modules it imports beyond torch
     folder: Path = PROGRAMS
     workspace_exact: bool = True     # only cuBLAS's workspaces (False: cuDNN's are estimates)
@@ -441,12 +441,13 @@ PROGRAM_LIST = [
             lambda a: _pick(fused_adamw, a), stand_ins=["loss.item()"], known={"activation": MHA_MATH}),
     Program("compiled_step", "compiled_step.py", [], ["--width", "4096", "--depth", "8", "--batch", "256"],
             lambda a: _pick(compiled_step, a), stand_ins=["loss.item()"],
-            not_modelled=["compiled = torch.compile(model)", "@torch.compile(fullgraph=False)"]),
+            not_modelled=lambda args: ["compiled = torch.compile(model)", "@torch.compile(fullgraph=False)"]),
     Program("nanogpt", "train.py",
             ["config/train_shakespeare_char.py", "--max_iters=2", "--eval_iters=2", "--compile=False"],
             ["config/train_shakespeare_char.py", "--max_iters=5", "--eval_iters=5"],
             lambda a: nanogpt(), stand_ins=["losses[k] = loss.item()", "lossf = loss.item()"],
-            not_modelled=[], folder=NANOGPT),
+            not_modelled=lambda args: [] if "--compile=False" in args else ["model = torch.compile(model)"],
+            folder=NANOGPT),
 ]
 BY_NAME = {p.name: p for p in PROGRAM_LIST}
 

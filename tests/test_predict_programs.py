@@ -218,12 +218,13 @@ def test_activations_within_tolerance(name, size, tmp_root, request):
     assert p.data["at_peak"].get("activation", 0) <= most
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", NAMES)
-def test_notes_name_the_programs_lines(name, tmp_root):
+def test_notes_name_the_programs_lines(name, size, tmp_root):
     """Every value the program reads is a stand-in note at the program's own file and line (a
     library's read shows the user's line that led to it); compiled code is a not-modelled note."""
     program = BY_NAME[name]
-    p, _ = run_program(program, "smoke", tmp_root)
+    p, _ = run_program(program, size, tmp_root)
     notes = _completed(p)["notes"]
     base = Path(program.script).name
 
@@ -236,7 +237,7 @@ def test_notes_name_the_programs_lines(name, tmp_root):
                     out.add(int(m.group(2)))
         return out
 
-    for kind, texts in (("stand-in", program.stand_ins), ("not-modelled", program.not_modelled)):
+    for kind, texts in (("stand-in", program.stand_ins), ("not-modelled", program.not_modelled(program.args(size)))):
         lines = user_lines(kind)
         for text in texts:
             line = line_of(program.path(), text)
