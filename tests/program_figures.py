@@ -417,7 +417,7 @@ def _pick(fn, args: dict, **extra) -> Figures:
 
 
 LARGER_TRANSFORMER = ["--d-model", "512", "--layers", "6", "--seq", "512"]
-MHA_MATH = ("amem_alloc/predict/cuda_rules.py function() runs F.multi_head_attention_forward with the "
+MHA_MATH = ("amem_alloc/predict/kernels/__init__.py:74 (function()) runs F.multi_head_attention_forward with the "
             "device mode popped (`return func(*args, **kwargs)`): its SDPA takes the meta math path (q, k "
             "scaled copies, the (B,H,T,T) softmax, its dropout mask and output: 16 MiB a layer here) "
             "instead of CUDA's memory-efficient kernel (its output, 2 MiB); see "

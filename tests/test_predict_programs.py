@@ -414,8 +414,8 @@ else:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/values.py: a value read of a fake tensor is answered with zero (bool() is "
-    "False), so a branch the GPU takes on known data goes the other way. transformers' "
+    "amem_alloc/predict/values.py:92-110 (read(): __bool__ gets zero_of(dtype), :57-59, i.e. False): "
+    "a value read of a fake tensor is answered with zero, so a branch the GPU takes on known data goes the other way. transformers' "
     "masking_utils.py:761 find_packed_sequence_indices tests (packed[:, -1] == 0).all() on "
     "position ids made by torch.arange on the GPU: the stand-in False makes every GPT-2 batch "
     "'packed', a (B,1,T,T) mask is built and SDPA takes the memory-efficient kernel with a mask "
@@ -454,7 +454,8 @@ layer(x).sum().backward()
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/execution.py DeviceMode.__torch_function__ -> cuda_rules.py function(): "
+    "amem_alloc/predict/execution.py:261-262 (DeviceMode.__torch_function__) -> "
+    "amem_alloc/predict/kernels/__init__.py:74 (function(), re-exported by cuda_rules.py): "
     "`return func(*args, **kwargs)` runs a Python-level torch function (here "
     "F.multi_head_attention_forward, reached through handle_torch_function) with the mode popped, so "
     "nothing inside it passes the mode: its scaled_dot_product_attention takes the meta math path "
@@ -483,7 +484,7 @@ assert out.dtype == torch.float16, out.dtype
 
 @pytest.mark.xfail(strict=False, reason=(
     "the same cause as test_multi_head_attention_reaches_the_cuda_attention_kernel: "
-    "F.multi_head_attention_forward runs with DeviceMode popped (cuda_rules.py function(): "
+    "F.multi_head_attention_forward runs with DeviceMode popped (kernels/__init__.py:74, "
     "`return func(*args, **kwargs)`), so autocast's casts of its linears never happen and the "
     "program sees float32 where a GPU gives float16"))
 def test_multi_head_attention_under_autocast_is_half(tmp_path):
