@@ -91,22 +91,39 @@ def measure(program: pf.Program, size: str, scratch: Path, timeout: float) -> di
     return row
 
 
+def amem_commit() -> str:
+    """The commit of the amem_alloc checkout measured (with "+changes" if its tree differs)."""
+    import subprocess as sp
+    where = amem_path()
+    try:
+        head = sp.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                      check=True).stdout.strip()
+        dirty = sp.run(["git", "-C", where, "status", "--porcelain", "--", "amem_alloc"], capture_output=True,
+                       text=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, sp.CalledProcessError):
+        return "unknown"
+
+
 def _mib(n) -> str:
     return f"{n / MiB:,.1f}" if isinstance(n, (int, float)) else "-"
 
 
 def table(rows: list[dict]) -> list[str]:
     head = ["program", "wall s", "CPU s", "peak RSS MiB", "peak alloc. MiB (torch)", "peak reserved MiB",
-            "params+grads+opt. at peak MiB", "status"]
+            "params+grads+opt. at peak MiB", "params, opt. state = first principles", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ap = r.get("at_peak", {})
         state = sum(ap.get(k, 0) for k in ("parameter", "gradient", "optimizer_state")) if ap else None
         status = "ok" if r["exit"] == 0 else f"exit {r['exit']}: {r.get('error', '')}"
+        fp = r.get("first_principles")
+        exact = "-" if not fp else ("yes" if all(ap.get(k, 0) == fp[k] for k in ("parameter", "optimizer_state"))
+                                    else "NO")
         if r["exit"] == 0 and r["wall_s"] > TARGET_S:
             status = f"ok, over {TARGET_S:.0f} s"
         lines.append(f"| {r['program']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {_mib(r['maxrss'])} | "
-                     f"{_mib(r.get('peak_allocated'))} | {_mib(r.get('peak_reserved'))} | {_mib(state)} | {status} |")
+                     f"{_mib(r.get('peak_allocated'))} | {_mib(r.get('peak_reserved'))} | {_mib(state)} | {exact} | {status} |")
     return lines
 
 
@@ -119,10 +136,17 @@ def section(rows: list[dict], size: str) -> str:
         "## Real programs predicted (issue 20)", "",
         f"`amem predict --gpu H100` on each program of tests/programs/ ({size} sizes), one child process each, "
         f"measured by benchmarks/bench_predict_programs.py on {cpu_model()} ({os.cpu_count()} cores, "
-        f"load average {load[0]:.1f} at the end), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}. "
+        f"load average {load[0]:.1f} at the end), torch {torch.__version__}, amem at {amem_commit()}, "
+        f"{time.strftime('%Y-%m-%d')}. "
         f"Wall: the child from start to exit (imports included); CPU: its user+system time (DataLoader "
         f"workers included); RSS: its peak. Target: under {TARGET_S:.0f} s each.", "",
-        *table(rows), "", "Arguments (each program's own command line):", "", args, ""]) + "\n"
+        *table(rows), "",
+        "Each prediction stops the script after amem's default 5 optimizer steps (`--steps`), as a user's "
+        "run of `amem predict` would. \"= first principles\": parameters (with buffers) and optimizer state "
+        "at the predicted peak equal, to the byte, what tests/program_figures.py computes from the "
+        "configuration alone; tests/test_predict_programs.py also checks gradients (exact) and activations "
+        "(within each program's stated tolerance).", "",
+        "Arguments (each program's own command line):", "", args, ""]) + "\n"
 
 
 def main(argv=None) -> int:

@@ -151,6 +151,13 @@ NAMES = [p.name for p in PROGRAM_LIST]
 
 
 # ============================================================================ the checks
+def _known_failure(request, program: pf.Program, check: str) -> None:
+    """A check amem fails now for a diagnosed reason (Program.known): xfail, not strict, so it turns
+    on by itself once fixed."""
+    if check in program.known:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=program.known[check]))
+
+
 def _completed(p: Prediction) -> dict:
     assert p.returncode == 0 and p.data is not None, p.why()
     assert p.data["predicted"] is True
@@ -198,8 +205,9 @@ def test_largest_totals_are_exact(name, size, tmp_root):
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", NAMES)
-def test_activations_within_tolerance(name, size, tmp_root):
+def test_activations_within_tolerance(name, size, tmp_root, request):
     """The activations' largest total (the end of a forward pass) against the estimate."""
+    _known_failure(request, BY_NAME[name], "activation")
     p, fig = run_program(BY_NAME[name], size, tmp_root)
     _completed(p)
     most = category_maxima(p.trace).get("activation", 0)
@@ -210,12 +218,13 @@ def test_activations_within_tolerance(name, size, tmp_root):
     assert p.data["at_peak"].get("activation", 0) <= most
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", NAMES)
-def test_notes_name_the_programs_lines(name, tmp_root):
+def test_notes_name_the_programs_lines(name, size, tmp_root):
     """Every value the program reads is a stand-in note at the program's own file and line (a
     library's read shows the user's line that led to it); compiled code is a not-modelled note."""
     program = BY_NAME[name]
-    p, _ = run_program(program, "smoke", tmp_root)
+    p, _ = run_program(program, size, tmp_root)
     notes = _completed(p)["notes"]
     base = Path(program.script).name
 
@@ -228,7 +237,7 @@ def test_notes_name_the_programs_lines(name, tmp_root):
                     out.add(int(m.group(2)))
         return out
 
-    for kind, texts in (("stand-in", program.stand_ins), ("not-modelled", program.not_modelled)):
+    for kind, texts in (("stand-in", program.stand_ins), ("not-modelled", program.not_modelled(program.args(size)))):
         lines = user_lines(kind)
         for text in texts:
             line = line_of(program.path(), text)
@@ -378,13 +387,11 @@ out.float().sum().backward()
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/cuda_rules.py _sdpa: `backend == 'flash' and not p.get('enable_gqa')` (and "
-    "the same for 'efficient') sends every GQA call to the meta math decomposition, which expands "
-    "k and v to all heads and saves the (B, H, T, T) fp32 softmax; on sm90 torch 2.14 runs flash "
-    "(backend_supports_grouped_query_attention = true in sdp_utils.cpp; cuDNN attention if preferred). "
-    "HF Llama with sdpa passes enable_gqa=True: its activations come out +19% (hf_llama_gqa)"))
 def test_gqa_attention_is_not_the_math_path(tmp_path):
+    """Failed before main's kernels merge (e27adf9): cuda_rules.py _sdpa sent every enable_gqa call
+    to the meta math decomposition (k and v expanded to all heads, the (B,H,T,T) fp32 softmax
+    saved); on sm90 torch 2.14 takes cuDNN attention or flash, both with GQA. HF Llama with sdpa
+    passes enable_gqa=True: hf_llama_gqa's activations came out +19%."""
     p = _predict_snippet(tmp_path, GQA)
     _completed(p)
     ops = {op for _, _, op in _allocs(p)}
@@ -407,8 +414,8 @@ else:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/values.py: a value read of a fake tensor is answered with zero (bool() is "
-    "False), so a branch the GPU takes on known data goes the other way. transformers' "
+    "amem_alloc/predict/values.py:92-110 (read(): __bool__ gets zero_of(dtype), :57-59, i.e. False): "
+    "a value read of a fake tensor is answered with zero, so a branch the GPU takes on known data goes the other way. transformers' "
     "masking_utils.py:761 find_packed_sequence_indices tests (packed[:, -1] == 0).all() on "
     "position ids made by torch.arange on the GPU: the stand-in False makes every GPT-2 batch "
     "'packed', a (B,1,T,T) mask is built and SDPA takes the memory-efficient kernel with a mask "
@@ -447,7 +454,8 @@ layer(x).sum().backward()
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/execution.py DeviceMode.__torch_function__ -> cuda_rules.py function(): "
+    "amem_alloc/predict/execution.py:261-262 (DeviceMode.__torch_function__) -> "
+    "amem_alloc/predict/kernels/__init__.py:74 (function(), re-exported by cuda_rules.py): "
     "`return func(*args, **kwargs)` runs a Python-level torch function (here "
     "F.multi_head_attention_forward, reached through handle_torch_function) with the mode popped, so "
     "nothing inside it passes the mode: its scaled_dot_product_attention takes the meta math path "
@@ -476,8 +484,30 @@ assert out.dtype == torch.float16, out.dtype
 
 @pytest.mark.xfail(strict=False, reason=(
     "the same cause as test_multi_head_attention_reaches_the_cuda_attention_kernel: "
-    "F.multi_head_attention_forward runs with DeviceMode popped (cuda_rules.py function(): "
+    "F.multi_head_attention_forward runs with DeviceMode popped (kernels/__init__.py:74, "
     "`return func(*args, **kwargs)`), so autocast's casts of its linears never happen and the "
     "program sees float32 where a GPU gives float16"))
 def test_multi_head_attention_under_autocast_is_half(tmp_path):
     _completed(_predict_snippet(tmp_path, MHA_AUTOCAST))
+
+
+CHANNELS_LAST = """
+import torch
+conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+x = torch.randn(16, 64, 40, 40, device="cuda").to(memory_format=torch.channels_last)
+with torch.autocast("cuda", dtype=torch.float16):
+    y = conv(x)
+assert y.is_contiguous(memory_format=torch.channels_last), y.stride()
+"""
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "torch 2.14's meta kernel for convolution (torch/_meta_registrations.py:2866-2871, meta_conv) "
+    "leaves the output contiguous ('meta tensors have no device info'); cuDNN returns it in "
+    "cudnn_conv_suggest_memory_format(input, weight): channels_last when either is. amem takes the "
+    "meta output as is (no rule restrides it), so a channels_last model turns NCHW after its first "
+    "conv, and amem_alloc/predict/kernels/convolution.py workspace() then charges every later conv "
+    "the NHWC-transposition workspace cuDNN would not take (resnet18 channels_last: 6.3-12.6 MiB "
+    "estimates on each conv)"))
+def test_a_channels_last_convolution_stays_channels_last(tmp_path):
+    _completed(_predict_snippet(tmp_path, CHANNELS_LAST))

@@ -30,6 +30,8 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--cpu", action="store_true")
     args = parser.parse_args()
 
@@ -50,6 +52,8 @@ def main():
             save_strategy="no",
             report_to=[],
             bf16=args.bf16,
+            gradient_checkpointing=args.gradient_checkpointing,
+            dataloader_num_workers=args.workers,
             use_cpu=args.cpu,
             disable_tqdm=True,
         )
