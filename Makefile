@@ -76,6 +76,8 @@ endef
 # and run the tests that raise torch.OutOfMemoryError through torch's bindings there, plus amem
 # doctor's torch checks and the SIGTERM/flush dumps through torch's pluggable allocator. Not part of
 # `make test`: the venv downloads several GB. OLD_TORCH_VENV may name an existing venv with it.
+# Another release: make test-torch-versions OLD_TORCH=torch==2.15.0 OLD_TORCH_VENV=build/venv-torch-2.15 \
+#   OLD_TORCH_TREE=build/torch-2.15-tree (benchmarks/RESULTS.md has the last results).
 OLD_TORCH      ?= torch==2.11.0
 OLD_TORCH_VENV ?= build/venv-torch-2.11
 OLD_TORCH_TREE := build/torch-2.11-tree
