@@ -139,11 +139,25 @@ def _is_stream(path: Path) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def _open_stream(path: Path) -> int:
+    """A descriptor for a device or pipe; a pipe nobody reads is an error, not a wait for ever."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ENXIO:  # a FIFO without a reader
+            raise WriteError(path, "it is a pipe that no process reads") from None
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
 @contextlib.contextmanager
 def _straight_into(path: Path, mode: str, encoding: str | None) -> Iterator[IO[Any]]:
     try:
-        with open(path, mode, encoding=encoding) as f:
+        with open(_open_stream(path), mode, encoding=encoding) as f:
             yield f
+    except WriteError:
+        raise
     except OSError as err:
         raise WriteError(path, *_reason(err)) from None
 

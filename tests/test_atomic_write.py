@@ -144,6 +144,21 @@ def test_a_device_is_written_into_not_replaced(tmp_path):
     only_old_files(tmp_path, {"null"})
 
 
+def test_a_pipe_nobody_reads_is_an_error_not_a_wait(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    with pytest.raises(atomic_write.WriteError, match="it is a pipe that no process reads"):
+        atomic_write.write_text(fifo, "x")
+    assert time.perf_counter() - started < 2
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # with a reader, the pipe gets the output
+    try:
+        atomic_write.write_text(fifo, "through the pipe")
+        assert os.read(reader, 100) == b"through the pipe"
+    finally:
+        os.close(reader)
+
+
 def test_a_symbolic_link_is_followed_and_kept(tmp_path):
     (tmp_path / "real.txt").write_text("old")
     (tmp_path / "link.txt").symlink_to(tmp_path / "real.txt")

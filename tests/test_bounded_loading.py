@@ -193,6 +193,17 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     refused(fifo, "a pipe, not a regular file", seconds=1)
 
 
+def test_a_pipe_given_as_provenance_or_trace_is_one_line_not_a_wait(tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    for argv in (["report", TRACE, "--provenance", fifo, "-o", tmp_path / "r.html"], ["replay", fifo]):
+        rc = cli.main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert rc == 1 and "not a regular file (a device or a pipe)" in err and len(err.splitlines()) == 1, err
+    assert time.perf_counter() - started < 5
+
+
 def test_a_folder_is_refused(tmp_path):
     refused(tmp_path, "cannot read it", "a folder")
 
