@@ -81,8 +81,11 @@ endef
 
 # torch 2.11/2.12 keep c10::OutOfMemoryError elsewhere than 2.13+ (Note [OutOfMemoryError before
 # 2.13] in csrc/bind/torch_oom.h): build a copy of the tree against torch 2.11 in a venv of its own
-# and run the tests that raise torch.OutOfMemoryError through torch's bindings there. Not part of
+# and run the tests that raise torch.OutOfMemoryError through torch's bindings there, plus amem
+# doctor's torch checks and the SIGTERM/flush dumps through torch's pluggable allocator. Not part of
 # `make test`: the venv downloads several GB. OLD_TORCH_VENV may name an existing venv with it.
+# Another release: make test-torch-versions OLD_TORCH=torch==2.15.0 OLD_TORCH_VENV=build/venv-torch-2.15 \
+#   OLD_TORCH_TREE=build/torch-2.15-tree (benchmarks/RESULTS.md has the last results).
 OLD_TORCH      ?= torch==2.11.0
 OLD_TORCH_VENV ?= build/venv-torch-2.11
 OLD_TORCH_TREE := build/torch-2.11-tree
@@ -95,7 +98,7 @@ test-torch-versions:
 	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python setup.py -q build_ext --inplace
 	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python -c "import torch; print('torch', torch.__version__)"
 	cd $(OLD_TORCH_TREE) && PYTHONPATH=$$PWD $(abspath $(OLD_TORCH_VENV))/bin/python -m pytest -q -p no:cacheprovider \
-	  tests/test_torch_parity.py tests/test_extension_abi.py
+	  tests/test_torch_parity.py tests/test_extension_abi.py tests/test_doctor.py tests/test_trace_survival.py
 
 bench: setup
 	$(PY) benchmarks/run.py

@@ -42,13 +42,24 @@ class CMakeBuild(build_ext):
 
 
 class BuildPyWithAutoenable(build_py):
-    """Also installs amem_alloc_autoenable.pth, which makes AMEM_ENABLE=1 work for any process."""
+    """Also installs amem_alloc_autoenable.pth, which makes AMEM_ENABLE=1 work for any process.
+
+    A wheel carries it from build_lib. An editable install (`pip install -e .`) copies nothing
+    from build_lib: setuptools' editable_wheel builds its wheel from a folder (the install
+    command's install_lib), so the file is written there too, and lands in site-packages beside
+    the editable finder. Without it AMEM_ENABLE and AMEM_TRACE did nothing and said nothing.
+    """
 
     def run(self):
         super().run()
+        text = (ROOT / "amem_alloc" / AUTOENABLE_PTH).read_text()
         target = Path(self.build_lib) / AUTOENABLE_PTH
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text((ROOT / "amem_alloc" / AUTOENABLE_PTH).read_text())
+        target.write_text(text)
+        if getattr(self, "editable_mode", False):
+            wheel_root = self.distribution.get_command_obj("install").install_lib
+            if wheel_root and Path(wheel_root).is_dir():
+                (Path(wheel_root) / AUTOENABLE_PTH).write_text(text)
 
     def get_outputs(self, include_bytecode=True):
         return super().get_outputs(include_bytecode) + [str(Path(self.build_lib) / AUTOENABLE_PTH)]

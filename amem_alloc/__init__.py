@@ -19,6 +19,7 @@ from ._C import BackendError, ConfigError, InvalidFreeError, InvalidRequestError
 from .allocator import Allocator
 from .config import canonical as canonical_config
 from .config import option_table
+from .doctor import note_if_hook_inactive as _note_if_hook_inactive
 from .cuda import empty_cache, enable, fragmentation, is_enabled, memory_stats, reset_peak_memory_stats, segments
 from .exports import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
@@ -63,6 +64,7 @@ __all__ = [
     "write_report",
 ]
 __version__ = "0.1.0"
+_note_if_hook_inactive()  # AMEM_ENABLE=1 without the start-up hook: said, not silently ignored
 _LAZY = {"replay_trace": ".compare.trace_replay", "replay_program": ".replay"}  # amem replay; the C++ loop
 
 

@@ -20,6 +20,10 @@ On failure the target is untouched (an older file there stays), nothing of ours 
 folder, and a WriteError (an OSError) says which path and why, in one line:
 `report.html: cannot write it: No space left on device; nothing was written there`.
 
+A symbolic link is followed (the file it names is replaced, the link stays). A target that is a
+stream rather than a file (/dev/stdout, /dev/null, a pipe) is written straight into: renaming over
+it would replace the device node itself.
+
     with atomic_file("trace.pickle", "wb") as f: pickle.dump(data, f)
     write_text("report.html", page); write_bytes("x.bin", raw)
 """
@@ -28,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import re
 import secrets
+import stat
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -126,16 +130,36 @@ def clean_leftovers(path: str | os.PathLike) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- writing
-def _refuse_special(path: Path) -> None:
-    """A device, FIFO or socket at the target is refused: renaming over it would replace the node
-    itself (an output given as /dev/null would turn /dev/null into a regular file)."""
+def _is_stream(path: Path) -> bool:
+    """An existing target that is not a regular file or a folder: a device, a pipe, a socket."""
     try:
-        info = os.stat(path)
+        mode = os.stat(path).st_mode
     except OSError:
-        return
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, pipe or socket)"
-        raise WriteError(path, f"it is {kind}; give the path of a file")
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _open_stream(path: Path) -> int:
+    """A descriptor for a device or pipe; a pipe nobody reads is an error, not a wait for ever."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ENXIO:  # a FIFO without a reader
+            raise WriteError(path, "it is a pipe that no process reads") from None
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
+@contextlib.contextmanager
+def _straight_into(path: Path, mode: str, encoding: str | None) -> Iterator[IO[Any]]:
+    try:
+        with open(_open_stream(path), mode, encoding=encoding) as f:
+            yield f
+    except WriteError:
+        raise
+    except OSError as err:
+        raise WriteError(path, *_reason(err)) from None
 
 
 def _reason(err: BaseException) -> tuple[str, int | None]:
@@ -151,10 +175,13 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     Any error inside the block (or while finishing) removes the temporary and leaves `path` as
     it was; an OSError becomes a WriteError naming the path, other errors pass through unchanged.
     """
-    path = Path(path)
     if mode not in ("w", "wb"):
         raise ValueError(f"amem: atomic_file writes whole files ('w' or 'wb'), not mode {mode!r}")
-    _refuse_special(path)
+    path = Path(os.path.realpath(path))
+    if _is_stream(path):
+        with _straight_into(path, mode, encoding if mode == "w" else None) as f:
+            yield f
+        return
     clean_leftovers(path)
     named: Path | None = None
     try:

@@ -4,6 +4,7 @@
     amem run -m module args...     the same for a module
     amem demo [--backend sim]      replay a realistic training pattern; print stats and fragmentation
     amem config                    the options table and the configuration in effect
+    amem doctor                    what is installed; whether the start-up hook, torch, a GPU and VMM are usable
     amem report TRACE -o report.html   an offline HTML report of a snapshot (amem's or torch's)
     amem export TRACE -f chrome|rmm -o OUT   Chrome/Perfetto JSON, or RMM's replay CSV
     amem replay TRACE --policy torch,amem   replay a trace under allocator policies (sim backend)
@@ -65,6 +66,12 @@ def _config(args: argparse.Namespace) -> int:
     print(f"\nin effect for amem_alloc.enable() and amem run (policy {chosen.policy}, AMEM_CONF, defaults):")
     print(config_mod.canonical(chosen.conf))
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    return doctor.main()
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -145,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     cfg = sub.add_parser("config", help="print the options table and the configuration in effect")
     cfg.set_defaults(func=_config)
+    doc = sub.add_parser("doctor", help="what is installed, which torch, whether the start-up hook (AMEM_ENABLE, "
+                         "AMEM_TRACE) is active, and whether a GPU and its virtual memory management are usable")
+    doc.set_defaults(func=_doctor)
     _add_trace_commands(sub)
     from .compare.commands import add_commands as _add_compare_commands
 

@@ -31,7 +31,9 @@ KeyboardInterrupt, which unwinds through atexit (the dump) and exits by SIGINT; 
 user's own is chained the same way as for SIGTERM. SIGKILL and os._exit run nothing, so
 AMEM_TRACE_FLUSH=SECONDS adds a background thread that rewrites the trace every SECONDS when
 the allocators have changed since the last write. Every write is atomic (amem_alloc.atomic_write):
-a kill mid-dump leaves the previous trace whole, the file always loadable.
+a kill mid-dump leaves the previous trace whole, the file always loadable. Only the process that
+started recording dumps: a forked child (a DataLoader worker, stopped with SIGTERM) inherits the
+handlers and a stale copy of the allocators, and must not overwrite its parent's trace.
 """
 from __future__ import annotations
 
@@ -216,6 +218,8 @@ def trace_config_from_env(env: Any = None) -> dict[str, Any] | None:
 
 
 def _dump_quietly(path: Path, why: str) -> None:
+    if _always_on.get("pid") != os.getpid():  # a forked child (a DataLoader worker) holds a stale copy:
+        return                                # its exit or SIGTERM must not overwrite the parent's trace
     try:
         dump_snapshot(path, allocator=_always_on["source"])
     except Exception as err:  # never turn an exit or an OOM into a second failure
@@ -313,7 +317,7 @@ def start_always_on(path: str | os.PathLike, stacks: str | None = None,
     source = device_source(allocator)
     record(True, max_entries=max_entries, stacks=stacks, allocator=source)
     first = "on_oom" not in _always_on
-    _always_on.update(path=str(path), source=source, on_oom=_on_oom)
+    _always_on.update(path=str(path), source=source, on_oom=_on_oom, pid=os.getpid())
     source.set_oom_callback(_on_oom)
     if first:
         atexit.register(_at_exit)

@@ -176,6 +176,9 @@ def input_file(path: Any, what: str) -> Path:
         raise UsageError(f"{path}: no such file; give the path of {what}")
     if path.is_dir():
         raise UsageError(f"{path}: is a folder; give the path of {what}")
+    if not path.is_file():  # a device or a pipe: reading it may never end, or wait for a writer for ever
+        raise UsageError(f"{path}: not a regular file (a device or a pipe); give the path of {what}, "
+                         "or - for standard input")
     return path
 
 

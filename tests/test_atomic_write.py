@@ -130,6 +130,42 @@ def test_named_temporaries_work_where_anonymous_ones_do_not(tmp_path, monkeypatc
     only_old_files(tmp_path, {"a.txt"})
 
 
+def test_a_device_is_written_into_not_replaced(tmp_path):
+    """`-o /dev/null` or `-o /dev/stdout`: renaming over the target would replace the device node."""
+    import stat
+
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a /dev/null of the test's own
+    except OSError:
+        pytest.skip("cannot make a device node here")
+    atomic_write.write_text(null, "discarded")
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    only_old_files(tmp_path, {"null"})
+
+
+def test_a_pipe_nobody_reads_is_an_error_not_a_wait(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    with pytest.raises(atomic_write.WriteError, match="it is a pipe that no process reads"):
+        atomic_write.write_text(fifo, "x")
+    assert time.perf_counter() - started < 2
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # with a reader, the pipe gets the output
+    try:
+        atomic_write.write_text(fifo, "through the pipe")
+        assert os.read(reader, 100) == b"through the pipe"
+    finally:
+        os.close(reader)
+
+
+def test_a_symbolic_link_is_followed_and_kept(tmp_path):
+    (tmp_path / "real.txt").write_text("old")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "real.txt")
+    atomic_write.write_text(tmp_path / "link.txt", "new")
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real.txt").read_text() == "new"
+
+
 def test_leftovers_of_crashed_writes_are_removed_by_the_next_write(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()  # a pid whose process is gone

@@ -35,14 +35,18 @@ NUMBERS = st.one_of(
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory):
-    """Paths a user might give: missing, a folder, a device, a pipe, beneath a file, too long, ..."""
+    """Paths a user might give: missing, a folder, a device, a pipe, beneath a file, too long, ...
+    (relative ones, like `-`, land in a folder of the test's own)."""
     root = tmp_path_factory.mktemp("paths")
+    here = os.getcwd()
+    os.chdir(root)
     plain = root / "plain-file"
     plain.write_text("x")
     fifo = root / "pipe"
     os.mkfifo(fifo)
-    return ["", "-", "/", "/dev/zero", "/dev/null", "/proc/self/mem", str(root), str(plain), str(plain / "under"),
-            str(fifo), str(root / "missing" / "x.out"), str(root / ("x" * 300)), "bad\x00name", str(root / "new.out")]
+    yield ["", "-", "/", "/dev/zero", "/dev/null", "/proc/self/mem", str(root), str(plain), str(plain / "under"),
+           str(fifo), str(root / "missing" / "x.out"), str(root / ("x" * 300)), "bad\x00name", str(root / "new.out")]
+    os.chdir(here)
 
 
 def paths(places):

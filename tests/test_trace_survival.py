@@ -102,6 +102,25 @@ def test_the_periodic_flush_keeps_a_loadable_trace_for_what_cannot_be_caught(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.pickle"]  # no temporary left
 
 
+def test_a_forked_child_never_overwrites_the_parent_s_trace(tmp_path):
+    """A DataLoader worker is a fork: its SIGTERM or its exit must not dump its stale copy."""
+    then = """
+        for how in ("exit", "sigterm"):
+            pid = os.fork()
+            if pid == 0:
+                if how == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)
+                sys.exit(0)
+            os.waitpid(pid, 0)
+            print(how, os.path.exists(os.environ["AMEM_TRACE"]), flush=True)
+    """
+    proc, path = start(tmp_path, then=textwrap.dedent(then))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.split() == ["exit", "False", "sigterm", "False"], out + err
+    assert events(path).count("alloc") == 201  # the parent's own exit dump
+
+
 def test_without_the_flush_sigkill_leaves_nothing(tmp_path):
     """What AMEM_TRACE_FLUSH is for: without it a SIGKILL runs no dump at all."""
     proc, path = start(tmp_path)

@@ -50,6 +50,7 @@ MIN_FRAME_BUDGET = 1 << 20    # ... and at least this many (shared stacks count 
 _max_bytes = [MAX_FILE_BYTES]  # the size cap in effect (amem's CLI: --max-trace-mb)
 
 ADVICE = "this is not a snapshot that torch or amem wrote; check where it came from"
+DAMAGED = "give a snapshot written by torch.cuda.memory._dump_snapshot or amem (a copy cut short: copy it again)"
 
 
 def set_max_trace_bytes(max_bytes: int) -> None:
@@ -152,19 +153,20 @@ def _scan(raw: bytes, name: str) -> None:
     if not scan["parsed"]:
         what = "truncated or corrupt pickle" if scan["problem"].startswith("truncated") else \
             "not a pickle, or a corrupt one"
-        raise SnapshotError(f"{name}: not a readable snapshot: {what} ({scan['problem']} at byte {scan['offset']})")
+        raise SnapshotError(f"{name}: not a readable snapshot: {what} ({scan['problem']} at byte {scan['offset']}); "
+                            f"{DAMAGED}")
 
 
 def _unpickle(raw: bytes, name: str) -> Any:
     if not raw:
-        raise SnapshotError(f"{name}: not a readable snapshot: the file is empty")
+        raise SnapshotError(f"{name}: not a readable snapshot: the file is empty; {DAMAGED}")
     _scan(raw, name)
     try:
         return _PlainDataUnpickler(io.BytesIO(raw)).load()
     except RecursionError:
         raise SnapshotError(f"{name}: not a readable snapshot: nested too deeply") from None
     except Exception as err:  # noqa: BLE001 - every unpickling failure is the file's problem
-        raise SnapshotError(f"{name}: not a readable snapshot: {_describe(err)}") from None
+        raise SnapshotError(f"{name}: not a readable snapshot: {_describe(err)}; {DAMAGED}") from None
 
 
 def load_snapshot(path: str | os.PathLike, max_bytes: int | None = None) -> dict:
@@ -393,7 +395,8 @@ def checked_snapshot(data: Any, source: str, in_place: bool, frame_budget: int |
     try:
         return _Checker(in_place, frame_budget, untrusted=frame_budget is not None).snapshot(data)
     except _Bad as err:
-        raise SnapshotError(f"{source}: not a valid snapshot: {err}") from None
+        advice = "" if ";" in str(err) else f"; {DAMAGED}"
+        raise SnapshotError(f"{source}: not a valid snapshot: {err}{advice}") from None
     except RecursionError:
         raise SnapshotError(f"{source}: not a valid snapshot: nested too deeply") from None
 
