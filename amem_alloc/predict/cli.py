@@ -54,14 +54,6 @@ def _run_workload(run: Any, name: str, size: int, steps: int | None) -> None:
     workloads.get(name)(size, steps, "cuda", 0, lambda i: run.marker("step"))
 
 
-def _data_dependent_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    where = [getattr(err, a, None) for a in ("filename", "lineno")]
-    if where[0] and where[1] and f"{where[0]}:{where[1]}" not in text and str(where[0]) not in text:
-        text = f"{where[0]}:{where[1]}: {text}"
-    return "amem predict: " + text
-
-
 def _check(args: argparse.Namespace, script: list[str] | None) -> None:
     if (args.workload is None) == (script is None):
         raise ValueError("give --workload NAME, or -- python script.py args... (one of the two)")
@@ -182,7 +174,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", choices=list(workloads.WORKLOADS), help="a bundled workload instead of a script")
     p.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1)")
     p.add_argument("--steps", type=int, help="a workload's steps (default: the workload's); a script is stopped "
-                   "after this many optimizer steps (default 5; 0: run it to its end)")
+                   "after this many optimizer steps (default 20; 0: run it to its end)")
     p.add_argument("--timeout", type=float, help="stop a script that runs longer than this many seconds, with "
                    "no prediction (default 600; 0: no limit)")
     p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
