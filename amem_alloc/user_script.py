@@ -98,3 +98,25 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = ())
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0
+
+
+def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
+    """Runs the script (run()) and counts its optimizer steps, calling on_step(n) after the n-th;
+    returns the count. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps = [0]
+
+    def count(optimizer, args, kwargs) -> None:
+        steps[0] += 1
+        if on_step is not None:
+            on_step(steps[0])
+
+    hook = register_optimizer_step_post_hook(count)
+    try:
+        status = run(argv[0], argv[1:], reraise=reraise)
+    finally:
+        hook.remove()
+    if status != 0:
+        raise ScriptFailed(argv[0], status)
+    return steps[0]

@@ -35,30 +35,14 @@ SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: it
 
 
 def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
-    """Runs the user's script as Python would (user_script.run); a step is an optimizer.step().
+    """Runs the user's script as Python would (user_script.run_steps); a step is an optimizer.step().
 
     ScriptFailed if it exits non-zero; its traceback is on stderr by then.
     """
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     from .. import user_script
 
-    script, rest = argv[0], argv[1:]
-    steps = [0]
-
-    def count(optimizer, args, kwargs) -> None:
-        steps[0] += 1
-        if on_step is not None:
-            on_step(steps[0])
-
-    hook = register_optimizer_step_post_hook(count)
-    try:
-        status = user_script.run(script, rest, reraise=reraise)
-    finally:
-        hook.remove()
-    if status != 0:
-        raise user_script.ScriptFailed(script, status)
-    return {"script": script, "args": rest, "optimizer_steps": steps[0]}
+    steps = user_script.run_steps(argv, on_step, reraise)
+    return {"script": argv[0], "args": argv[1:], "optimizer_steps": steps}
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:

@@ -68,6 +68,7 @@ def _check(args: argparse.Namespace, script: list[str] | None) -> None:
 
 def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, policies: list) -> Any:
     """The prediction (run.result), or an exit status when there is none."""
+    from .. import user_script
     from . import api
     from . import script as script_mod
 
@@ -81,7 +82,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
                 run.steps_run = script_mod.run(script, run, steps, timeout)
             else:
                 _run_workload(run, args.workload, args.size, args.steps)
-    except script_mod.ScriptFailed as failed:
+    except user_script.ScriptFailed as failed:
         if run.child_reports:
             return _child_failure(run.child_reports)
         print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)

@@ -21,8 +21,6 @@ import signal
 import threading
 from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
 from .. import user_script
 from .notes import NotModelledError, call_site
 from .values import DataDependentError
@@ -41,34 +39,6 @@ class PredictionTimeout(BaseException):
     def __init__(self, seconds: float, where: str):
         super().__init__(f"the script ran past --timeout {seconds:g} s (it was at {where})")
         self.seconds, self.where = seconds, where
-
-
-class ScriptFailed(Exception):
-    """The user's script raised or exited non-zero: its own exit status, its error already printed."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-class _StepLimit:
-    """Marks each optimizer step; stops the script after `steps` of them (0: never)."""
-
-    def __init__(self, run: Any, steps: int) -> None:
-        self.run, self.steps, self.done = run, steps, 0
-
-    def __enter__(self) -> "_StepLimit":
-        self.hook = register_optimizer_step_post_hook(self._after_step)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.hook.remove()
-
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.done += 1
-        self.run.marker("step")
-        if self.steps and self.done >= self.steps:
-            raise StopPrediction
 
 
 class _Deadline:
@@ -95,14 +65,19 @@ class _Deadline:
 
 def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
-    ScriptFailed when it fails; DataDependentError, NotModelledError and PredictionTimeout go on."""
-    limit = _StepLimit(run, steps)
+    user_script.ScriptFailed when it fails; DataDependentError, NotModelledError and
+    PredictionTimeout go on."""
+    done = [0]
+
+    def after_step(n: int) -> None:
+        done[0] = n
+        run.marker("step")
+        if steps and n >= steps:
+            raise StopPrediction
+
     try:
-        with limit, _Deadline(timeout):
-            status = user_script.run(argv[0], argv[1:], reraise=(DataDependentError, NotModelledError,
-                                                                 StopPrediction, PredictionTimeout))
+        with _Deadline(timeout):
+            return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
+                                                                    StopPrediction, PredictionTimeout))
     except StopPrediction:
-        return limit.done
-    if status != 0:
-        raise ScriptFailed(status)
-    return limit.done
+        return done[0]
