@@ -187,8 +187,9 @@ def _factories() -> set:
     return _FACTORIES
 
 
-def _parse_to(func, args: tuple, kwargs: dict):
-    """(target device type or None, to()'s other arguments as keywords) of Tensor.to/.cuda/.cpu."""
+def _parse_to(func, args: tuple, kwargs: dict, type_of: Callable):
+    """(target device type or None, to()'s other arguments as keywords) of Tensor.to/.cuda/.cpu;
+    type_of(tensor) is the device type a tensor claims (for .to(other))."""
     nb = kwargs.get("non_blocking", False)
     fmt = kwargs.get("memory_format")
     if func is torch.Tensor.cuda:
@@ -202,7 +203,7 @@ def _parse_to(func, args: tuple, kwargs: dict):
     if positional and isinstance(positional[0], torch.Tensor):   # .to(other): its device and dtype
         other = positional.pop(0)
     if other is not None:
-        device, dtype = device_type_of(other), other.dtype
+        device, dtype = type_of(other), other.dtype
         nb = bool(positional[0]) if positional else nb
         copy = bool(positional[1]) if len(positional) > 1 else copy
         return device, {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
@@ -211,14 +212,6 @@ def _parse_to(func, args: tuple, kwargs: dict):
     device, dtype, nb, fmt = torch._C._nn._parse_to(*positional, **rest)
     return (device.type if device is not None else None), {"dtype": dtype, "non_blocking": nb, "copy": copy,
                                                            "memory_format": fmt}
-
-
-_device_type_of_tensor = None
-
-
-def device_type_of(t) -> str:
-    """The device type a tensor claims under the session (set by DeviceMode)."""
-    return _device_type_of_tensor(t) if _device_type_of_tensor else t.device.type
 
 
 class DeviceMode(TorchFunctionMode):
@@ -232,8 +225,6 @@ class DeviceMode(TorchFunctionMode):
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: False}
-        global _device_type_of_tensor
-        _device_type_of_tensor = self._type
 
     def _type(self, t: torch.Tensor) -> str:
         return self.storages.device_of(t) or "cpu"
@@ -288,7 +279,7 @@ class DeviceMode(TorchFunctionMode):
 
     def _to(self, func, args, kwargs):
         t = args[0]
-        target, options = _parse_to(func, args, kwargs)
+        target, options = _parse_to(func, args, kwargs, self._type)
         options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
         if target is None or (target == "meta" and t.device.type == "meta"):
