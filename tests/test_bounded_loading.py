@@ -193,6 +193,7 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     refused(fifo, "a pipe, not a regular file", seconds=1)
 
 
+@needs_trace
 def test_a_pipe_given_as_provenance_or_trace_is_one_line_not_a_wait(tmp_path, capsys):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
