@@ -21,11 +21,12 @@ from .config import canonical as canonical_config
 from .config import option_table
 from .doctor import note_if_hook_inactive as _note_if_hook_inactive
 from .cuda import empty_cache, enable, fragmentation, is_enabled, memory_stats, reset_peak_memory_stats, segments
-from .exports import chrome_trace, rmm_csv
+from .trace_export import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
 from .recording import record, tag
 from .report import render_report, write_report
 from .snapshot import SnapshotError, build_snapshot, dump_snapshot, load_snapshot
+from .version import __version__
 
 __all__ = [
     "Allocator",
@@ -63,9 +64,8 @@ __all__ = [
     "tag",
     "write_report",
 ]
-__version__ = "0.1.0"
 _note_if_hook_inactive()  # AMEM_ENABLE=1 without the start-up hook: said, not silently ignored
-_LAZY = {"replay_trace": ".compare.trace_replay", "replay_program": ".replay"}  # amem replay; the C++ loop
+_LAZY = {"replay_trace": ".replay.trace", "replay_program": ".replay"}  # amem replay; the C++ loop
 
 
 def __getattr__(name: str):

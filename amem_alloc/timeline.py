@@ -24,8 +24,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..introspection import format_bytes
-from ..snapshot import device_extra, round_block, tag_table
+from .introspection import format_bytes
+from .snapshot import device_extra, round_block, tag_table
 
 SEGMENT_GROW = ("segment_alloc", "segment_map")
 SEGMENT_SHRINK = ("segment_free", "segment_unmap")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic_write
-from .report.timeline import DeviceTimeline, Lifetime, build_timeline
+from .timeline import DeviceTimeline, Lifetime, build_timeline
 from .snapshot import format_frames
 
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"

@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .usage import UsageError
+from .user_input import UsageError
 
 _RUNPY = os.path.dirname(runpy.__file__)
 _AMEM = os.path.dirname(os.path.abspath(__file__))

@@ -95,7 +95,7 @@ def test_deep_nesting_within_the_limits_loads_and_reports(tmp_path):
     raw = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]}(\x8c\x06action\x8c\x05alloc"
            b"\x8c\x06frames](" + deep + b"eu" + b"aau.")
     data = load_snapshot(write(tmp_path, raw))
-    from amem_alloc.exports import chrome_trace
+    from amem_alloc.trace_export import chrome_trace
     from amem_alloc.report import render_report
 
     render_report(data)

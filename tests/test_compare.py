@@ -11,7 +11,7 @@ import pytest
 from amem_alloc import policies, replay
 from amem_alloc.cli import main as amem
 from amem_alloc.compare import compare, format_markdown, format_text
-from amem_alloc.compare.commands import _script
+from amem_alloc.cli.parser import script_argv as _script
 
 
 def _check_rows(result, names):
@@ -88,7 +88,7 @@ def test_bad_arguments():
 
 def test_compare_without_a_gpu_models_cuda_allocations(tmp_path):
     """The recorded program is CUDA's: a matmul's cuBLAS workspace is in it, which no CPU run allocates."""
-    from amem_alloc.compare.recorder import record
+    from amem_alloc.compare.predicted_program import record
 
     meta = record(tmp_path, "mlp", 1, 1, None)
     program = replay.Program.load(tmp_path / "program.npz")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from amem_alloc import Allocator, chrome_trace, load_snapshot, rmm_csv
-from amem_alloc.exports import RMM_HEADER, write_export
-from amem_alloc.report.timeline import build_timeline
+from amem_alloc.trace_export import RMM_HEADER, write_export
+from amem_alloc.timeline import build_timeline
 
 from helpers import run_command
 from test_snapshot import TRACES, host_run, needs_traces

@@ -70,7 +70,7 @@ def test_json_has_the_documented_schema(tmp_path):
 def test_trace_opens_in_torch_memory_viz_and_in_amem(tmp_path):
     from torch.cuda import _memory_viz
 
-    from amem_alloc.compare.trace_replay import format_text, replay_trace
+    from amem_alloc.replay.trace import format_text, replay_trace
     from amem_alloc.snapshot import load_snapshot
 
     p = amem_alloc.predict(_cache_then_bigger, session_factory=DoubleSession)

@@ -265,7 +265,7 @@ def test_the_oom_trace_survives_the_crash(tmp_path):
 def test_python_m_amem_alloc_is_importable_without_torch_for_reports():
     proc = run_python("""
         import sys
-        import amem_alloc.report, amem_alloc.exports, amem_alloc.snapshot, amem_alloc.recording
+        import amem_alloc.report, amem_alloc.trace_export, amem_alloc.snapshot, amem_alloc.recording
         print("torch loaded:", "torch" in sys.modules)
     """)
     assert proc.returncode == 0, proc.stderr

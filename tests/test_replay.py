@@ -73,7 +73,7 @@ def test_the_segment_log_agrees_with_the_core_trace():
     program = replay.program_from_events(training_events(steps=2, layers=3, max_seq=512))
     for conf in ("", "expandable_segments:True"):
         run = replay.run(program, conf, record_segments=True)
-        core = replay._core(conf, 0)
+        core = replay.program._core(conf, 0)
         core.start_trace(1 << 20)
         core.replay(program.core_bytes(), 1)
         events = json.loads(core.trace_json())["events"]

@@ -9,7 +9,7 @@ import pytest
 
 from amem_alloc import replay
 from amem_alloc.cli import main as amem
-from amem_alloc.compare import trace_replay
+from amem_alloc.replay import trace as trace_replay
 
 from helpers import shared_traces_dir
 

@@ -11,7 +11,7 @@ import pytest
 
 from amem_alloc import Allocator, load_snapshot, render_report, write_report
 from amem_alloc.report.data import report_data
-from amem_alloc.report.timeline import build_timeline, segments_at
+from amem_alloc.timeline import build_timeline, segments_at
 from amem_alloc.snapshot import parse_snapshot
 
 from helpers import run_command

@@ -35,7 +35,7 @@ def test_run_keeps_the_scripts_traceback_and_exit_status(tmp_path):
     assert "step 1 done" in proc.stdout
     assert f'File "{script}", line 3, in step' in proc.stderr
     assert proc.stderr.rstrip().endswith("RuntimeError: shape mismatch")
-    assert "amem: shape mismatch" not in proc.stderr and "amem_alloc/cli.py" not in proc.stderr
+    assert "amem: shape mismatch" not in proc.stderr and "amem_alloc/cli/" not in proc.stderr
 
 
 def test_run_keeps_a_torch_out_of_memory_error_as_the_scripts(tmp_path):

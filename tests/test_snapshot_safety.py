@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from amem_alloc import Allocator, SnapshotError, load_snapshot
-from amem_alloc.exports import chrome_trace, rmm_csv
+from amem_alloc.trace_export import chrome_trace, rmm_csv
 from amem_alloc.report import render_report
 from amem_alloc.snapshot import FORMAT_VERSION, parse_snapshot
 
@@ -147,7 +147,7 @@ def test_trace_with_only_frees_starts_mid_run_and_never_goes_negative():
     data = parse_snapshot({"segments": [], "device_traces": [events]})
     page = render_report(data)
     assert "starts mid-run" in page
-    from amem_alloc.report.timeline import build_timeline
+    from amem_alloc.timeline import build_timeline
 
     tl = build_timeline(data, 0)
     assert tl.allocated[0] == 5 * 1024 and tl.allocated[-1] == 0 and min(tl.allocated) >= 0

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import policies as policies_mod
+from . import parser
 
 EXIT_BAD_INPUT = 2
 EXIT_DATA_DEPENDENT = 3
 EXIT_NOT_MODELLED = 4
 EXIT_TIMEOUT = 124
-PYTHONS = ("python", "python3")
 
 
 def _fail(message: str) -> None:
@@ -33,17 +33,9 @@ def _fail(message: str) -> None:
 
 
 def _script(target: list[str]) -> list[str] | None:
-    """`-- python train.py args` -> ["train.py", "args"]."""
-    target = target[1:] if target and target[0] == "--" else target
-    if target and Path(target[0]).name.startswith(PYTHONS) and not target[0].endswith(".py"):
-        target = target[1:]
-    if not target:
-        return None
-    if target[0] == "-m":
-        raise ValueError("give a script path (-- python train.py ...), not -m module")
-    if not target[0].endswith(".py"):
-        raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
-    if not Path(target[0]).is_file():
+    """`-- python train.py args` -> ["train.py", "args"] (parser.script_argv), an existing script."""
+    target = parser.script_argv(target)
+    if target and not Path(target[0]).is_file():
         raise ValueError(f"{target[0]}: no such script")
     return target
 
@@ -69,8 +61,8 @@ def _check(args: argparse.Namespace, script: list[str] | None) -> None:
 def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, policies: list) -> Any:
     """The prediction (run.result), or an exit status when there is none."""
     from .. import user_script
-    from . import api
-    from . import script as script_mod
+    from ..predict import api
+    from ..predict import script as script_mod
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
     steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
@@ -123,7 +115,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from . import api
+    from ..predict import api
 
     script = _script(args.target)
     _check(args, script)
@@ -159,7 +151,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
-    from . import gpus
+    from ..predict import gpus
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",
@@ -170,7 +162,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", help=f"the card to fit (default {gpus.DEFAULT}); see the list above")
     where.add_argument("--capacity-gb", type=float, help="instead of --gpu: usable device memory in GiB")
-    p.add_argument("--policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); default: "
+    p.add_argument("--policy", "--policies", dest="policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); default: "
                    + ",".join(policies_mod.DEFAULT_COMPARE))
     p.add_argument("--workload", choices=list(workloads.WORKLOADS), help="a bundled workload instead of a script")
     p.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1)")

@@ -9,7 +9,7 @@ The allocator cannot change once CUDA has started, so every configuration runs i
 its own, started by compare/runner.py; each writes one JSON result with its pid, so the parent
 (and the tests) can check that no two configurations shared a process.
 
-`replay` runs a recorded program (compare/recorder.py) through the core on the sim backend
+`replay` runs a recorded program (compare/predicted_program.py) through the core on the sim backend
 under one policy. `gpu` runs the workload for real: native policies with PYTORCH_CUDA_ALLOC_CONF
 set by the parent (or unset), amem policies with AMEM_ENABLE=1 and AMEM_CONF. Both record the
 allocator's trace (torch's _record_memory_history without stacks, or amem's ring) for the
@@ -111,7 +111,7 @@ def _gpu(args: argparse.Namespace) -> dict:
     import torch
 
     from .. import workloads
-    from .recorder import _run_script
+    from .predicted_program import _run_script
 
     if not torch.cuda.is_available():
         raise RuntimeError("amem compare: --mode real needs a CUDA device")

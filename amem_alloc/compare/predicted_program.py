@@ -13,7 +13,7 @@ Code that needs a tensor's value (loss.item() deciding what to do next) cannot b
 recording stops with the engine's one-line DataDependentError naming the file and line, and
 `amem compare` reports it; run such code on a GPU (`--mode real`).
 
-Used as `python -m amem_alloc.compare.recorder --workload gpt --out DIR` (or `--script
+Used as `python -m amem_alloc.compare.predicted_program --workload gpt --out DIR` (or `--script
 script.py args...`), always in a fresh process: it writes DIR/program.npz and
 DIR/recording.json (what ran, the step boundaries, the recording's time).
 """
@@ -70,7 +70,7 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m amem_alloc.compare.recorder")
+    parser = argparse.ArgumentParser(prog="python -m amem_alloc.compare.predicted_program")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--workload")
     parser.add_argument("--size", type=int, default=1)

@@ -8,14 +8,14 @@ its own (compare/child.py), and each child reports its pid.
 * real (a GPU is present): the workload runs once per configuration: torch's allocator with
   PYTORCH_CUDA_ALLOC_CONF unset or "expandable_segments:True", and amem with AMEM_ENABLE=1 and
   each policy's AMEM_CONF. Runs go one after another, so their step times do not interfere.
-* simulated (no GPU): the workload runs once under prediction (compare/recorder.py: fake CUDA
+* simulated (no GPU): the workload runs once under prediction (compare/predicted_program.py: fake CUDA
   tensors, the allocations CUDA's caching allocator would receive); then every configuration
   replays that one allocation sequence through the core on the sim backend, the children running
   side by side. The output says plainly that the figures are predicted without a GPU.
 
 A tqdm bar on stderr shows the runs in progress (only when stderr is a terminal). The result
 goes to OUT/compare.json (every figure and timeline), OUT/compare.png and OUT/compare.html
-(compare/table.py, compare/plot.py), plus OUT/program.npz (the recorded requests, for `amem
+(compare/table.py, report/plot.py), plus OUT/program.npz (the recorded requests, for `amem
 replay`) when simulated, or OUT/trace-<policy>.pickle (each run's allocator trace) when real.
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _record(work: Path, workload: str | None, size: int, steps: int | None, scri
     args += ["--script", *script] if script else ["--workload", workload, "--size", str(size)]
     if steps is not None and not script:
         args += ["--steps", str(steps)]
-    proc = _spawn("amem_alloc.compare.recorder", args, _env(None, False))
+    proc = _spawn("amem_alloc.compare.predicted_program", args, _env(None, False))
     if script:  # the script's own output and traceback, as it printed them
         sys.stdout.write(proc.stdout)
         sys.stdout.flush()
@@ -212,7 +212,8 @@ def compare(workload: str | None = None, script: list[str] | None = None, size: 
             steps: int | None = None, policies: list | None = None, mode: str = "auto",
             out_dir: str | Path | None = None, progress: bool = True, jobs: int | None = None) -> CompareResult:
     """Runs the comparison; writes compare.json, compare.png and compare.html into out_dir."""
-    from . import plot, table
+    from ..report import plot
+    from . import table
 
     _check(workload, script, size, mode)
     policies = [policies_mod.get(p) if isinstance(p, str) else p

@@ -90,7 +90,7 @@ def _body(result: Any, png: Path | None) -> str:
 
 def write_html(result: Any, path: Path, png: Path | None) -> Path:
     """The page: the report's template (offline, strict CSP) when available, else a plain page."""
-    from .. import __version__
+    from ..version import __version__
 
     title = f"amem compare: {result.target}"
     subtitle = "predicted without a GPU" if result.mode == "simulated" else f"on {result.environment.get('device')}"

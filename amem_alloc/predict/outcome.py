@@ -368,7 +368,7 @@ def _attach_frames(snap: dict, infos: dict, order: list[int], final: dict[int, i
 
 # ============================================================================ the report
 def render_report(p: Prediction) -> str:
-    from .. import __version__
+    from ..version import __version__
     from ..report import html as report_html
     from ..report.data import report_data
     from ..snapshot import parse_snapshot

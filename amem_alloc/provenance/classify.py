@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 
+from ..provenance_format import module_label
+
 
 class Knowledge:
     """Storage keys the tracer has learned, and the starts of each backward (as sequence numbers)."""
@@ -29,12 +31,6 @@ class Knowledge:
         self.grads: dict = {}             # key -> "parameter fc1.weight" (whose .grad it is)
         self.optimizer_state: dict = {}   # key -> "exp_avg of parameter fc1.weight"
         self.backward_starts: list[int] = []  # sorted sequence numbers
-
-
-def module_label(module) -> str:
-    if module is None:
-        return "(outside the model)"
-    return module or "(model)"
 
 
 def _freed_before_backward(rec, know: Knowledge) -> bool:

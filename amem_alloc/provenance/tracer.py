@@ -24,7 +24,8 @@ import torch
 from torch.optim import optimizer as optim_hooks
 
 from .. import atomic_write
-from ..usage import output_file
+from ..provenance_format import FORMAT
+from ..user_input import output_file
 from . import activations as activations_mod
 from . import lookup, report
 from .accounting import exact_blocks_on, storage_of
@@ -305,7 +306,7 @@ class Tracer:
         steps = self._steps()
         acts = [activations_mod.build(steps, i + 1, self.model, self.hooks_mode).to_dict() for i in range(len(steps))]
         data = {
-            "format": "amem_alloc.provenance/1",
+            "format": FORMAT,
             "torch": torch.__version__,
             "model": type(self.model).__name__ if self.model is not None else None,
             "duration_ms": report.duration_ms(self.started_ns, self.stopped_ns),
@@ -336,7 +337,7 @@ class Tracer:
         return text
 
     def to_html(self, path=None) -> str:
-        from . import html
+        from ..report import provenance as html
 
         if path is not None:
             output_file(path, "Tracer.to_html")

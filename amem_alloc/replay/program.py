@@ -21,7 +21,7 @@ From a torch snapshot (`trace_programs`), per device:
   free space cached. Otherwise the live blocks are allocated in address order on a fresh
   allocator, and the report says the start state is unknown.
 * segment_alloc/free/map/unmap are the native allocator's decisions: never inputs. They are
-  kept as the ground truth (`Native`) that compare/fidelity.py measures the emulation against.
+  kept as the ground truth (`Native`) that replay/fidelity.py measures the emulation against.
   One exception: a run of segment_free or segment_unmap events means the native cache was
   emptied at that point (an empty_cache() call, or a cudaMalloc failure whose retry released
   the cache; the trace cannot tell them apart and does not record the device's free memory),
@@ -45,8 +45,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _C, atomic_write
-from .introspection import parse_fragmentation, parse_stats
+from .. import _C, atomic_write
+from ..introspection import parse_fragmentation, parse_stats
 
 OPS = np.dtype([("key", "<u8"), ("size", "<u8"), ("stream", "<u8"), ("kind", "<u8")])
 ALLOC, FREE, RELEASE, PROLOGUE_END = 0, 1, 2, 3   # csrc/core/replay.h ReplayKind

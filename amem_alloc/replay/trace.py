@@ -5,7 +5,7 @@ or by amem, or a program recorded by `amem compare` (.npz). Every device with ev
 into a program (replay.trace_program: pre-existing blocks, rebuilt start state, cache releases)
 and replayed through the C++ core on the sim backend under each policy. Where the trace carries
 the native allocator's segment events, the report adds the native figures and the fidelity of
-the policy that emulates the native settings (compare/fidelity.py).
+the policy that emulates the native settings (replay/fidelity.py).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import policies as policies_mod
-from .. import replay
 from ..introspection import format_bytes
 from . import fidelity as fidelity_mod
+from . import program as replay
 
 BARS = " ▁▂▃▄▅▆▇█"
 
@@ -276,18 +276,3 @@ def format_text(report: TraceReplay) -> str:
     for d in report.devices:
         lines += [""] + _device_text(d)
     return "\n".join(lines)
-
-
-def write_plot(report: TraceReplay, path: str | Path) -> list[Path]:
-    """One PNG per device (path itself when there is one device; name-dN.png otherwise)."""
-    from .plot import plot_timelines
-
-    path, out = Path(path), []
-    for d in report.devices:
-        target = path if len(report.devices) == 1 else path.with_name(f"{path.stem}-d{d.trace.device}{path.suffix}")
-        series = [(p.name, r.timeline) for p, r in d.runs]
-        if d.trace.native.segment_events:
-            series.insert(0, ("native (trace)", d.native_timeline))
-        out.append(plot_timelines(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
-                                  "request", None))
-    return out

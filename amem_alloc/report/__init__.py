@@ -23,8 +23,11 @@ import os
 from pathlib import Path
 
 from .. import atomic_write
+from ..provenance_format import is_provenance
+from ..version import __version__
 from . import html as _html
 from .data import report_data
+from .provenance import section as provenance_section
 
 __all__ = ["render_ranks_report", "render_report", "write_ranks_report", "write_report"]
 
@@ -37,18 +40,14 @@ def _subtitle(source: str, data: dict) -> str:
 
 def _provenance_section(provenance: dict) -> str:
     """amem_alloc.provenance's own tables for its JSON; any other dict as key/value rows."""
-    if str(provenance.get("format", "")).startswith("amem_alloc.provenance/"):
-        from ..provenance.html import section
-
-        return section(provenance)
+    if is_provenance(provenance):
+        return provenance_section(provenance)
     return _html.key_value_section("Provenance", "provenance", provenance)
 
 
 def render_report(snapshot: dict, provenance: dict | None = None, title: str | None = None,
                   source: str = "snapshot", top: int = 20) -> str:
     """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
-    from .. import __version__
-
     tracer_json = provenance if provenance is not None and provenance.get("allocations") else None
     data = report_data(snapshot, top=top, provenance=tracer_json)
     body = [_html.device_section(dev) for dev in data["devices"]]
@@ -80,7 +79,6 @@ def write_report(trace: str | os.PathLike | dict, out: str | os.PathLike, proven
 
 def render_ranks_report(snapshots: list[tuple[str, dict]], title: str | None = None) -> str:
     """Several ranks' traces ((source, checked snapshot) each) on one page: see report/ranks.py."""
-    from .. import __version__
     from .ranks import load_ranks, rank_data, ranks_section
 
     data = rank_data(load_ranks(snapshots))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .callsite import CallSites
-from .timeline import DeviceTimeline, Lifetime, live_at
+from ..timeline import DeviceTimeline, Lifetime, live_at
 
 TOP_GROUPS = 12        # rows per grouping in the tables
 STACKED_BANDS = 10     # call sites drawn as their own band in the stacked timeline

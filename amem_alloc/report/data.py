@@ -11,7 +11,7 @@ from typing import Any
 from .breakdown import Provenance, by_call_site, by_category, held_at, stacked
 from .callsite import CallSites
 from .oom import oom_reports
-from .timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
+from ..timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
 from ..snapshot import device_extra, format_frames
 
 MAX_POINTS = 4000  # per plotted series; peaks and troughs are kept

@@ -25,7 +25,7 @@ import numpy as np
 from ..introspection import format_bytes
 from .breakdown import Provenance, held_at
 from .callsite import CallSites
-from .timeline import DeviceTimeline, free_runs, segments_at
+from ..timeline import DeviceTimeline, free_runs, segments_at
 
 OOM_KEY = (1 << 62) + 1  # the failed request's key in the replayed program: no trace address is this high
 MAX_PANELS = 8     # out-of-memory errors shown per device (a retry loop can log hundreds)

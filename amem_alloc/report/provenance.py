@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 
 from ..introspection import format_bytes
-from .classify import module_label
+from ..provenance_format import module_label
 
 def _e(x) -> str:
     return html.escape(str(x))
@@ -66,8 +66,8 @@ def section(data: dict) -> str:
 
 def page(data: dict) -> str:
     """A whole page, styled like amem's report of allocator traces (and with no script)."""
-    from .. import __version__
-    from ..report.html import page as report_page
+    from ..version import __version__
+    from .html import page as report_page
 
     model = data.get("model") or "tracer"
     duration = data.get("duration_ms")

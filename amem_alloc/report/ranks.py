@@ -24,7 +24,7 @@ from pathlib import Path
 from ..introspection import format_bytes
 from .data import devices_with_data
 from .html import esc
-from .timeline import DeviceTimeline, build_timeline, downsample
+from ..timeline import DeviceTimeline, build_timeline, downsample
 
 MAX_POINTS = 600  # per rank and series in the SVG
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")

@@ -88,7 +88,7 @@ def build_snapshot(allocator: Any = None) -> dict:
     allocator: None for amem's CUDA allocators (every device in use), an amem_alloc.Allocator
     (host/sim backend, shown as device 0), or a handle from amem_alloc.sources.
     """
-    from .. import __version__
+    from ..version import __version__
 
     source = device_source(allocator)
     tags = tag_names()

@@ -50,7 +50,7 @@ def test_dump_on_gpu_is_read_by_torch_and_matches_amem_stats(tmp_path):
     from torch.cuda import _memory_viz
 
     import amem_alloc
-    from amem_alloc.report.timeline import build_timeline
+    from amem_alloc.timeline import build_timeline
 
     data = pickle.loads(path.read_bytes())
     text = _memory_viz.segsum(data)

@@ -27,7 +27,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import policies, replay
+from .. import policies
+from . import program as replay
 from ..snapshot import load_snapshot
 
 

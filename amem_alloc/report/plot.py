@@ -65,3 +65,17 @@ def write(result: Any, out: Path) -> dict:
     except ImportError:  # matplotlib is optional: the table and JSON still stand
         return {}
     return {"png": path}
+
+
+def write_replay_plots(report: Any, path: str | Path) -> list[Path]:
+    """`amem replay --plot`: a replay.trace.TraceReplay as one PNG per device (`path` itself when there
+    is one device; name-dN.png otherwise)."""
+    path, out = Path(path), []
+    for d in report.devices:
+        target = path if len(report.devices) == 1 else path.with_name(f"{path.stem}-d{d.trace.device}{path.suffix}")
+        series = [(p.name, r.timeline) for p, r in d.runs]
+        if d.trace.native.segment_events:
+            series.insert(0, ("native (trace)", d.native_timeline))
+        out.append(plot_timelines(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
+                                  "request", None))
+    return out

@@ -1,0 +1,133 @@
+"""The one parser helper of the `amem` commands: argparse with one-line mistakes, the number types
+the options take, and the trace-size option that every command reading a trace shares.
+
+A mistake argparse finds is one line (`amem replay: --top: ...; see amem replay --help`) and exit
+status 2; what the command finds later (cli/main.py) is one line and exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line (`amem replay: --top: ...; see amem replay --help`), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def one_line(err: BaseException, command: str = "amem") -> str:
+    """The single line amem prints for one of its own errors."""
+    if isinstance(err, OSError) and err.filename is not None:
+        text = f"{err.filename}: {err.strerror or err}"
+    else:
+        text = str(err).strip() or type(err).__name__
+    text = " ".join(text.split("\n")[0].split()) if "\n" in text else text
+    return text if text.startswith("amem") else f"{command}: {text}"
+
+
+# ---------------------------------------------------------------------------- numbers (argparse types)
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small; give an integer >= 1")
+    return value
+
+
+def int_up_to(most: int):
+    """An argparse type: an integer from 1 to `most`."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{value} is too large; give an integer from 1 to {most:,}")
+        return value
+
+    parse.__name__ = f"integer up to {most}"
+    return parse
+
+
+def capacity_gb(text: str) -> float:
+    """A device capacity in GiB: a finite number >= 0 (0: unlimited)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give the capacity in GiB, e.g. 80") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a capacity; give a finite number of GiB >= 0 "
+                                         "(0 means unlimited)")
+    if value * (1 << 30) >= 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text} GiB is more than amem can address; give at most "
+                                         f"{(1 << 63) / (1 << 30):.0f} GiB")
+    return value
+
+
+def device_index(text: str) -> int:
+    """--device: a device index, 0 .. 1023."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device index; give an integer from 0") from None
+    if not 0 <= value < 1024:
+        raise argparse.ArgumentTypeError(f"{value} is not a device index; give an integer from 0 to 1023")
+    return value
+
+
+def trace_limit_mb(text: str) -> int:
+    """--max-trace-mb: the largest trace file (or standard input) amem reads, in MiB."""
+    value = positive_int(text)
+    if value > 1 << 30:
+        raise argparse.ArgumentTypeError(f"{value} MiB is more than amem can read; give at most {1 << 30}")
+    return value
+
+
+def add_trace_limit(parser: argparse.ArgumentParser) -> None:
+    """The size cap of the traces a command reads (amem_alloc/snapshot/load.py)."""
+    from ..snapshot import MAX_FILE_BYTES
+
+    parser.add_argument("--max-trace-mb", type=trace_limit_mb, default=MAX_FILE_BYTES >> 20,
+                        help=f"refuse trace files larger than this many MiB (default {MAX_FILE_BYTES >> 20}; "
+                             "loading takes about 10-20 times the file's size in memory)")
+
+
+def apply_trace_limit(args: argparse.Namespace) -> None:
+    from ..snapshot import set_max_trace_bytes
+
+    set_max_trace_bytes(args.max_trace_mb << 20)
+
+
+def whole_gb(text: str) -> int:
+    value = capacity_gb(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of GiB")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------- a script after --
+PYTHONS = ("python", "python3")
+
+
+def script_argv(target: list[str]) -> list[str] | None:
+    """`-- python train.py args` -> ["train.py", "args"] (the script runs in amem's own interpreter,
+    through user_script); None when nothing was given. ValueError for a module or a non-.py file."""
+    target = target[1:] if target and target[0] == "--" else target
+    if target and Path(target[0]).name.startswith(PYTHONS) and not target[0].endswith(".py"):
+        target = target[1:]
+    if target and target[0] == "-m":
+        raise ValueError("give a script path (-- python train.py ...), not -m module")
+    if target and not target[0].endswith(".py"):
+        raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
+    return target or None
+
+
+def add_policy_option(p: argparse.ArgumentParser, default: str) -> None:
+    """--policy (alias --policies): the one flag name for the allocator policies a command compares."""
+    p.add_argument("--policy", "--policies", dest="policy", metavar="POLICIES",
+                   help=f"comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); default: {default}")
