@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from amem_alloc import Tracer
-from amem_alloc.provenance import html
+from amem_alloc.report import provenance as html
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from helpers import run_command  # noqa: E402

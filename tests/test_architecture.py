@@ -1,0 +1,121 @@
+"""The package's layers, as docs/architecture.md draws them, checked on the import graph.
+
+Every `import` and `from ... import` in amem_alloc (at module level or inside a function: a lazy
+import is still a dependency) becomes an edge between *units*: a sub-package (amem_alloc/replay/
+...) or a top-level module (amem_alloc/policies.py ...). The checks:
+
+* no cycle between units: data flows down (commands -> packages -> runtime modules -> _C);
+* no module below the package's own __init__ reads a name defined there (the version is in
+  version.py, a leaf); importing a sibling module through `from .. import x` is fine;
+* the layers of docs/architecture.md: nothing imports cli/ (the commands are on top), and the
+  units drawn as leaves import no other unit.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "amem_alloc"
+LEAVES = {"version", "provenance_format", "atomic_write", "policies"}  # import no other unit (policies: _C only)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every import in the file."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+    return [(t, names) for t, names in out if t == "amem_alloc" or t.startswith("amem_alloc.")]
+
+
+def _unit(module: str) -> str | None:
+    """amem_alloc.replay.program -> replay; amem_alloc.policies -> policies; the package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        source = _unit(_module_name(path))
+        if source is None:
+            continue
+        for target, names in _imports(path):
+            targets = {_unit(target)} if target != "amem_alloc" else set(names)  # from .. import atomic_write
+            for t in targets - {None, source, "_C"}:
+                edges.setdefault(source, set()).add(t)
+    return edges
+
+
+def _submodules() -> set[str]:
+    return {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()} | {"_C"}
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node, [])
+            if found:
+                return found[found.index(found[-1]):]
+    return None
+
+
+def test_no_cycle_between_packages():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle between units of amem_alloc: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_reads_a_name_from_the_package_init():
+    known = _submodules()
+    offenders = [f"{path.relative_to(PACKAGE.parent)}: from amem_alloc import {name}"
+                 for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"
+                 for target, names in _imports(path) if target == "amem_alloc"
+                 for name in names if name not in known]
+    assert not offenders, "names defined in amem_alloc/__init__.py, read from below it:\n" + "\n".join(offenders)
+
+
+def test_the_commands_are_on_top_and_the_leaves_are_leaves():
+    edges = _graph()
+    assert not [u for u, targets in edges.items() if "cli" in targets and u != "__main__"], edges
+    for leaf in LEAVES:
+        assert not edges.get(leaf), f"{leaf} is drawn as a leaf in docs/architecture.md, but imports {edges[leaf]}"
+
+
+def test_architecture_page_names_every_package():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    missing = [p for p in packages if f"{p}/" not in page]
+    assert not missing, f"docs/architecture.md does not say what these packages own: {missing}"
