@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from .. import atomic_write, replay
+from ..snapshot import round_block
 
 MAX_ENTRIES = 2_000_000  # trace ring for GPU runs (about 128 MB for amem)
 TIMELINE_POINTS = 2000
@@ -63,7 +64,7 @@ def trace_timeline(events: list[dict]) -> tuple[list[list[int]], int, int]:
     every = max(1, len(events) // TIMELINE_POINTS)
     for i, ev in enumerate(events):
         action, size = ev["action"], ev.get("size", 0)
-        block = (size + 511) // 512 * 512
+        block = round_block(size)
         allocated += block if action == "alloc" else -block if action == "free_requested" else 0
         reserved += size if action in ("segment_alloc", "segment_map") else 0
         reserved -= size if action in ("segment_free", "segment_unmap") else 0

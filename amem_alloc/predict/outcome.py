@@ -34,16 +34,13 @@ from .. import policies as policies_mod
 from .. import replay
 from .._C import CoreAllocator
 from ..introspection import format_bytes
+from ..snapshot import round_block
 from .gpus import Gpu
 
 MiB = 1 << 20
 STEP = 2 * MiB          # min_capacity's resolution: the small pool's segment size
 NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute); the figures are what "
         "each allocator policy does with the allocations CUDA would have received.")
-
-
-def round512(n: int) -> int:
-    return max(512, (n + 511) // 512 * 512)
 
 
 # ============================================================================ per policy
@@ -115,7 +112,7 @@ def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
         if kind == replay.ALLOC:
             if key in sizes:
                 allocated -= sizes.pop(key)
-            sizes[key] = round512(size) if size else 0
+            sizes[key] = round_block(size)
             allocated += sizes[key]
             if allocated > peak:
                 peak, peak_op = allocated, i
@@ -124,7 +121,7 @@ def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
     live: dict[int, int] = {}
     for kind, key, size, _ in ops[: peak_op + 1]:
         if kind == replay.ALLOC:
-            live[key] = round512(size) if size else 0
+            live[key] = round_block(size)
         elif kind == replay.FREE:
             live.pop(key, None)
     cats: dict[str, int] = {}

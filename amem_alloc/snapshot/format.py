@@ -5,6 +5,8 @@ see amem_alloc/snapshot/__init__.py for the layout.
 """
 from __future__ import annotations
 
+from .. import _C
+
 FORMAT_VERSION = 1  # of the "amem" key; load_snapshot refuses newer ones
 PICKLE_PROTOCOL = 4  # torch's web viewer reads protocol <= 4
 EXTRA_COLUMNS = ("seq", "rounded_size", "thread", "tag", "context", "alloc_seq")
@@ -53,8 +55,9 @@ def amem_events(snapshot: dict, device: int) -> list[dict]:
 
 
 def round_block(size: int) -> int:
-    """A request's block size under torch's minimum rounding (512 B); 0 stays 0."""
-    return 0 if size <= 0 else (size + 511) // 512 * 512
+    """A request's block size under torch's minimum rounding (512 B, the core's own size policy:
+    _C.round_size, never restated); 0 stays 0."""
+    return 0 if size <= 0 else _C.round_size(size, "")
 
 
 def tag_table(snapshot: dict) -> dict[int, str]:
