@@ -14,7 +14,6 @@ from typing import Any
 from . import _C
 from .config import resolve_with_policy
 from .devices import block_info, empty_cache, fragmentation, memory_stats, reset_peak_memory_stats, segments  # noqa: F401
-from .devices import device_index as _device_index  # noqa: F401 - the old private name
 from .recording import start_always_on, trace_config_from_env
 from .torch_patch import patch
 

@@ -116,6 +116,3 @@ def unpatch() -> None:
         setattr(modules[module_name], name, original)
     _originals.clear()
 
-
-def is_patched() -> bool:
-    return bool(_originals)

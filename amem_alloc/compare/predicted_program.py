@@ -50,12 +50,13 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     import torch
 
     from .. import workloads
-    from ..predict.api import engine, predicting
+    from ..predict.api import predicting
+    from ..predict.values import DataDependentError
 
     started = time.perf_counter()
     with predicting(policies=[], target=workload or script[0], analyse=False) as run:
         if script:
-            info = _run_script(script, lambda i: run.marker("step"), reraise=(engine()[1],))  # a value read is prediction's limit, not the script's error
+            info = _run_script(script, lambda i: run.marker("step"), reraise=(DataDependentError,))  # a value read is prediction's limit, not the script's error
         else:
             info = workloads.get(workload)(size, steps, "cuda", 0, lambda i: run.marker("step"))
     seconds = time.perf_counter() - started
@@ -79,14 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.workload and not args.script:
         parser.error("give --workload NAME or --script script.py args...")
-    from ..predict.api import engine
+    from ..predict.values import DataDependentError
 
     args.out.mkdir(parents=True, exist_ok=True)
     from ..user_script import ScriptFailed
 
     try:
         meta = record(args.out, args.workload, args.size, args.steps, args.script)
-    except engine()[1] as err:  # DataDependentError: the parent shows this last line
+    except DataDependentError as err:  # the parent shows this last line
         print(f"cannot predict this code: {str(err).splitlines()[0]}", file=sys.stderr)
         return 3
     except ScriptFailed as failed:  # the script's own error: its traceback is on stderr already

@@ -87,7 +87,7 @@ class OpContext:
         self.ours = None  # True: the tracer's saved-tensor hooks are innermost; else whose are (a name)
 
 
-class Recorder(TorchDispatchMode):
+class OpContextMode(TorchDispatchMode):
     """Hands every op to its tracer: before_op, then for each output new_record and the queue."""
 
     def __init__(self, tracer):

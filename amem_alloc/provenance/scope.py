@@ -20,11 +20,6 @@ _task_id = getattr(torch._C, "_current_graph_task_id", None) or (lambda: -1)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 
 
-def graph_task() -> int:
-    """The running backward's graph task id, or -1 outside backward."""
-    return _task_id()
-
-
 def current_backward_node():
     """The autograd node whose backward is running on this thread, or None."""
     return _current_node() if _current_node is not None else None

@@ -31,7 +31,7 @@ from . import lookup, report
 from .accounting import exact_blocks_on, storage_of
 from .allocations import AllocationTable
 from .classify import Knowledge, category
-from .dispatch import OpContext, Recorder
+from .dispatch import OpContext, OpContextMode
 from .graph import GraphCapture
 from .records import next_seq, now_ns
 from .scope import ModuleScope, _task_id, current_backward_node
@@ -115,7 +115,7 @@ class Tracer:
         self.scope.install()
         self._install_hooks()
         self._push_saved_tensor_hooks()
-        self._mode = Recorder(self)
+        self._mode = OpContextMode(self)
         self._mode.__enter__()
         _active.tracer = self
         lookup.register(self)

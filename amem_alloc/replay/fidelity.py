@@ -98,23 +98,3 @@ def measure(path: str | Path) -> list[Fidelity]:
     snapshot = load_snapshot(path)
     name = Path(path).name
     return [measure_program(name, snapshot, tp) for tp in replay.trace_programs(snapshot)]
-
-
-def _pct(x: float | None, signed: bool = False) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:+.2%}" if signed else f"{x:.1%}"
-
-
-def format_table(rows: list[Fidelity]) -> str:
-    """A markdown table, one row per trace and device."""
-    head = ("| trace | dev | policy | start | segment events native / replay | match | peak reserved native | "
-            "delta | final segments identical |")
-    lines = [head, "|" + "---|" * 9]
-    for r in rows:
-        native_peak = f"{r.native_peak_reserved / 2**20:,.0f} MiB" if r.native_peak_reserved is not None else "n/a"
-        final = f"{r.final_identical}/{r.final_segments}" if r.final_identical is not None else "n/a"
-        lines.append(f"| {r.trace} | {r.device} | {r.policy} | {r.start} | {r.native_events} / {r.replay_events} | "
-                     f"{_pct(r.match_rate)} | {native_peak} | {_pct(r.peak_delta, True)} | {final} |")
-    notes = [f"- {r.trace} device {r.device}: {r.start}: {r.start_reason}" for r in rows if r.start != "empty"]
-    return "\n".join(lines + ([""] + notes if notes else []))

@@ -49,7 +49,7 @@ def _grouped(items: list[tuple[str, Lifetime]], total: int, limit: int = TOP_GRO
     return head
 
 
-class Provenance:
+class BlockLabels:
     """A Tracer's allocation rows, indexed to label the trace's blocks with category and module."""
 
     def __init__(self, provenance: dict | None):
@@ -75,7 +75,7 @@ def _module(row: dict) -> str:
     return "(outside the model)" if module is None else (module or "(model)")
 
 
-def held_at(tl: DeviceTimeline, point: int, sites: CallSites, prov: Provenance | None = None) -> dict[str, Any]:
+def held_at(tl: DeviceTimeline, point: int, sites: CallSites, prov: BlockLabels | None = None) -> dict[str, Any]:
     """What the blocks live at `point` are: totals, the share live before recording, and groups."""
     live = live_at(tl, point)
     total = sum(lt.block for lt in live)
@@ -125,7 +125,7 @@ def by_call_site(sites: CallSites) -> Callable[[Lifetime], str]:
     return lambda lt: sites(lt.frames)
 
 
-def by_category(prov: Provenance) -> Callable[[Lifetime], str]:
+def by_category(prov: BlockLabels) -> Callable[[Lifetime], str]:
     """A block's category from the Tracer's rows, joined by allocation number only: an address
     join is only sound for the blocks live at one point, not over the whole timeline."""
     def key(lt: Lifetime) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .breakdown import Provenance, by_call_site, by_category, held_at, stacked
+from .breakdown import BlockLabels, by_call_site, by_category, held_at, stacked
 from .callsite import CallSites
 from .oom import oom_reports
 from ..timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
@@ -129,14 +129,14 @@ _KNOWN_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", 
                   "segment_unmap", "oom", "snapshot"}
 
 
-def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: Provenance | None) -> dict | None:
+def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: BlockLabels | None) -> dict | None:
     """Categories over time, when the Tracer's rows join this trace by allocation number."""
     if prov is None or not prov.by_seq or not any(lt.alloc_seq in prov.by_seq for lt in tl.lifetimes):
         return None
     return stacked(tl, keep, peak, by_category(prov), split_before=False)
 
 
-def device_report(snapshot: dict, device: int, top: int, prov: Provenance | None = None,
+def device_report(snapshot: dict, device: int, top: int, prov: BlockLabels | None = None,
                   replay_ooms: bool = True) -> dict[str, Any]:
     tl = build_timeline(snapshot, device)
     peak, keep, sites = tl.peak_point, _kept(tl), CallSites()
@@ -160,7 +160,7 @@ def report_data(snapshot: dict, top: int = 20, provenance: dict | None = None,
     """Everything the report shows, per device with data, as plain JSON-able values. A Tracer's
     JSON (provenance) adds category and module groups; replay_ooms=False skips replaying each
     out-of-memory error under every policy."""
-    prov = Provenance(provenance) if provenance is not None else None
+    prov = BlockLabels(provenance) if provenance is not None else None
     devices = [device_report(snapshot, d, top, prov, replay_ooms) for d in devices_with_data(snapshot)]
     amem = snapshot.get("amem") or {}
     return {"devices": devices, "source": "amem_alloc" if amem else "torch",

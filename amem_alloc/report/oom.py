@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..introspection import format_bytes
-from .breakdown import Provenance, held_at
+from .breakdown import BlockLabels, held_at
 from .callsite import CallSites
 from ..timeline import DeviceTimeline, free_runs, segments_at
 
@@ -73,7 +73,7 @@ def _replay_policies(snapshot: dict, device: int, k: int, size: int, stream: int
     return {"rows": rows, "note": note, "capacity": capacity}
 
 
-def oom_reports(snapshot: dict, tl: DeviceTimeline, sites: CallSites, prov: Provenance | None = None,
+def oom_reports(snapshot: dict, tl: DeviceTimeline, sites: CallSites, prov: BlockLabels | None = None,
                 replay_policies: bool = True) -> list[dict[str, Any]]:
     """One panel's figures per `oom` event of the device."""
     out = []
