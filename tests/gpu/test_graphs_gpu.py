@@ -229,7 +229,7 @@ def test_mempool_is_not_supported_under_a_pluggable_allocator():
 
 @pytest.mark.xfail(strict=True, reason="reduce-overhead's CUDA-graph trees need checkpoint APIs a pluggable allocator lacks")
 def test_torch_compile_reduce_overhead_is_not_supported_under_a_pluggable_allocator():
-    run("""
+    out = run("""
         f = torch.compile(lambda t: (t * 2).sin() + 1, mode="reduce-overhead")
         x = torch.randn(1024, device="cuda")
         for _ in range(4):
@@ -237,3 +237,4 @@ def test_torch_compile_reduce_overhead_is_not_supported_under_a_pluggable_alloca
         torch.cuda.synchronize()
         print(json.dumps({"ok": bool(torch.allclose(y, (x * 2).sin() + 1))}))
     """)
+    assert out["ok"]  # what it would take to pass: the compiled function runs and computes the right values
