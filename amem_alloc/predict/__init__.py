@@ -2,12 +2,12 @@
 
     amem_alloc.predict(step_fn, gpu="H100-80GB")          # this module is callable: api.predict
     with amem_alloc.predicting(gpu="A100-40GB") as run: ...
-    amem predict --gpu H100-80GB -- python train.py ...    # the CLI (predict/cli.py)
+    amem predict --gpu H100-80GB -- python train.py ...    # the CLI (amem_alloc/cli/predict.py)
 
 session.py runs code on fake CUDA tensors and records the allocation sequence; cuda_shims.py
 makes torch.cuda answer from the prediction; outcome.py replays the sequence per policy (peaks,
 smallest capacity, fits) and says what holds memory at the peak; gpus.py is the card table;
-api.py and cli.py are the two ways in. See docs/predict.md. Submodules load on first use, so
+api.py and amem_alloc/cli/predict.py are the two ways in. See docs/predict.md. Submodules load on first use, so
 `amem --help` does not pay for numpy and torch.
 """
 from __future__ import annotations

@@ -40,7 +40,7 @@ class Fidelity:
     start: str                # "empty", "rebuilt" or "unknown"
     start_reason: str
     ops: int
-    releases: int             # cache releases taken from the trace (see replay.py)
+    releases: int             # cache releases taken from the trace (see replay/program.py)
     ooms: int                 # oom events in the trace
     native_events: int        # native segment events
     replay_events: int

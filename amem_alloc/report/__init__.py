@@ -12,7 +12,7 @@ allocated memory by call site over time (stacked); what holds memory at the peak
 category and module where the trace or a Tracer's JSON carries them (report/breakdown.py);
 fragmentation over time; the segment map at the allocated peak (every segment; the smaller ones
 aggregated when there are many); the largest allocations; and notes on what the trace could not
-tell (see report/timeline.py for how totals are rebuilt). An optional `provenance` dict (e.g.
+tell (see amem_alloc/timeline.py for how totals are rebuilt). An optional `provenance` dict (e.g.
 amem_alloc.provenance's Tracer.to_json()) adds its own section, and its allocation rows label
 the blocks with category and module (and, joined by allocation number, stack the categories over
 time).

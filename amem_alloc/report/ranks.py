@@ -5,7 +5,7 @@ Design note
 Under torchrun each rank writes its own trace (AMEM_TRACE, recording.rank_path). This page puts
 them next to each other: per rank the peak allocated and peak reserved (the highest over the
 rank's devices), the skew between ranks (largest / smallest peak, and the gap in bytes), and the
-memory timelines of every rank on one time axis. Totals come from report/timeline.py, exactly as
+memory timelines of every rank on one time axis. Totals come from amem_alloc/timeline.py, exactly as
 the one-trace report rebuilds them.
 
 Aligning: where every trace has timestamps and their recordings overlap in time, the axis is
