@@ -11,7 +11,7 @@ import pytest
 
 from amem_alloc import Allocator, record, replay
 from amem_alloc.cli import main as amem
-from amem_alloc.compare import fidelity
+from amem_alloc.replay import fidelity
 from amem_alloc.snapshot import build_snapshot, parse_snapshot
 
 from helpers import shared_traces_dir

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from amem_alloc import policies
-from amem_alloc.compare import compare, fidelity, format_markdown, format_text
+from amem_alloc.compare import compare, format_markdown, format_text
+from amem_alloc.replay import fidelity
 from conftest import save_artifact
 
 pytestmark = pytest.mark.gpu
