@@ -342,6 +342,8 @@ class Recorder(TorchDispatchMode):
         return "cuda" if self.session.default_cuda() else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+            return NotImplemented   # a tensor subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}
         leaves = _leaves(args, kwargs)
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"

@@ -41,6 +41,7 @@ from . import autocast as autocast_rules
 from . import children
 from . import cuda_rules
 from . import notes as notes_mod
+from . import stream_uses
 from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
@@ -158,6 +159,7 @@ class FakeCudaSession:
         notes_mod.activate(self.notes)
         autocast_rules.install(self)
         self._patch()
+        self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
         self.modules.install()
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
@@ -170,6 +172,7 @@ class FakeCudaSession:
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
         self._modes = []
+        stream_uses.finish(self.stream_uses)
         for h in self._hooks:
             h.remove()
         self.modules.remove()
