@@ -124,6 +124,10 @@ def _one_line(err: BaseException) -> str:
 
 def predict_command(args: argparse.Namespace) -> int:
     from . import api
+    from .distributed import cli as distributed_cli
+
+    if distributed_cli.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...
+        return distributed_cli.predict_command(args)
 
     script = _script(args.target)
     _check(args, script)
@@ -160,6 +164,7 @@ def _command(args: argparse.Namespace) -> int:
 def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from . import gpus
+    from .distributed import cli as distributed_cli
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",
@@ -183,6 +188,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")
-    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    distributed_cli.add_arguments(p)
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=_command)

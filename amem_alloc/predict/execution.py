@@ -168,6 +168,13 @@ class _Device:
         _state.devices.pop()
 
 
+def _cuda_index() -> int:
+    """The device a fake CUDA tensor claims: the current one (torch.cuda.set_device under prediction;
+    a process of a distributed job uses the one device its LOCAL_RANK picked)."""
+    from .cuda_shims import _DEVICE
+    return _DEVICE.index
+
+
 def device_type(device: Any) -> str | None:
     """"cuda" / "cpu" / ... for a device argument (str, int, torch.device), None for none."""
     if device is None:
@@ -231,7 +238,7 @@ class DeviceMode(TorchFunctionMode):
 
     def _device(self, t: torch.Tensor) -> torch.device:
         kind = self._type(t)
-        return torch.device("cuda", 0) if kind == "cuda" else torch.device(kind)
+        return torch.device("cuda", _cuda_index()) if kind == "cuda" else torch.device(kind)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -242,7 +249,7 @@ class DeviceMode(TorchFunctionMode):
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict)
         if func is torch.Tensor.get_device:
-            return 0 if self._type(args[0]) == "cuda" else -1
+            return _cuda_index() if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._to(func, args, kwargs)
         if func in _factories() or (name in _LIKE and "device" in kwargs):
@@ -342,8 +349,8 @@ class Recorder(TorchDispatchMode):
         return "cuda" if self.session.default_cuda() else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
-            return NotImplemented   # a tensor subclass (DTensor) first: its ops on plain tensors come back here
+        if any(_wrapper_subclass(t) for t in types):
+            return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}
         leaves = _leaves(args, kwargs)
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
@@ -386,6 +393,11 @@ class Recorder(TorchDispatchMode):
 
 
 _DECOMPOSES: dict = {}
+
+
+def _wrapper_subclass(kind: type) -> bool:
+    """A tensor subclass that wraps plain tensors (DTensor: __tensor_flatten__), not FakeTensor."""
+    return kind is not torch.Tensor and hasattr(kind, "__tensor_flatten__")
 
 
 def _decomposes(func) -> bool:
