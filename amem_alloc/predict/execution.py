@@ -120,6 +120,23 @@ class Storages:
             if device == "cuda" and rec[2] > 0:
                 self.on_free(key)
 
+    def resized(self, st, nbytes: int) -> None:
+        """UntypedStorage.resize_ on a fake storage (FSDP frees and refills its unsharded parameters
+        so, outside any op): to 0 the block is freed, to a larger size a new block is allocated."""
+        rec = self.by_id.get(id(st))
+        if rec is None or nbytes == rec[2]:
+            return
+        key, device, old = rec
+        if old > 0 and device == "cuda":
+            self.on_free(key)
+        self.by_id[id(st)] = (key, device, 0)
+        if nbytes > 0:
+            new = self.next_key()
+            self.by_id[id(st)] = (new, device, nbytes)
+            self.refs[id(st)] = weakref.ref(st, lambda _, sid=id(st), key=new, device=device: self._died(sid, key, device))
+            if device == "cuda":
+                self.on_alloc(new, nbytes, "resize_", None)
+
     def alloc_extra(self, nbytes: int, op: str) -> int:
         """An allocation a CUDA kernel or library makes that no tensor shows (a workspace)."""
         key = self.next_key()

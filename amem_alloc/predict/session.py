@@ -242,6 +242,7 @@ class FakeCudaSession:
 
     # ------------------------------------------------------------------ what storages are
     def _mark(self, t, table: dict, label: str) -> None:
+        t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2, tensor parallel): its shard's storage
         if isinstance(t, torch.Tensor):
             key = self.storages.key_of(t)
             if key is not None and key in self.records:
@@ -299,6 +300,14 @@ class FakeCudaSession:
         self._patch_init()
         self._patch_host()
         self._patch_compile()
+        orig_resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):   # outside any op: FSDP frees and refills storages so
+            out = orig_resize(storage, size)
+            if storage.device.type == "meta":
+                self.storages.resized(storage, int(size))
+            return out
+        self._set(torch.UntypedStorage, "resize_", resize_)
         orig_run = torch.autograd._engine_run_backward
 
         def run_backward(*args, **kwargs):

@@ -15,6 +15,8 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
 * `torch.meta` is `torch.cuda`: inside backward the engine's tensors show their real device
   ("meta", session.py), and FSDP/DeviceMesh look up a device's module by its type name
   (`getattr(torch, device.type)`) to reach its streams and events.
+DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
+values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 At the end of the rank every process group is destroyed, so the next rank starts from none.
 """
 from __future__ import annotations
@@ -62,6 +64,7 @@ class FakeWorld:
         for module in (c10d, dist):
             self._set(module, "init_process_group", init_process_group)
         self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self._set(torch, "meta", torch.cuda)
         return self
 

@@ -24,6 +24,7 @@ from .. import api
 from .. import script as script_mod
 from ..cli import _stopped_after
 from .collectives import CollectiveMode, WorkWaits
+from .ddp import FakeGroupHook
 from .environment import RankEnvironment
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
@@ -59,7 +60,7 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
     with RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session)
-        with FakeWorld(launch, rank), WorkWaits(mode), mode:
+        with FakeWorld(launch, rank), FakeGroupHook(), WorkWaits(mode), mode:
             done = script_mod.run(script, run, steps, timeout)
     return run, done, time.perf_counter() - started
 
