@@ -100,12 +100,38 @@ def test_fsdp2_model_state_shrinks_as_one_over_n():
                                                                           2 * PARAM_BYTES // world), world
 
 
-def test_ddp_holds_full_params_grads_and_adam_state():
-    state = live_at_end(_predict("dist_ddp.py", 2).rank(0).prediction)
+def ddp_buckets(param_bytes: list[int], first_cap: int = 1 << 20, cap: int = 25 << 20) -> list[int]:
+    """Bytes of DDP's rebuilt buckets: parameters in gradient-ready order (reverse of registration
+    for a Sequential), a bucket closed once it reaches its cap, the first cap 1 MiB, then 25 MiB
+    (torch/nn/parallel/distributed.py, reducer.cpp)."""
+    buckets, current = [], 0
+    for nbytes in reversed(param_bytes):
+        current += nbytes
+        if current >= (first_cap if not buckets else cap):
+            buckets.append(current)
+            current = 0
+    return buckets + ([current] if current else [])
+
+
+def _bucket_allocations(prediction) -> list[int]:
+    return [size for kind, key, size, _ in prediction.ops
+            if kind == ALLOC and prediction.infos[key].op == "empty.memory_format"
+            and prediction.infos[key].category == "gradient"]
+
+
+@pytest.mark.parametrize("grad_view", [False, True])
+def test_ddp_model_state_is_params_grads_buckets_and_adam_state(grad_view):
+    prediction = _predict("dist_ddp.py", 2, env={"GRAD_VIEW": "1" if grad_view else "0"}).rank(0).prediction
+    state = live_at_end(prediction)
     assert state.get("parameter") == PARAM_BYTES and state.get("optimizer_state") == 2 * PARAM_BYTES
-    # params, .grad and Adam's two states; the reducer's buckets (another PARAM_BYTES) are not
-    # recorded yet: docs/predict.md, "Distributed", not modelled
-    assert sum(state.values()) == 4 * PARAM_BYTES, state
+    # the gradient buckets hold one copy of the gradients; without gradient_as_bucket_view the
+    # .grad tensors are a second copy, with it they are views into the buckets
+    assert state.get("gradient") == (1 if grad_view else 2) * PARAM_BYTES, state
+    assert sum(state.values()) == (4 if grad_view else 5) * PARAM_BYTES, state
+    # one bucket of everything at construction, rebuilt after the first iteration in ready order
+    layer = [WIDTH * WIDTH * 4, WIDTH * 4]
+    assert _bucket_allocations(prediction) == [PARAM_BYTES] + ddp_buckets(layer * LAYERS)
+    assert ddp_buckets(layer * LAYERS) == [WIDTH * 4 + WIDTH * WIDTH * 4, 3 * (WIDTH * 4 + WIDTH * WIDTH * 4)]
 
 
 def test_equal_ranks_are_recorded_each_and_analysed_once():

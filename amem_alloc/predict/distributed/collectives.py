@@ -118,27 +118,35 @@ class CollectiveMode(TorchDispatchMode):
 
 class WorkWaits:
     """`work.wait()` of the fake process group's works: the current stream waits for the NCCL
-    streams, so frees held for them complete (torch's Work / FakeWork, patched while a rank runs)."""
+    streams, so frees held for them complete (torch's Work / FakeWork, patched while a rank runs).
+    C++ helpers that wait for their works inside C++ wait too when they return:
+    `dist._broadcast_coalesced` (comm.cpp `broadcast_coalesced`: DDP's parameter and buffer
+    broadcast flattens each bucket, broadcasts it and waits before unflattening)."""
 
     def __init__(self, mode: CollectiveMode) -> None:
         self.mode = mode
 
     def __enter__(self) -> "WorkWaits":
+        import torch.distributed as dist
         from torch._C._distributed_c10d import FakeWork, Work
 
-        self.saved = [(cls, cls.__dict__["wait"]) for cls in (Work, FakeWork) if "wait" in cls.__dict__]
-        for cls, original in self.saved:
-            cls.wait = _waiting(original, self.mode)
+        self.saved = [(cls, "wait", cls.__dict__["wait"]) for cls in (Work, FakeWork) if "wait" in cls.__dict__]
+        self.saved += [(dist, name, getattr(dist, name)) for name in _WAITING_INSIDE if hasattr(dist, name)]
+        for owner, name, original in self.saved:
+            setattr(owner, name, _waiting(original, self.mode))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for cls, original in self.saved:
-            cls.wait = original
+        for owner, name, original in self.saved:
+            setattr(owner, name, original)
+
+
+_WAITING_INSIDE = ("_broadcast_coalesced",)
 
 
 def _waiting(original, mode: CollectiveMode):
-    def wait(work, *args, **kwargs):
-        result = original(work, *args, **kwargs)
+    def wait(*args, **kwargs):
+        result = original(*args, **kwargs)
         mode.waited()
         return result
     return wait

@@ -24,7 +24,7 @@ from .. import api
 from .. import script as script_mod
 from ..cli import _stopped_after
 from .collectives import CollectiveMode, WorkWaits
-from .ddp import FakeGroupHook
+from .ddp import FakeGroupDDP
 from .environment import RankEnvironment
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
@@ -60,7 +60,7 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
     with RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session)
-        with FakeWorld(launch, rank), FakeGroupHook(), WorkWaits(mode), mode:
+        with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
             done = script_mod.run(script, run, steps, timeout)
     return run, done, time.perf_counter() - started
 
