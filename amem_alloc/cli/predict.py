@@ -92,15 +92,8 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
         print(f"amem predict: {err}; this run cannot be predicted", file=sys.stderr)
         return EXIT_NOT_MODELLED
     if script:
-        run.result.stopped_after = _stopped_after(run.steps_run, steps)
+        run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps)
     return run.result
-
-
-def _stopped_after(done: int, steps: int) -> str | None:
-    if steps and done >= steps:
-        return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
-                "to its end): the figures cover what ran until then")
-    return None
 
 
 def _child_failure(reports: list[dict]) -> int:
@@ -116,6 +109,10 @@ def _one_line(err: BaseException) -> str:
 
 def predict_command(args: argparse.Namespace) -> int:
     from ..predict import api
+    from . import predict_ranks
+
+    if predict_ranks.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...
+        return predict_ranks.predict_command(args)
 
     script = _script(args.target)
     _check(args, script)
@@ -152,6 +149,7 @@ def _command(args: argparse.Namespace) -> int:
 def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from ..predict import gpus
+    from . import predict_ranks
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",
@@ -175,6 +173,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")
-    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    predict_ranks.add_arguments(p)
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=_command)

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from .. import replay
 from .._C import CoreAllocator
 from ..introspection import format_bytes, parse_stats
-from . import notes
+from . import notes, stream_uses
 from .gpus import Gpu
 
 TRACE_ACTIONS_PER_OP = 4  # a ring big enough for a re-simulation: alloc/free plus segment events
@@ -184,9 +184,15 @@ class FakeStream:
 
         return torch.device("cuda", self.device_index)
 
-    def wait_stream(self, stream: Any) -> None: ...
-    def wait_event(self, event: Any) -> None: ...
-    def synchronize(self) -> None: ...
+    def wait_stream(self, stream: Any) -> None:
+        stream_uses.synchronised(getattr(stream, "stream_id", None))
+
+    def wait_event(self, event: Any) -> None:
+        event.wait(self)
+
+    def synchronize(self) -> None:
+        stream_uses.synchronised(self.stream_id)
+
     def query(self) -> bool:
         return True
 
@@ -221,8 +227,13 @@ class FakeEvent:
     def record(self, stream: Any = None) -> None:
         self.stream = stream or current_stream()
 
-    def wait(self, stream: Any = None) -> None: ...
-    def synchronize(self) -> None: ...
+    def wait(self, stream: Any = None) -> None:
+        if self.stream is not None:   # waiting for an event: its stream's work up to it is done
+            stream_uses.synchronised(self.stream.stream_id)
+
+    def synchronize(self) -> None:
+        self.wait()
+
     def query(self) -> bool:
         return True
 
@@ -300,6 +311,7 @@ class CudaShims:
 
     def synchronize(self, device: Any = None) -> None:
         self._check(device)
+        stream_uses.synchronised(None)
 
     def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
         """Checked like torch's, then only noted: `fits` is judged against the card's usable memory."""

@@ -120,6 +120,23 @@ class Storages:
             if device == "cuda" and rec[2] > 0:
                 self.on_free(key)
 
+    def resized(self, st, nbytes: int) -> None:
+        """UntypedStorage.resize_ on a fake storage (FSDP frees and refills its unsharded parameters
+        so, outside any op): to 0 the block is freed, to a larger size a new block is allocated."""
+        rec = self.by_id.get(id(st))
+        if rec is None or nbytes == rec[2]:
+            return
+        key, device, old = rec
+        if old > 0 and device == "cuda":
+            self.on_free(key)
+        self.by_id[id(st)] = (key, device, 0)
+        if nbytes > 0:
+            new = self.next_key()
+            self.by_id[id(st)] = (new, device, nbytes)
+            self.refs[id(st)] = weakref.ref(st, lambda _, sid=id(st), key=new, device=device: self._died(sid, key, device))
+            if device == "cuda":
+                self.on_alloc(new, nbytes, "resize_", None)
+
     def alloc_extra(self, nbytes: int, op: str) -> int:
         """An allocation a CUDA kernel or library makes that no tensor shows (a workspace)."""
         key = self.next_key()
@@ -166,6 +183,13 @@ class _Device:
 
     def __exit__(self, *exc):
         _state.devices.pop()
+
+
+def _cuda_index() -> int:
+    """The device a fake CUDA tensor claims: the current one (torch.cuda.set_device under prediction;
+    a process of a distributed job uses the one device its LOCAL_RANK picked)."""
+    from .cuda_shims import _DEVICE
+    return _DEVICE.index
 
 
 def device_type(device: Any) -> str | None:
@@ -231,7 +255,7 @@ class DeviceMode(TorchFunctionMode):
 
     def _device(self, t: torch.Tensor) -> torch.device:
         kind = self._type(t)
-        return torch.device("cuda", 0) if kind == "cuda" else torch.device(kind)
+        return torch.device("cuda", _cuda_index()) if kind == "cuda" else torch.device(kind)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -242,7 +266,7 @@ class DeviceMode(TorchFunctionMode):
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict)
         if func is torch.Tensor.get_device:
-            return 0 if self._type(args[0]) == "cuda" else -1
+            return _cuda_index() if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._to(func, args, kwargs)
         if func in _factories() or (name in _LIKE and "device" in kwargs):
@@ -342,6 +366,8 @@ class Recorder(TorchDispatchMode):
         return "cuda" if self.session.default_cuda() else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(_wrapper_subclass(t) for t in types):
+            return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}
         leaves = _leaves(args, kwargs)
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
@@ -384,6 +410,11 @@ class Recorder(TorchDispatchMode):
 
 
 _DECOMPOSES: dict = {}
+
+
+def _wrapper_subclass(kind: type) -> bool:
+    """A tensor subclass that wraps plain tensors (DTensor: __tensor_flatten__), not FakeTensor."""
+    return kind is not torch.Tensor and hasattr(kind, "__tensor_flatten__")
 
 
 def _decomposes(func) -> bool:

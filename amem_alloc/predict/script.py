@@ -81,3 +81,11 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
                                                                     StopPrediction, PredictionTimeout))
     except StopPrediction:
         return done[0]
+
+
+def stopped_after_line(done: int, steps: int) -> str | None:
+    """What the output says when --steps stopped the script, or None when it ran to its end."""
+    if steps and done >= steps:
+        return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
+                "to its end): the figures cover what ran until then")
+    return None

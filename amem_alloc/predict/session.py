@@ -41,6 +41,7 @@ from . import autocast as autocast_rules
 from . import children
 from . import cuda_rules
 from . import notes as notes_mod
+from . import stream_uses
 from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
@@ -158,6 +159,7 @@ class FakeCudaSession:
         notes_mod.activate(self.notes)
         autocast_rules.install(self)
         self._patch()
+        self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
         self.modules.install()
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
@@ -170,6 +172,7 @@ class FakeCudaSession:
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
         self._modes = []
+        stream_uses.finish(self.stream_uses)
         for h in self._hooks:
             h.remove()
         self.modules.remove()
@@ -239,6 +242,7 @@ class FakeCudaSession:
 
     # ------------------------------------------------------------------ what storages are
     def _mark(self, t, table: dict, label: str) -> None:
+        t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2, tensor parallel): its shard's storage
         if isinstance(t, torch.Tensor):
             key = self.storages.key_of(t)
             if key is not None and key in self.records:
@@ -296,6 +300,14 @@ class FakeCudaSession:
         self._patch_init()
         self._patch_host()
         self._patch_compile()
+        orig_resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):   # outside any op: FSDP frees and refills storages so
+            out = orig_resize(storage, size)
+            if storage.device.type == "meta":
+                self.storages.resized(storage, int(size))
+            return out
+        self._set(torch.UntypedStorage, "resize_", resize_)
         orig_run = torch.autograd._engine_run_backward
 
         def run_backward(*args, **kwargs):

@@ -1,0 +1,119 @@
+"""`amem predict` for a distributed job: the options, and the command that predicts every rank.
+
+    amem predict [--nproc-per-node N] [--nnodes M] [--rank R|all] [options] -- python train.py ARGS
+    amem predict [options] -- torchrun --nproc-per-node N [--nnodes M] train.py ARGS
+
+cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
+Exit statuses are cli/predict.py's (its constants): 0 with a prediction, 2 for bad input, the
+script's own status when it fails, 3, 4 and 124 as for one process; a failure names the rank.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..predict.distributed.launch import Launch, is_torchrun, make, parse_torchrun
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc-per-node", help="predict a distributed job: processes (GPUs) per node, as torchrun's "
+                   "option; each rank runs on torch's fake process group (no network)")
+    p.add_argument("--nnodes", help="nodes of the distributed job (default 1)")
+    p.add_argument("--rank", help="the ranks to predict: R, R,S,... or all (default all; ranks with equal "
+                   "programs are analysed once)")
+
+
+def _target(args: argparse.Namespace) -> list[str]:
+    target = list(args.target)
+    return target[1:] if target and target[0] == "--" else target
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether the command is a distributed prediction (the options, or a torchrun command)."""
+    return (getattr(args, "nproc_per_node", None) is not None or getattr(args, "nnodes", None) is not None
+            or getattr(args, "rank", None) is not None or is_torchrun(_target(args)))
+
+
+def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
+    from .predict import _script
+
+    target = _target(args)
+    if args.workload is not None:
+        raise ValueError("--nproc-per-node/--nnodes/--rank and torchrun take a script, not --workload")
+    if is_torchrun(target):
+        if args.nproc_per_node is not None or args.nnodes is not None:
+            raise ValueError("give the job's shape once: torchrun's options, or amem's --nproc-per-node/--nnodes")
+        launch, script = parse_torchrun(target, args.rank)
+        script = _script(["python", *script])
+    else:
+        launch, script = make(args.nproc_per_node, args.nnodes, args.rank), _script(target)
+    if script is None:
+        raise ValueError("give the script: -- python train.py args... or -- torchrun --nproc-per-node N train.py args...")
+    return launch, script
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    for path in (args.json, args.trace, args.report):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ValueError(f"{path}: its folder does not exist")
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    from ..predict import api
+    from ..predict import script as script_mod
+    from . import predict as predict_cli
+    from ..predict.distributed.ranks import predict_ranks
+
+    launch, script = launch_and_script(args)
+    _check_outputs(args)
+    if args.trace and "{rank}" not in args.trace and len(launch.chosen()) > 1:
+        raise ValueError(f"--trace {args.trace}: put {{rank}} in the path for one file per rank")
+    gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
+    policies = api.resolve_policies(args.policy)
+    steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
+    timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
+    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict), predict_cli)
+    if isinstance(result, int):
+        return result
+    print(result.format_text())
+    return _write(args, result)
+
+
+def _failures(call: Any, predict_cli: Any) -> Any:
+    """The prediction, or the exit status cli/predict.py gives the same failure of one process."""
+    from .. import user_script
+    from ..predict import api
+    from ..predict import script as script_mod
+
+    try:
+        return call()
+    except user_script.ScriptFailed as failed:
+        print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)
+        return failed.status
+    except script_mod.PredictionTimeout as late:
+        print(f"amem predict: {late}; no prediction", file=sys.stderr)
+        return predict_cli.EXIT_TIMEOUT
+    except api.DataDependentError as err:
+        print(predict_cli._one_line(err), file=sys.stderr)
+        return predict_cli.EXIT_DATA_DEPENDENT
+    except api.NotModelledError as err:
+        print(f"amem predict: {err}; this run cannot be predicted", file=sys.stderr)
+        return predict_cli.EXIT_NOT_MODELLED
+
+
+def _write(args: argparse.Namespace, result: Any) -> int:
+    written: list[Any] = []
+    try:
+        if args.json:
+            written.append(result.write_json(args.json))
+        if args.trace:
+            written += result.write_traces(args.trace)
+        if args.report:
+            written += result.write_report(args.report)
+    except OSError as err:
+        raise ValueError(str(err) if err.filename else f"cannot write an output: {err.strerror or err}") from None
+    if written:
+        print("\nwrote " + ", ".join(str(p) for p in written))
+    return 0

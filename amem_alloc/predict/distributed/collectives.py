@@ -1,0 +1,152 @@
+"""What collectives allocate and hold on the CUDA caching allocator, as ProcessGroupNCCL does, on
+torch's fake process group.
+
+Design note
+-----------
+The fake process group (process_group.py) moves no data and allocates nothing; c10d's ops and
+torch's functional collectives still run through the dispatcher with the session's fake CUDA
+tensors, so their outputs are allocated by the session's Recorder like any op's (a functional
+all-gather's output, an `all_to_all_single` output). `CollectiveMode`, a dispatch mode entered
+above the Recorder, adds what ProcessGroupNCCL does beyond that
+(torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, `collective()` / `pointToPoint()`):
+
+* A synchronous op (`async_op=False`) runs on the current stream and holds nothing.
+* An asynchronous op (`async_op=True`, every functional collective) runs on the process group's
+  NCCL stream and keeps its inputs and outputs alive until the work is waited for
+  (`stashed_for_allocator_safety_`; older releases used `recordStream` on the NCCL stream, with
+  `TORCH_NCCL_AVOID_RECORD_STREAMS=1` stashing instead — the same lifetime either way). Here each
+  such tensor is recorded as used on the group's NCCL stream (stream_uses.py), so a free before
+  the wait is held until `work.wait()` / `wait_tensor` makes the current stream wait for it.
+* The list forms flatten: `allgather` into a list of tensors gathers into one flat buffer of
+  world x input bytes, then copies out; `reduce_scatter` of a list copies the inputs into one flat
+  buffer of world x output bytes (`newLikeFlat`). The buffer lives for the call.
+Not modelled: NCCL's own device memory (its channels, buffers and user-buffer registration live
+outside the caching allocator: cudaMalloc or cuMem by NCCL itself) and `TORCH_NCCL_*` tuning.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import stream_uses
+
+_c10d = torch.ops.c10d
+_functional = torch.ops._c10d_functional
+_LIST_FLATTENS = {_c10d.allgather_.default: "output", _c10d.reduce_scatter_.default: "input"}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    out = []
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_tensors(v))
+    return out
+
+
+class CollectiveMode(TorchDispatchMode):
+    """Dispatch mode: NCCL's streams and lifetimes for c10d ops and functional collectives."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__()
+        self.session = session
+        self.streams: dict[Any, int] = {}   # process group -> its NCCL stream's id
+        self.collectives = 0
+
+    def nccl_stream(self, group: Any) -> int:
+        name = group if isinstance(group, str) else getattr(group, "group_name", None) or id(group)
+        if name not in self.streams:
+            from ..cuda_shims import FakeStream
+            self.streams[name] = FakeStream().stream_id
+        return self.streams[name]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace = func.namespace
+        if namespace == "_c10d_functional" and func is _functional.wait_tensor.default:
+            self.waited()   # the current stream waits for the collective
+            return func(*args, **kwargs)
+        if namespace not in ("c10d", "_c10d_functional"):
+            return func(*args, **kwargs)
+        self.collectives += 1
+        flat = self._flat_buffer(func, args)
+        out = func(*args, **kwargs)
+        if flat is not None:
+            self.session.storages.on_free(flat)
+        if self._is_async(func, args, kwargs):
+            stream = self.nccl_stream(self._group(func, args))
+            for t in _tensors(args) + _tensors(out):
+                stream_uses.record(t, stream)
+        return out
+
+    def waited(self) -> None:
+        """The current stream waits for the NCCL streams: frees held for them complete."""
+        for stream in self.streams.values():
+            stream_uses.synchronised(stream)
+
+    @staticmethod
+    def _is_async(func, args, kwargs) -> bool:
+        if func.namespace == "_c10d_functional":
+            return True
+        for i, a in enumerate(func._schema.arguments):
+            if a.name == "async_op":
+                return bool(kwargs.get("async_op", args[i] if i < len(args) else a.default_value))
+        return False
+
+    @staticmethod
+    def _group(func, args) -> Any:
+        for i, a in enumerate(func._schema.arguments):
+            if a.name in ("process_group", "group_name") and i < len(args):
+                return args[i]
+        return "default"
+
+    def _flat_buffer(self, func, args) -> int | None:
+        """The flat buffer of the list forms (ProcessGroupNCCL::allgather / reduce_scatter)."""
+        which = _LIST_FLATTENS.get(func)
+        if which is None:
+            return None
+        nested = args[0] if which == "output" else args[1]
+        tensors = _tensors(nested)
+        if len(tensors) <= 1 or not any(self.session.storages.device_of(t) == "cuda" for t in tensors):
+            return None
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        return self.session.storages.alloc_extra(nbytes, f"nccl_{func.__name__.split('.')[0]}_flat")
+
+
+class WorkWaits:
+    """`work.wait()` of the fake process group's works: the current stream waits for the NCCL
+    streams, so frees held for them complete (torch's Work / FakeWork, patched while a rank runs).
+    C++ helpers that wait for their works inside C++ wait too when they return:
+    `dist._broadcast_coalesced` (comm.cpp `broadcast_coalesced`: DDP's parameter and buffer
+    broadcast flattens each bucket, broadcasts it and waits before unflattening)."""
+
+    def __init__(self, mode: CollectiveMode) -> None:
+        self.mode = mode
+
+    def __enter__(self) -> "WorkWaits":
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import FakeWork, Work
+
+        self.saved = [(cls, "wait", cls.__dict__["wait"]) for cls in (Work, FakeWork) if "wait" in cls.__dict__]
+        self.saved += [(dist, name, getattr(dist, name)) for name in _WAITING_INSIDE if hasattr(dist, name)]
+        for owner, name, original in self.saved:
+            setattr(owner, name, _waiting(original, self.mode))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, original in self.saved:
+            setattr(owner, name, original)
+
+
+_WAITING_INSIDE = ("_broadcast_coalesced",)
+
+
+def _waiting(original, mode: CollectiveMode):
+    def wait(*args, **kwargs):
+        result = original(*args, **kwargs)
+        mode.waited()
+        return result
+    return wait

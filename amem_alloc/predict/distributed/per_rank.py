@@ -1,0 +1,105 @@
+"""The answer per rank: each rank's prediction (or the rank whose recorded program it equals), the
+worst rank, side by side in text and in JSON (`"ranks": [...]`), one trace per rank.
+
+Design note
+-----------
+A rank's figures are a `Prediction` (outcome.py) like a single process's. The worst rank is the
+one that needs the most memory under the first policy asked (its min capacity, then its peak
+reserved): on a job whose ranks differ (uneven shards, pipeline stages, rank 0's extra work) it is
+the rank that decides whether the job fits. `--trace` takes a path with `{rank}` in it and writes
+one snapshot per rank (equal ranks get the same file content under their own names).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...introspection import format_bytes
+from ..outcome import NOTE, Prediction, _table
+from .launch import Launch
+
+RANK_FIELD = "{rank}"
+
+
+@dataclass
+class RankResult:
+    rank: int
+    prediction: Prediction
+    same_as: int | None = None      # an earlier rank with an equal recorded program
+    steps: int = 0
+
+
+@dataclass
+class RankPrediction:
+    launch: Launch
+    ranks: list[RankResult] = field(default_factory=list)
+
+    def rank(self, r: int) -> RankResult:
+        return next(x for x in self.ranks if x.rank == r)
+
+    @property
+    def worst(self) -> RankResult:
+        def need(x: RankResult) -> tuple[int, int]:
+            row = x.prediction.rows[0]
+            return (row.min_capacity, row.peak_reserved)
+        return max(self.ranks, key=need)
+
+    def distinct(self) -> list[RankResult]:
+        return [x for x in self.ranks if x.same_as is None]
+
+    # ---------------------------------------------------------------- JSON
+    def to_dict(self) -> dict:
+        first = self.ranks[0].prediction.to_dict()
+        out = {"predicted": True, "note": NOTE, "gpu": first["gpu"],
+               "world_size": self.launch.world_size, "nproc_per_node": self.launch.nproc_per_node,
+               "nnodes": self.launch.nnodes, "worst_rank": self.worst.rank, "ranks": []}
+        for x in self.ranks:
+            entry = {"rank": x.rank, "same_as": x.same_as, "steps": x.steps}
+            entry.update({k: v for k, v in x.prediction.to_dict().items() if k not in ("gpu", "note", "predicted")})
+            out["ranks"].append(entry)
+        return out
+
+    def write_json(self, path: str | Path) -> Path:
+        from ...atomic_write import write_text
+
+        return write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    # ---------------------------------------------------------------- traces and report
+    def write_traces(self, path: str) -> list[Path]:
+        if RANK_FIELD not in path and len(self.ranks) > 1:
+            raise ValueError(f"--trace {path}: put {RANK_FIELD} in the path for one file per rank "
+                             f"(e.g. trace_rank{RANK_FIELD}.pickle)")
+        return [x.prediction.write_trace(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
+
+    def write_report(self, path: str) -> list[Path]:
+        """The HTML report of each rank ({rank} in the path), or of the worst rank."""
+        if RANK_FIELD in path:
+            return [x.prediction.write_report(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
+        return [self.worst.prediction.write_report(path)]
+
+    # ---------------------------------------------------------------- text
+    def format_text(self) -> str:
+        worst = self.worst
+        launch = self.launch
+        lines = [f"amem predict: {launch.world_size} ranks ({launch.nnodes} node{'s' if launch.nnodes > 1 else ''} "
+                 f"x {launch.nproc_per_node} processes), {len(self.ranks)} predicted, "
+                 f"{len(self.distinct())} distinct program{'s' if len(self.distinct()) > 1 else ''}", ""]
+        lines += _rank_table(self.ranks)
+        lines += ["", f"worst rank: {worst.rank} (the one that needs the most memory under "
+                      f"{worst.prediction.rows[0].policy}); its prediction:", ""]
+        lines.append(worst.prediction.format_text())
+        return "\n".join(lines)
+
+
+def _rank_table(ranks: list[RankResult]) -> list[str]:
+    policies = [r.policy for r in ranks[0].prediction.rows]
+    headers = ["rank", "same as", "peak allocated"] + [f"reserved {p}" for p in policies] + ["fits"]
+    body = []
+    for x in ranks:
+        rows = x.prediction.rows
+        fits = ",".join(r.policy for r in rows if r.fits) or "none"
+        body.append([str(x.rank), "-" if x.same_as is None else str(x.same_as), format_bytes(rows[0].peak_allocated)]
+                    + [format_bytes(r.peak_reserved) for r in rows] + [fits])
+    return _table(headers, body)

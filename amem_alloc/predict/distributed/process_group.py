@@ -1,0 +1,83 @@
+"""init_process_group and init_device_mesh on torch's own fake process group, for one rank.
+
+Design note
+-----------
+torch ships a process group that needs no network and no GPU:
+torch/testing/_internal/distributed/fake_pg.py registers the backend "fake" (C++
+`FakeProcessGroup`) with a `FakeStore`; every collective returns at once without moving data,
+which is all prediction needs (it computes no values). While a rank runs, `FakeWorld` makes
+`torch.distributed.init_process_group(backend, ...)` create that group whatever backend the
+script names ("nccl", "cuda:nccl,cpu:gloo", None), with the rank and world size of the launch;
+DeviceMesh, DTensor, DDP and FSDP then run their real code on it.
+
+Two answers a GPU machine gives are given too while the rank runs, restored after:
+* `torch._C._get_accelerator()` is CUDA (fully_shard's default mesh and torch.accelerator ask it);
+* `torch.meta` is `torch.cuda`: inside backward the engine's tensors show their real device
+  ("meta", session.py), and FSDP/DeviceMesh look up a device's module by its type name
+  (`getattr(torch, device.type)`) to reach its streams and events.
+DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
+values; the fake group carries no values, so the check is skipped (every rank runs the same script).
+At the end of the rank every process group is destroyed, so the next rank starts from none.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import notes
+from .launch import Launch
+
+FAKE = "fake"
+
+
+class FakeWorld:
+    """Context manager: the rank's process groups are torch's fake process group."""
+
+    def __init__(self, launch: Launch, rank: int) -> None:
+        self.launch, self.rank = launch, rank
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+
+    def _set(self, obj: Any, name: str, value: Any) -> None:
+        self._saved.append((obj, name, getattr(obj, name, None), hasattr(obj, name)))
+        setattr(obj, name, value)
+
+    def __enter__(self) -> "FakeWorld":
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
+
+        original = c10d.init_process_group
+        world = self
+
+        def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
+                               world_size: int = -1, rank: int = -1, store: Any = None, **kwargs: Any) -> None:
+            from torch._C._distributed_c10d import FakeStore
+
+            if backend not in (None, FAKE):
+                notes.record(notes.NOT_MODELLED, f"init_process_group({backend!r}): torch's fake process group "
+                             "(no communication; NCCL's own buffers outside the caching allocator not counted)")
+            kwargs.pop("device_id", None)   # binds a real CUDA device (eager NCCL init): nothing to bind
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
+
+        for module in (c10d, dist):
+            self._set(module, "init_process_group", init_process_group)
+        self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
+        self._set(torch, "meta", torch.cuda)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            while self._saved:
+                obj, name, value, existed = self._saved.pop()
+                if existed:
+                    setattr(obj, name, value)
+                else:
+                    delattr(obj, name)

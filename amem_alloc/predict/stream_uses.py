@@ -1,0 +1,128 @@
+"""record_stream under prediction: a storage used on another stream is freed only once that stream
+is known to be done with it.
+
+Design note
+-----------
+torch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, `recordStream` / `insert_events` /
+`process_events`): `tensor.record_stream(s)` adds `s` to the block's stream uses; when the tensor
+dies, the allocator records an event on each of those streams and the block goes back to its pool
+only when every event has completed (checked at later mallocs). Until then the block is allocated
+(`active_pending_free` in a snapshot) and nothing can reuse it.
+
+Prediction computes nothing, so it has no GPU clock to say when an event completes. The rule here
+is the earliest point the *program* can observe it: a deferred free completes when the stream it
+waits for is synchronised with — another stream waits for it (`wait_stream`, or `wait_event` of an
+event recorded on it), or it or the device is synchronised (`synchronize`) — or when the prediction
+ends. A GPU runs behind the CPU, so a real block usually comes back no earlier than that; it can
+come back later (the allocator sees the event only at its next malloc after the GPU passed it).
+
+The collectives of amem_alloc/predict/distributed use the same mechanism for ProcessGroupNCCL's
+`recordStream` on the tensors handed to NCCL.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+_active: list["StreamUses"] = []
+
+
+class StreamUses:
+    """Stream uses per storage key, and the frees they hold back."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.free_now = session.storages.on_free           # the session's own free (records it)
+        self.alloc_stream: dict[int, int] = {}             # key -> stream it was allocated on
+        self.uses: dict[int, set[int]] = defaultdict(set)  # key -> other streams that used it
+        self.held: dict[int, set[int]] = {}                # key -> streams its free still waits for
+
+    # ---------------------------------------------------------------- what torch tells
+    def allocated(self, key: int, stream: int) -> None:
+        self.alloc_stream[key] = stream
+
+    def record(self, key: int | None, stream: int) -> None:
+        """record_stream(stream) on the storage `key` (None: not a CUDA storage of the session)."""
+        if key is not None and stream != self.alloc_stream.get(key, stream):
+            self.uses[key].add(stream)
+
+    def free(self, key: int) -> None:
+        """The storage died: freed now, or held until its streams are synchronised with."""
+        waits = self.uses.pop(key, None)
+        self.alloc_stream.pop(key, None)
+        if waits:
+            self.held[key] = set(waits)
+        else:
+            self.free_now(key)
+
+    def synchronised(self, stream: int | None) -> None:
+        """Work queued on `stream` (None: every stream) is known done: frees waiting for it complete."""
+        for key in [k for k, waits in self.held.items() if stream is None or stream in waits]:
+            waits = self.held[key]
+            waits.discard(stream) if stream is not None else waits.clear()
+            if not waits:
+                del self.held[key]
+                self.free_now(key)
+
+    def pending(self) -> int:
+        return len(self.held)
+
+
+# ============================================================================ install
+def install(session: Any) -> StreamUses:
+    """Routes the session's frees through a StreamUses and patches Tensor.record_stream (restored
+    by the session's own unpatching). Returns it; `finish` completes what is still held."""
+    import torch
+
+    from .values import is_fake
+
+    uses = StreamUses(session)
+    session.storages.on_free = uses.free
+    session.add_listener(_AllocStreams(uses))
+
+    def record_stream(tensor: Any, stream: Any) -> None:
+        if is_fake(tensor) or getattr(stream, "stream_id", None) is not None:
+            uses.record(session.storages.key_of(tensor), int(getattr(stream, "stream_id", 0)))
+            return
+        return original(tensor, stream)
+
+    original = torch.Tensor.record_stream
+    session._set(torch.Tensor, "record_stream", record_stream)
+    _active.append(uses)
+    return uses
+
+
+def finish(uses: StreamUses) -> None:
+    """The prediction ends: the device is idle, every held free completes."""
+    uses.synchronised(None)
+    if uses in _active:
+        _active.remove(uses)
+
+
+def synchronised(stream: int | None) -> None:
+    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for."""
+    for uses in _active:
+        uses.synchronised(stream)
+
+
+def record(tensor: Any, stream: int) -> None:
+    """record_stream from inside amem (the collectives' NCCL stream), on the running session."""
+    for uses in _active:
+        uses.record(uses.session.storages.key_of(tensor), stream)
+
+
+def current() -> StreamUses | None:
+    return _active[-1] if _active else None
+
+
+class _AllocStreams:
+    """Listener: the stream each storage was allocated on."""
+
+    def __init__(self, uses: StreamUses) -> None:
+        self.uses = uses
+
+    def on_alloc(self, key: int, stream: int, info: Any) -> None:
+        self.uses.allocated(key, stream)
+
+    def on_free(self, key: int) -> None: ...
+    def on_marker(self, name: str) -> None: ...

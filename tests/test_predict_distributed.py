@@ -1,0 +1,159 @@
+"""Distributed jobs under prediction (amem_alloc/predict/distributed): torchrun's shape and
+environment, torch's fake process group, DDP and FSDP2 model state per rank against first
+principles (bytes of parameters, optimizer state and DDP buckets), equal ranks analysed once, the
+per-rank outputs of `amem predict -- torchrun ...`."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import run_command
+
+torch = pytest.importorskip("torch")
+
+from amem_alloc.predict.distributed import launch as launch_mod  # noqa: E402
+from amem_alloc.predict.distributed.environment import RankEnvironment  # noqa: E402
+from amem_alloc.predict.distributed.ranks import predict_ranks  # noqa: E402
+from amem_alloc.replay import ALLOC, FREE  # noqa: E402
+
+MODELS = Path(__file__).parent / "predict_models"
+WIDTH, LAYERS = 1024, 4
+PARAM_BYTES = LAYERS * (WIDTH * WIDTH + WIDTH) * 4   # fp32 weights and biases of the test models
+
+
+def live_at_end(prediction) -> dict[str, int]:
+    """Requested bytes of the CUDA storages live at the last optimizer step's end, by category."""
+    live = {}
+    last_step = [i for i, name in prediction.markers if name == "step"][-1]
+    for kind, key, size, _ in prediction.ops[:last_step]:
+        if kind == ALLOC:
+            live[key] = size
+        elif kind == FREE:
+            live.pop(key, None)
+    out: dict[str, int] = {}
+    for key, size in live.items():
+        category = prediction.infos[key].category
+        if prediction.infos[key].op != "cublas_workspace":
+            out[category] = out.get(category, 0) + size
+    return out
+
+
+def _predict(script: str, world: int, ranks=(0,), env=None):
+    launch = launch_mod.Launch(world, 1, ranks)
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        return predict_ranks(launch, [str(MODELS / script)], "H100", "torch", steps=5, timeout=300)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# ---------------------------------------------------------------------------- the job's shape
+def test_torchrun_command_line_gives_the_shape_and_the_script():
+    launch, script = launch_mod.parse_torchrun(
+        ["torchrun", "--standalone", "--nnodes=2", "--nproc-per-node", "4", "--master-port", "1234",
+         "train.py", "--lr", "1"])
+    assert (launch.nnodes, launch.nproc_per_node, launch.world_size, launch.master_port) == (2, 4, 8, 1234)
+    assert script == ["train.py", "--lr", "1"] and launch.chosen() == list(range(8))
+    launch, script = launch_mod.parse_torchrun(["python", "-m", "torch.distributed.run", "--nproc_per_node=2",
+                                                "t.py"], rank="1")
+    assert (launch.world_size, launch.chosen(), script) == (2, [1], ["t.py"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "whole number"),
+    (["torchrun", "--nnodes", "1:4", "t.py"], "elastic"),
+    (["torchrun", "-m", "pkg.train"], "script's path"),
+    (["torchrun", "--nproc-per-node", "2"], "no script"),
+])
+def test_torchrun_shapes_prediction_cannot_take_are_one_line_errors(argv, needle):
+    with pytest.raises(ValueError, match=needle):
+        launch_mod.parse_torchrun(argv)
+
+
+def test_rank_environment_is_torchruns_and_is_restored():
+    os.environ.pop("LOCAL_RANK", None)
+    with RankEnvironment(launch_mod.Launch(4, 2), 6):
+        seen = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    assert seen == {"RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    assert "LOCAL_RANK" not in os.environ
+
+
+# ---------------------------------------------------------------------------- model state, first principles
+def test_fsdp2_model_state_per_rank_is_the_shard_of_params_and_adam_state():
+    world = 4
+    result = _predict("dist_fsdp2.py", world)
+    state = live_at_end(result.rank(0).prediction)
+    assert state.get("parameter") == PARAM_BYTES // world
+    assert state.get("gradient") == PARAM_BYTES // world              # the reduce-scattered shard
+    assert state.get("optimizer_state") == 2 * PARAM_BYTES // world   # exp_avg, exp_avg_sq (step on the CPU)
+
+
+@pytest.mark.slow
+def test_fsdp2_model_state_shrinks_as_one_over_n():
+    for world in (1, 2, 4, 8):
+        state = live_at_end(_predict("dist_fsdp2.py", world).rank(0).prediction)
+        assert (state.get("parameter"), state.get("optimizer_state")) == (PARAM_BYTES // world,
+                                                                          2 * PARAM_BYTES // world), world
+
+
+def ddp_buckets(param_bytes: list[int], first_cap: int = 1 << 20, cap: int = 25 << 20) -> list[int]:
+    """Bytes of DDP's rebuilt buckets: parameters in gradient-ready order (reverse of registration
+    for a Sequential), a bucket closed once it reaches its cap, the first cap 1 MiB, then 25 MiB
+    (torch/nn/parallel/distributed.py, reducer.cpp)."""
+    buckets, current = [], 0
+    for nbytes in reversed(param_bytes):
+        current += nbytes
+        if current >= (first_cap if not buckets else cap):
+            buckets.append(current)
+            current = 0
+    return buckets + ([current] if current else [])
+
+
+def _bucket_allocations(prediction) -> list[int]:
+    return [size for kind, key, size, _ in prediction.ops
+            if kind == ALLOC and prediction.infos[key].op == "empty.memory_format"
+            and prediction.infos[key].category == "gradient"]
+
+
+@pytest.mark.parametrize("grad_view", [False, True])
+def test_ddp_model_state_is_params_grads_buckets_and_adam_state(grad_view):
+    prediction = _predict("dist_ddp.py", 2, env={"GRAD_VIEW": "1" if grad_view else "0"}).rank(0).prediction
+    state = live_at_end(prediction)
+    assert state.get("parameter") == PARAM_BYTES and state.get("optimizer_state") == 2 * PARAM_BYTES
+    # the gradient buckets hold one copy of the gradients; without gradient_as_bucket_view the
+    # .grad tensors are a second copy, with it they are views into the buckets
+    assert state.get("gradient") == (1 if grad_view else 2) * PARAM_BYTES, state
+    assert sum(state.values()) == (4 if grad_view else 5) * PARAM_BYTES, state
+    # one bucket of everything at construction, rebuilt after the first iteration in ready order
+    layer = [WIDTH * WIDTH * 4, WIDTH * 4]
+    assert _bucket_allocations(prediction) == [PARAM_BYTES] + ddp_buckets(layer * LAYERS)
+    assert ddp_buckets(layer * LAYERS) == [WIDTH * 4 + WIDTH * WIDTH * 4, 3 * (WIDTH * 4 + WIDTH * WIDTH * 4)]
+
+
+def test_equal_ranks_are_recorded_each_and_analysed_once():
+    result = _predict("dist_fsdp2.py", 2, ranks=None)
+    assert [(r.rank, r.same_as) for r in result.ranks] == [(0, None), (1, 0)]
+    assert result.worst.rank == 0 and result.to_dict()["ranks"][1]["same_as"] == 0
+
+
+# ---------------------------------------------------------------------------- the command
+def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--json", str(out),
+                        "--trace", str(tmp_path / "t{rank}.pickle"), "--", "torchrun", "--nproc-per-node", "2",
+                        str(MODELS / "dist_fsdp2.py")], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["world_size"] == 2 and data["worst_rank"] == 0
+    assert (tmp_path / "t0.pickle").is_file() and (tmp_path / "t1.pickle").is_file()
+    assert "worst rank: 0" in proc.stdout
+
+
+def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--trace",
+                        str(tmp_path / "t.pickle"), "--", "python", str(MODELS / "dist_fsdp2.py")], timeout=120)
+    assert proc.returncode == 2 and "{rank}" in proc.stderr and "Traceback" not in proc.stderr

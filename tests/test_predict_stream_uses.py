@@ -1,0 +1,68 @@
+"""record_stream under prediction (amem_alloc/predict/stream_uses.py): a storage used on another
+stream is freed when that stream is synchronised with, as the caching allocator's events allow."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import amem_alloc  # noqa: E402
+from amem_alloc.replay import ALLOC, FREE  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _events(run):
+    """(kind, key) of the recorded program, allocations of 1 MiB and more only."""
+    sizes = {key: size for kind, key, size, _ in run.live.ops if kind == ALLOC}
+    return [(kind, key) for kind, key, _, _ in run.live.ops if sizes.get(key, 0) >= MiB]
+
+
+def test_a_free_waits_for_the_stream_it_was_used_on():
+    with amem_alloc.predicting(policies="torch") as run:
+        side = torch.cuda.Stream()
+        x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        x.record_stream(side)
+        del x
+        held = run.session.stream_uses.pending()
+        y = torch.empty(MiB, dtype=torch.uint8, device="cuda")   # cannot reuse x's block yet
+        torch.cuda.current_stream().wait_stream(side)
+        after_wait = run.session.stream_uses.pending()
+        del y
+    assert (held, after_wait) == (1, 0)
+    (_, x_key), (_, y_key) = _events(run)[:2]
+    assert _events(run)[:4] == [(ALLOC, x_key), (ALLOC, y_key), (FREE, x_key), (FREE, y_key)]
+    assert run.result.row("torch").peak_allocated == 2 * MiB
+
+
+def test_record_on_its_own_stream_frees_at_once():
+    with amem_alloc.predicting(policies="torch") as run:
+        x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        x.record_stream(torch.cuda.current_stream())
+        del x
+        assert run.session.stream_uses.pending() == 0
+
+
+def test_an_event_wait_and_the_end_of_the_run_release_held_frees():
+    with amem_alloc.predicting(policies="torch") as run:
+        side = torch.cuda.Stream()
+        a = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        b = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        a.record_stream(side)
+        b.record_stream(side)
+        del a
+        event = side.record_event()
+        torch.cuda.current_stream().wait_event(event)
+        assert run.session.stream_uses.pending() == 0
+        del b
+        assert run.session.stream_uses.pending() == 1
+    frees = [k for kind, k in _events(run) if kind == FREE]
+    assert len(frees) == 2   # b's free completes when the prediction ends
+
+
+def test_bundled_fsdp_workload_predicts():
+    """It called record_stream with a torch.cuda.Stream stand-in ("unknown parameter type")."""
+    run = amem_alloc.predicting(policies="torch")
+    with run:
+        from amem_alloc import workloads
+        workloads.get("fsdp")(1, 1, "cuda", 0, None)
+    streams = {stream for kind, _, _, stream in run.live.ops if kind == ALLOC}
+    assert len(streams) == 2 and run.result.row("torch").peak_allocated > 0
