@@ -165,7 +165,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", choices=list(workloads.WORKLOADS), help="a bundled workload instead of a script")
     p.add_argument("--size", type=int, default=1, help="the workload's size knob (default 1)")
     p.add_argument("--steps", type=int, help="a workload's steps (default: the workload's); a script is stopped "
-                   "after this many optimizer steps (default 20; 0: run it to its end)")
+                   "after this many optimizer steps (default 5; 0: run it to its end)")
     p.add_argument("--timeout", type=float, help="stop a script that runs longer than this many seconds, with "
                    "no prediction (default 600; 0: no limit)")
     p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
