@@ -125,13 +125,17 @@ def _one_line(err: BaseException) -> str:
 def predict_command(args: argparse.Namespace) -> int:
     from . import api
 
+    from . import whatif
+
     script = _script(args.target)
     _check(args, script)
+    whatif.check_arguments(args)
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
     result = _predict(args, script, gpu, policies)
     if isinstance(result, int):
         return result
+    whatif.from_cli(args, script, result, lambda run: _run_workload(run, args.workload, args.size, args.steps))
     print(result.format_text())
     written = []
     try:
@@ -159,7 +163,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
-    from . import gpus
+    from . import gpus, whatif
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",
@@ -183,6 +187,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")
+    whatif.add_arguments(p)
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=_command)

@@ -164,6 +164,7 @@ class Prediction:
     seconds: dict[str, float]           # recording, analysis
     notes: list[dict] = field(default_factory=list)   # notes.Note.as_dict(): stand-ins, estimates, not modelled
     stopped_after: str | None = None    # why the script was stopped early (script.py's step limit), in words
+    what_if: list = field(default_factory=list)   # whatif.WhatIf per change asked for (whatif.py)
 
     @property
     def program(self) -> replay.Program:
@@ -192,6 +193,7 @@ class Prediction:
             "seconds": self.seconds,
             "notes": self.notes,
             "stopped_after": self.stopped_after,
+            **_what_if_json(self),
         }
 
     def write_json(self, path: str | Path) -> Path:
@@ -275,7 +277,20 @@ def format_text(p: Prediction, top: int = 8) -> str:
     lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
     lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {g.memory_source}."]
     lines += _notes_text(p.notes)
+    lines += _what_if_text(p)
     return "\n".join(lines)
+
+
+def _what_if_json(p: Prediction) -> dict:
+    from . import whatif
+
+    return whatif.to_json(p)
+
+
+def _what_if_text(p: Prediction) -> list[str]:
+    from . import whatif
+
+    return whatif.format_text(p, p.what_if)
 
 
 def _notes_text(notes: list[dict]) -> list[str]:
