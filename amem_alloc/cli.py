@@ -10,6 +10,7 @@
     amem replay TRACE --policy torch,amem   replay a trace under allocator policies (sim backend)
     amem compare --workload gpt             every policy on a workload, one process each (predicted without a GPU)
     amem predict --gpu H100-80GB -- python train.py   GPU memory per policy, predicted without a GPU
+    amem fit --gpu H100-80GB --arg batch_size -- python train.py   the largest batch that fits, per policy
 """
 from __future__ import annotations
 
@@ -162,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     from .predict.cli import add_command as _add_predict_command
 
     _add_predict_command(sub)
+    from .predict.fit_cli import add_command as _add_fit_command
+
+    _add_fit_command(sub)
     return parser
 
 
