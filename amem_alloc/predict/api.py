@@ -136,6 +136,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
                                   self.live.markers, self.live_policy.conf, recording,
                                   notes=self.session.notes.as_list() if hasattr(self.session, "notes") else [])
+            self.result.autocast_keys = frozenset(getattr(self.session, "autocast_keys", ()))  # autocast.py
         return False
 
 
