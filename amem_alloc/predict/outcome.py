@@ -399,8 +399,9 @@ def render_report(p: Prediction) -> str:
     from ..report.data import report_data
     from ..snapshot import parse_snapshot
 
-    snap = parse_snapshot(p.snapshot(), "<prediction>")
-    data = report_data(snap)
+    verdict = _verdict()
+    snap = parse_snapshot(verdict.readable_snapshot(p.snapshot(), verdict.script_folder(p.target)), "<prediction>")
+    data = verdict.label_replay_order(report_data(snap))
     summary = {"note": NOTE, "gpu": f"{p.gpu.name} ({format_bytes(p.gpu.total_memory)}, usable "
                                     f"{format_bytes(p.gpu.usable)})"}
     for r in p.rows:
@@ -415,7 +416,7 @@ def render_report(p: Prediction) -> str:
         summary["stopped"] = p.stopped_after
     for i, n in enumerate(p.notes, 1):
         summary[f"note {i}: {n['kind']}"] = _notes_text([n])[-1].strip()
-    body = [_verdict().html_panel(p), report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
+    body = [verdict.html_panel(p), report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
     body += [report_html.device_section(dev) for dev in data["devices"]]
     title = f"Predicted memory: {p.target}"
     return report_html.page(title, f"predicted without a GPU for {p.gpu.name}", "\n".join(body), data, __version__)

@@ -153,3 +153,53 @@ def _what_if_table(p: Any) -> str:
             "<th>change</th><th>policy</th><th>peak allocated</th><th>peak reserved</th><th>fits</th>"
             f"<th>saving (reserved)</th></tr>{''.join(body)}</table>"
             + (f"<p>Cheapest change that makes it fit:</p><ul>{cheapest}</ul>" if picks else ""))
+
+
+# ============================================================================ the predicted run's trace, for reading
+def display_path(filename: str, base: str | None) -> str:
+    """A frame's file as a reader wants it: relative to the script's folder when inside it, a library
+    file as package/path.py (site-packages dropped), anything else as it was."""
+    import os
+
+    from ..predict.notes import short_path
+
+    if base and filename.startswith(base.rstrip(os.sep) + os.sep):
+        return os.path.relpath(filename, base)
+    return short_path(filename)
+
+
+def script_folder(target: str) -> str | None:
+    """The folder of a predicted script ("script train.py --x 1" -> its absolute folder)."""
+    import os
+
+    parts = target.split()
+    if len(parts) >= 2 and parts[0] == "script" and parts[1].endswith(".py"):
+        return os.path.dirname(os.path.abspath(parts[1]))
+    return None
+
+
+def readable_snapshot(snap: dict, base: str | None) -> dict:
+    """The predicted snapshot for the report: no timestamps (the replay's clock is not the run's, so
+    the x axis counts events: replay order) and frames' files as display_path shows them."""
+    def frames(holder: dict) -> None:
+        for f in holder.get("frames") or []:
+            f["filename"] = display_path(str(f["filename"]), base)
+    for trace in snap.get("device_traces") or []:
+        for ev in trace:
+            ev.pop("time_us", None)
+            frames(ev)
+    for seg in snap.get("segments") or []:
+        for block in seg.get("blocks") or []:
+            frames(block)
+    return snap
+
+
+REPLAY_ORDER = ("Predicted run: the x axis is replay order (the n-th allocator event of the predicted program), "
+                "not time.")
+
+
+def label_replay_order(data: dict) -> dict:
+    for dev in data.get("devices") or []:
+        notes = [n for n in dev.get("notes") or [] if "no timestamps" not in n]
+        dev["notes"] = [REPLAY_ORDER] + notes
+    return data
