@@ -156,8 +156,8 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
         fn(*args, **kwargs)
     assert run.result is not None
     if what_if:
-        from . import whatif
+        from . import whatif, whatif_run
 
-        whatif.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, blocks=blocks,
-                       strict=strict, policies=run.policies)
+        whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
+                           blocks=blocks, strict=strict, policies=run.policies)
     return run.result

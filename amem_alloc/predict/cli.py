@@ -125,7 +125,7 @@ def _one_line(err: BaseException) -> str:
 def predict_command(args: argparse.Namespace) -> int:
     from . import api
 
-    from . import whatif
+    from . import whatif_cli as whatif
 
     script = _script(args.target)
     _check(args, script)
@@ -163,7 +163,8 @@ def _command(args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
-    from . import gpus, whatif
+    from . import gpus
+    from . import whatif_cli as whatif
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",

@@ -250,6 +250,6 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
         else:
             argv = with_value(list(target), arg, value)
             body, name = trial.script_body(argv, steps, timeout), f"script {' '.join(argv)}"
-        return trial.predict(body, card, chosen, name)
+        return trial.predict(body, api.predicting, card, chosen, name)
 
     return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet)

@@ -301,7 +301,7 @@ def _what_if_json(p: Prediction) -> dict:
 def _what_if_text(p: Prediction) -> list[str]:
     from . import whatif
 
-    return whatif.format_text(p, p.what_if)
+    return whatif.format_text(p, p.what_if, _table, _signed)
 
 
 def _notes_text(notes: list[dict]) -> list[str]:

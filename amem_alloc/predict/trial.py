@@ -15,9 +15,9 @@ import contextlib
 from typing import Any, Callable
 
 from .. import user_script
-from . import api
 from . import script as script_mod
-from .outcome import Prediction
+from .notes import NotModelledError
+from .values import DataDependentError
 
 
 class TrialFailed(Exception):
@@ -35,10 +35,11 @@ def script_body(argv: list[str], steps: int, timeout: float) -> Callable[[Any], 
     return body
 
 
-def predict(body: Callable[[Any], None], gpu: Any, policies: list, target: str, *, strict: bool = False,
-            change: Any = None) -> Prediction:
-    """The prediction of body(run) with `change` (a changes.Change, or None) active around it."""
-    run = api.predicting(gpu, policies=policies, target=target, strict=strict)
+def predict(body: Callable[[Any], None], predicting: Any, gpu: Any, policies: list, target: str, *,
+            strict: bool = False, change: Any = None) -> Any:
+    """The Prediction of body(run) under `predicting` (api.predicting, passed in: api uses this module)
+    with `change` (a changes.Change, or None) active around the code."""
+    run = predicting(gpu, policies=policies, target=target, strict=strict)
     try:
         with run:
             with change if change is not None else contextlib.nullcontext():
@@ -47,7 +48,7 @@ def predict(body: Callable[[Any], None], gpu: Any, policies: list, target: str, 
         raise TrialFailed(f"the script failed (exit status {failed.status})", failed.status) from None
     except script_mod.PredictionTimeout as late:
         raise TrialFailed(str(late), 124) from None
-    except (api.DataDependentError, api.NotModelledError) as err:
+    except (DataDependentError, NotModelledError) as err:
         raise TrialFailed(_first_line(err), 3) from None
     if change is not None:
         change.finish()

@@ -3,9 +3,10 @@ change's figures per policy against the unchanged run, and the cheapest change t
 
 Design note
 -----------
-`run_all` re-predicts the code once per change (trial.predict, the change active around the code)
-and attaches the answers to the unchanged Prediction (`.what_if`), so that its text, JSON and
-report carry them. Nothing here estimates: every figure is a re-prediction's replay.
+whatif_run.run_all re-predicts the code once per change (trial.predict, the change active around
+the code) and attaches the answers, WhatIf here, to the unchanged Prediction (`.what_if`), so that
+its text, JSON and report carry them. Nothing here estimates: every figure is a re-prediction's
+replay. whatif_cli.py holds `amem predict --what-if`'s options.
 
 "Cheapest" orders the changes by what they cost at run time: the ones that cost no compute first
 (zeroing to None, the optimizer's implementation: a fused or foreach optimizer is faster than a
@@ -67,50 +68,6 @@ class WhatIf:
         return out
 
 
-def _result(change: Any, prediction: Any) -> WhatIf:
-    from . import changes as changes_mod
-
-    w = WhatIf(change.name, list(prediction.rows), list(change.notes), None, change.applied,
-               costs_compute=change.costs_compute, at_peak=dict(prediction.at_peak.categories))
-    if isinstance(change, changes_mod.Checkpoint):
-        w.recompute_flops, w.forward_flops = change.flops["recompute"], change.flops["forward"]
-        w.stack, w.blocks, w.segment = change.stack, change.blocks, change.segment
-    return w
-
-
-def run_one(name: str, body: Callable[[Any], None], base: Any, *, blocks: str | None = None,
-            strict: bool = False, policies: list | None = None) -> WhatIf:
-    from . import changes as changes_mod
-    from . import trial
-
-    change = changes_mod.make(name, blocks)
-    try:
-        prediction = trial.predict(body, base.gpu, policies or _policies(base), base.target, strict=strict,
-                                   change=change)
-    except trial.TrialFailed as failed:
-        return WhatIf(name, failed=str(failed), costs_compute=change.costs_compute)
-    return _result(change, prediction)
-
-
-def _policies(base: Any) -> list:
-    from .. import policies as policies_mod
-
-    return [policies_mod.Policy(r.policy, r.conf, r.description) for r in base.rows]
-
-
-def run_all(names: list[str], body: Callable[[Any], None], base: Any, *, blocks: str | None = None,
-            strict: bool = False, policies: list | None = None,
-            progress: Callable[[str], None] | None = None) -> list[WhatIf]:
-    """Each change re-predicted; the list is also set as base.what_if."""
-    out = []
-    for name in names:
-        if progress:
-            progress(f"what-if {name}: predicting again with the change applied...")
-        out.append(run_one(name, body, base, blocks=blocks, strict=strict, policies=policies))
-    base.what_if = out
-    return out
-
-
 def cheapest(base: Any, results: list[WhatIf]) -> dict[str, str | None]:
     """Per policy: the cheapest change that makes a run that does not fit fit (None: none does);
     policies where the unchanged run fits are left out."""
@@ -153,9 +110,8 @@ def cost_text(w: WhatIf) -> str:
     return f"recomputes up to {_flops(w.recompute_flops)} over the predicted run ({stack}){pct}"
 
 
-def format_text(base: Any, results: list[WhatIf]) -> list[str]:
-    from .outcome import _signed, _table
-
+def format_text(base: Any, results: list[WhatIf], table: Callable, signed: Callable) -> list[str]:
+    """The what-if lines of `amem predict`'s text; table and signed: outcome's table and signed bytes."""
     if not results:
         return []
     lines = ["", "What if (each change applied by amem and the code predicted again; saving against the "
@@ -168,8 +124,8 @@ def format_text(base: Any, results: list[WhatIf]) -> list[str]:
         for r in w.rows:
             b = base.row(r.policy)
             body.append([w.change, r.policy, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
-                         "yes" if r.fits else "NO", _signed(b.peak_reserved - r.peak_reserved)])
-    lines += ["  " + ln for ln in _table(["change", "policy", "peak allocated", "peak reserved", "fits",
+                         "yes" if r.fits else "NO", signed(b.peak_reserved - r.peak_reserved)])
+    lines += ["  " + ln for ln in table(["change", "policy", "peak allocated", "peak reserved", "fits",
                                           "saving (reserved)"], body)]
     for w in results:
         extra = ([w.failed] if w.failed else []) + w.notes + ([cost_text(w)] if w.costs_compute and w.applied else [])
@@ -191,41 +147,3 @@ def to_json(base: Any) -> dict:
     if not results:
         return {}
     return {"what_if": [w.to_dict(base.rows) for w in results], "cheapest_change": cheapest(base, results)}
-
-
-# ============================================================================ amem predict --what-if
-def add_arguments(p: Any) -> None:
-    """`amem predict`'s what-if options (cli.py calls this)."""
-    p.add_argument("--what-if", dest="what_if", metavar="LIST",
-                   help="predict again with each change applied by amem (comma-separated, or 'all'): "
-                   + ", ".join(NAMES))
-    p.add_argument("--blocks", metavar="PATH", help="checkpoint=...: the model's repeated block stack, as a module "
-                   "path from the model (e.g. transformer.h); default: found automatically")
-
-
-def check_arguments(args: Any) -> list[str]:
-    """The what-ifs asked for (ValueError: one line), checked before anything runs."""
-    if getattr(args, "blocks", None) and not getattr(args, "what_if", None):
-        raise ValueError("--blocks names the block stack for --what-if checkpoint=...; give --what-if too")
-    return parse(args.what_if) if getattr(args, "what_if", None) else []
-
-
-def from_cli(args: Any, script: list[str] | None, base: Any, body_for_workload: Callable[[Any], None]) -> None:
-    """Runs the what-ifs `amem predict --what-if` asked for, attaching them to base."""
-    import sys
-
-    from . import script as script_mod
-
-    from . import trial
-
-    names = check_arguments(args)
-    if not names:
-        return
-    if script:
-        steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
-        timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
-        body = trial.script_body(script, steps, timeout)
-    else:
-        body = body_for_workload
-    run_all(names, body, base, blocks=args.blocks, strict=args.strict,
-            progress=lambda line: print(f"amem predict: {line}", file=sys.stderr, flush=True))
