@@ -112,12 +112,18 @@ class OptimizerImpl(Change):
         self.impl = impl
         self.name = f"optimizer={impl}"
         self.untouched: set[str] = set()
+        self.already: set[str] = set()          # built with these keywords by the script itself
 
     def _forced(self, cls: type) -> dict | None:
         params = inspect.signature(vars(cls)["__init__"]).parameters
         if self.impl == "fused":
             return {"fused": True, "foreach": False} if "fused" in params else None
         return {k: False for k in ("foreach", "fused") if k in params} or None
+
+    def _already(self, kwargs: dict) -> bool:
+        if self.impl == "fused":
+            return kwargs.get("fused") is True
+        return kwargs.get("foreach") is False and not kwargs.get("fused")
 
     def __enter__(self) -> "OptimizerImpl":
         for cls in _optimizer_classes():
@@ -132,6 +138,8 @@ class OptimizerImpl(Change):
             if type(obj) is cls or type(obj).__init__ is build:   # the outermost constructor decides
                 if forced is None:
                     change.untouched.add(cls.__name__)
+                elif change._already(kwargs):
+                    change.already.add(cls.__name__)
                 else:
                     kwargs.update(forced)
                     change.applied += 1
@@ -142,7 +150,10 @@ class OptimizerImpl(Change):
         if self.untouched:
             self.notes.append(f"{', '.join(sorted(self.untouched))} has no {self.impl} implementation in torch: "
                               "left as it was")
-        if not self.applied and not self.untouched:
+        if self.already and not self.applied:
+            self.notes.append(f"the script already builds {', '.join(sorted(self.already))} {self.impl}: "
+                              "nothing changed")
+        if not self.applied and not self.untouched and not self.already:
             self.notes.append("no torch.optim optimizer was built: nothing changed")
 
 
