@@ -184,3 +184,31 @@ def test_bad_what_if_is_one_line(args, needle):
                            str(PROGRAMS / "mlp_stack.py")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_blocks_called_out_of_order_make_sqrt_say_so():
+    class Reversed(mlp_stack.Stack):
+        def forward(self, x, scheme="none"):
+            for b in reversed(self.blocks):
+                x = b(x)
+            return self.head(x).mean()
+
+    def step():
+        Reversed(64, 4).cuda()(torch.randn(8, 64, device="cuda")).backward()
+    p = amem_alloc.predict(step, policies="torch", what_if="checkpoint=sqrt,checkpoint=blocks")
+    assert "not called in order" in changed(p, "checkpoint=sqrt").failed
+    assert changed(p, "checkpoint=blocks").failed is None       # per-block checkpointing needs no order
+
+
+def test_the_cli_what_if_json(tmp_path):
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch,amem", "--steps", "1",
+                           "--what-if", "checkpoint=blocks", "--json", str(out), "--", "python",
+                           str(PROGRAMS / "mlp_stack.py"), "--depth", "4"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    (w,) = data["what_if"]
+    assert w["change"] == "checkpoint=blocks" and [r["policy"] for r in w["policies"]] == ["torch", "amem"]
+    assert w["recompute"]["stack"] == "blocks" and w["recompute"]["flops"] > 0
+    assert "What if" in proc.stdout and "Verdict for" in proc.stdout

@@ -15,7 +15,7 @@ would then allocate (never a formula on the unchanged figures):
   it under non-reentrant `torch.utils.checkpoint` (while grad is enabled). `sqrt` groups the L
   blocks in segments of round(√L): the first block of a segment runs the whole segment under one
   checkpoint, the segment's other blocks pass its output on. What backward recomputes is the
-  checkpointed segments' forward: their FLOPs are counted in forward with torch's FlopCounterMode
+  checkpointed segments' forward: their FLOPs are counted in forward with torch's FLOP formulas
   (an upper bound: checkpoint's early stop skips a segment's last ops when backward does not need
   them; counting in backward instead kept a recomputed tensor alive and changed the figures), and
   so are the roots' grad-enabled forwards, for the share of the step.
@@ -188,21 +188,22 @@ def _first_tensor(out: Any) -> Any:
     return out[0] if isinstance(out, (tuple, list)) and out else out
 
 
-class _Counted:
-    """FLOPs of the ops run inside (torch's FlopCounterMode), added to `into[key]` even when the
-    block is left by an exception (checkpoint's early stop ends a recomputation by raising)."""
+def _flop_mode(into: dict, key: str):
+    """A dispatch mode adding each op's FLOPs (torch's own formulas, torch.utils.flop_counter's
+    registry) to into[key]. Not FlopCounterMode itself: its module tracker adds and removes global
+    module hooks, which torch iterates while a forward fails."""
+    from torch.utils.flop_counter import flop_registry
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, into: dict, key: str) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self.into, self.key, self.mode = into, key, FlopCounterMode(display=False)
-
-    def __enter__(self) -> None:
-        self.mode.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.mode.__exit__(*exc)
-        self.into[self.key] = self.into.get(self.key, 0) + self.mode.get_total_flops()
+    class FlopCount(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                into[key] = into.get(key, 0) + formula(*args, **kwargs, out_val=out)
+            return out
+    return FlopCount()
 
 
 class Checkpoint(Change):
@@ -230,7 +231,7 @@ class Checkpoint(Change):
 
         self._hooks = [m.register_module_forward_pre_hook(self._on_forward),
                        m.register_module_forward_hook(self._after_forward, always_call=True)]
-        self._counting: list = []                # (root, _Counted) of the roots' forwards being counted
+        self._counting: list = []                # (root, its FLOP-counting mode) of the roots' forwards being counted
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -246,7 +247,7 @@ class Checkpoint(Change):
             self._known.update(id(m) for m in module.modules())
             self._wrap_stack(module)
         if any(module is r for r in self._roots) and torch.is_grad_enabled() and not self._counting:
-            counted = _Counted(self.flops, "forward")
+            counted = _flop_mode(self.flops, "forward")
             counted.__enter__()
             self._counting.append((module, counted))
 
@@ -282,7 +283,7 @@ class Checkpoint(Change):
                 out = run_segment(*args, **kwargs)
             else:
                 from torch.utils.checkpoint import checkpoint
-                with _Counted(change.flops, "recompute"):   # what backward will run again
+                with _flop_mode(change.flops, "recompute"):   # what backward will run again
                     out = checkpoint(run_segment, *args, use_reentrant=False, **kwargs)
             if len(blocks) > 1:                             # the segment's other blocks pass it on
                 state["out"], state["next"] = out, 1
