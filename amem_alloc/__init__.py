@@ -46,6 +46,7 @@ __all__ = [
     "dump_snapshot",
     "empty_cache",
     "enable",
+    "fit",
     "fragmentation",
     "is_enabled",
     "load_snapshot",
@@ -80,6 +81,10 @@ def __getattr__(name: str):
 
         module = importlib.import_module(".predict", __name__)
         return module if name == "predict" else module.predicting
+    if name == "fit":  # amem fit: bisection over predictions
+        from .predict.fit import fit
+
+        return fit
     if name in _LAZY:  # replay and compare import numpy: loaded on first use too
         import importlib
 

@@ -10,6 +10,7 @@
     amem replay TRACE --policy torch,amem   replay a trace under allocator policies (sim backend)
     amem compare --workload gpt             every policy on a workload, one process each (predicted without a GPU)
     amem predict --gpu H100-80GB -- python train.py   GPU memory per policy, predicted without a GPU
+    amem fit --gpu H100-80GB --arg batch_size -- python train.py   the largest batch that fits, per policy
 
 Exit status, the same for every command:
     0    done
@@ -29,10 +30,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, config, demo, doctor, export, parser, predict, replay, report, run
+from . import compare, config, demo, doctor, export, fit, parser, predict, replay, report, run
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = (run, demo, config, doctor, report, export, replay, compare)  # predict registers with add_command
+COMMANDS = (run, demo, config, doctor, report, export, replay, compare)  # predict and fit register with add_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.add(sub)
     predict.add_command(sub)
+    fit.add_command(sub)
     return top
 
 

@@ -131,3 +131,11 @@ def add_policy_option(p: argparse.ArgumentParser, default: str) -> None:
     """--policy (alias --policies): the one flag name for the allocator policies a command compares."""
     p.add_argument("--policy", "--policies", dest="policy", metavar="POLICIES",
                    help=f"comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); default: {default}")
+
+
+def existing_script(target: list[str]) -> list[str] | None:
+    """`-- python train.py args` -> ["train.py", "args"] (script_argv), the script checked to exist."""
+    argv = script_argv(target)
+    if argv and not Path(argv[0]).is_file():
+        raise ValueError(f"{argv[0]}: no such script")
+    return argv

@@ -21,23 +21,12 @@ from typing import Any
 from .. import policies as policies_mod
 from . import parser
 
-EXIT_BAD_INPUT = 2
-EXIT_DATA_DEPENDENT = 3
-EXIT_NOT_MODELLED = 4
-EXIT_TIMEOUT = 124
+from .predict_exits import EXIT_BAD_INPUT
 
 
 def _fail(message: str) -> None:
     print(f"amem predict: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
-
-
-def _script(target: list[str]) -> list[str] | None:
-    """`-- python train.py args` -> ["train.py", "args"] (parser.script_argv), an existing script."""
-    target = parser.script_argv(target)
-    if target and not Path(target[0]).is_file():
-        raise ValueError(f"{target[0]}: no such script")
-    return target
 
 
 def _run_workload(run: Any, name: str, size: int, steps: int | None) -> None:
@@ -60,9 +49,9 @@ def _check(args: argparse.Namespace, script: list[str] | None) -> None:
 
 def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, policies: list) -> Any:
     """The prediction (run.result), or an exit status when there is none."""
-    from .. import user_script
     from ..predict import api
     from ..predict import script as script_mod
+    from . import predict_exits
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
     steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
@@ -74,37 +63,11 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
                 run.steps_run = script_mod.run(script, run, steps, timeout)
             else:
                 _run_workload(run, args.workload, args.size, args.steps)
-    except user_script.ScriptFailed as failed:
-        if run.child_reports:
-            return _child_failure(run.child_reports)
-        print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)
-        return failed.status
-    except script_mod.PredictionTimeout as late:
-        print(f"amem predict: {late}; no prediction (predict fewer steps with --steps N, or raise --timeout)",
-              file=sys.stderr)
-        return EXIT_TIMEOUT
-    except api.DataDependentError as err:
-        print(_one_line(err), file=sys.stderr)
-        return EXIT_DATA_DEPENDENT
-    except api.NotModelledError as err:
-        if run.child_reports:
-            return _child_failure(run.child_reports)
-        print(f"amem predict: {err}; this run cannot be predicted", file=sys.stderr)
-        return EXIT_NOT_MODELLED
+    except predict_exits.failures() as failure:
+        return predict_exits.status_of(failure, run.child_reports)
     if script:
         run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps)
     return run.result
-
-
-def _child_failure(reports: list[dict]) -> int:
-    for r in reports:
-        print(r["line"], file=sys.stderr)
-    return EXIT_NOT_MODELLED
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return "amem predict: " + text
 
 
 def predict_command(args: argparse.Namespace) -> int:
@@ -114,13 +77,17 @@ def predict_command(args: argparse.Namespace) -> int:
     if predict_ranks.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...
         return predict_ranks.predict_command(args)
 
-    script = _script(args.target)
+    from . import predict_whatif as whatif
+
+    script = parser.existing_script(args.target)
     _check(args, script)
+    whatif.check_arguments(args)
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
     result = _predict(args, script, gpu, policies)
     if isinstance(result, int):
         return result
+    whatif.from_cli(args, script, result, lambda run: _run_workload(run, args.workload, args.size, args.steps))
     print(result.format_text())
     written = []
     try:
@@ -150,6 +117,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from ..predict import gpus
     from . import predict_ranks
+    from . import predict_whatif as whatif
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
                        "policy, without a GPU",
@@ -174,6 +142,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")
     predict_ranks.add_arguments(p)
+    whatif.add_arguments(p)
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=_command)

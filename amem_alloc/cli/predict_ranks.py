@@ -37,7 +37,7 @@ def wanted(args: argparse.Namespace) -> bool:
 
 
 def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
-    from .predict import _script
+    from .parser import existing_script as _script
 
     target = _target(args)
     if args.workload is not None:
@@ -63,7 +63,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def predict_command(args: argparse.Namespace) -> int:
     from ..predict import api
     from ..predict import script as script_mod
-    from . import predict as predict_cli
     from ..predict.distributed.ranks import predict_ranks
 
     launch, script = launch_and_script(args)
@@ -74,33 +73,21 @@ def predict_command(args: argparse.Namespace) -> int:
     policies = api.resolve_policies(args.policy)
     steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
     timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
-    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict), predict_cli)
+    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
     if isinstance(result, int):
         return result
     print(result.format_text())
     return _write(args, result)
 
 
-def _failures(call: Any, predict_cli: Any) -> Any:
-    """The prediction, or the exit status cli/predict.py gives the same failure of one process."""
-    from .. import user_script
-    from ..predict import api
-    from ..predict import script as script_mod
+def _failures(call: Any) -> Any:
+    """The prediction, or the exit status one process gives the same failure (predict_exits)."""
+    from . import predict_exits
 
     try:
         return call()
-    except user_script.ScriptFailed as failed:
-        print(f"amem predict: the script failed (exit status {failed.status}); no prediction", file=sys.stderr)
-        return failed.status
-    except script_mod.PredictionTimeout as late:
-        print(f"amem predict: {late}; no prediction", file=sys.stderr)
-        return predict_cli.EXIT_TIMEOUT
-    except api.DataDependentError as err:
-        print(predict_cli._one_line(err), file=sys.stderr)
-        return predict_cli.EXIT_DATA_DEPENDENT
-    except api.NotModelledError as err:
-        print(f"amem predict: {err}; this run cannot be predicted", file=sys.stderr)
-        return predict_cli.EXIT_NOT_MODELLED
+    except predict_exits.failures() as failure:
+        return predict_exits.status_of(failure)
 
 
 def _write(args: argparse.Namespace, result: Any) -> int:

@@ -136,15 +136,18 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
                                   self.live.markers, self.live_policy.conf, recording,
                                   notes=self.session.notes.as_list() if hasattr(self.session, "notes") else [])
+            self.result.autocast_keys = frozenset(getattr(self.session, "autocast_keys", ()))  # autocast.py
         return False
 
 
 def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None = None,
             capacity_gb: float | None = None, policies: Any = None, live_policy: str = "torch",
             device_count: int = 1, session_factory: Callable[..., Any] | None = None, strict: bool = False,
-            **kwargs: Any) -> Prediction:
+            what_if: Any = None, blocks: str | None = None, **kwargs: Any) -> Prediction:
     """Runs fn(*args, **kwargs) once under prediction; returns the Prediction (peaks per policy,
-    min capacity, fits, what holds memory at the peak; .write_json/.write_trace/.write_report)."""
+    min capacity, fits, what holds memory at the peak; .write_json/.write_trace/.write_report).
+    what_if: changes (whatif.NAMES, a list or 'a,b' or 'all'): fn runs again once per change, with the
+    change applied by amem (blocks: the stack to checkpoint); the answers are in `.what_if`."""
     if not callable(fn):
         raise TypeError(f"amem_alloc.predict takes a callable (the code to predict), got {type(fn).__name__}")
     name = getattr(fn, "__qualname__", None) or repr(fn)
@@ -152,4 +155,9 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
                     device_count=device_count, target=name, session_factory=session_factory, strict=strict) as run:
         fn(*args, **kwargs)
     assert run.result is not None
+    if what_if:
+        from . import whatif, whatif_run
+
+        whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
+                           blocks=blocks, strict=strict, policies=run.policies)
     return run.result

@@ -76,9 +76,17 @@ def _cast(t, dtype, mode):
         if hit is not None and hit[0]() is t:
             return hit[1]
     out = t.to(dtype)
+    _note_copy(out, mode)
     if cacheable:
         _cache[id(t)] = (weakref.ref(t), out)
     return out
+
+
+def _note_copy(out, mode) -> None:
+    """The session's set of storages that autocast's casts made (the verdict shows them apart)."""
+    key = mode.storages.key_of(out)
+    if key is not None and _session is not None:
+        _session.__dict__.setdefault("autocast_keys", set()).add(key)
 
 
 def _map(x, fn):

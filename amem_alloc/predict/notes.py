@@ -17,54 +17,16 @@ The notes of the session that is running now are reachable from anywhere in the 
 """
 from __future__ import annotations
 
-import os
-import site
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 
-import torch
+from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, is_user_file, short_path  # noqa: F401 (re-exported)
 
 STAND_IN = "stand-in"          # a value read answered with a stand-in; the run went on
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
 KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED)
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STDLIB = (os.path.dirname(os.__file__),)
-
-
-def _library_dirs() -> tuple[str, ...]:
-    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    try:
-        dirs.update(site.getsitepackages())
-        dirs.add(site.getusersitepackages())
-    except AttributeError:   # a virtualenv's old site module
-        pass
-    return tuple(sorted(d for d in dirs if d))
-
-
-_LIBRARIES = _library_dirs()
-_NOT_USER = (_TORCH_DIR, _AMEM_DIR, *_STDLIB, *_LIBRARIES)
-# torch's own plumbing between a call and the code that made it: never "the library line"
-_PLUMBING = tuple(os.path.join(_TORCH_DIR, *p.split("/")) for p in (
-    "_tensor.py", "overrides.py", "_ops.py", "utils/_python_dispatch.py", "utils/_contextlib.py",
-    "utils/_device.py", "_compile.py", "nn/modules/module.py", "autograd/", "_dynamo/", "_jit_internal.py"))
-
-
-def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's own code (not torch, amem, the stdlib or a package)."""
-    return not (filename.startswith(_NOT_USER) or filename.startswith("<"))
-
-
-def short_path(filename: str) -> str:
-    """A library file as package/path.py; a user file as given."""
-    for root in (*_LIBRARIES, os.path.dirname(_TORCH_DIR)):
-        if filename.startswith(root + os.sep):
-            return filename[len(root) + 1:]
-    return filename
 
 
 def call_site(skip: int = 1) -> str:

@@ -98,6 +98,7 @@ class AtPeak:
     modules: dict[str, int]
     ops: dict[str, int]               # aten op or autograd node
     largest: list[dict] = field(default_factory=list)
+    live: dict[int, int] = field(default_factory=dict)   # key -> bytes of each storage live then
 
 
 def _sorted(d: dict[str, int]) -> dict[str, int]:
@@ -131,13 +132,13 @@ def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
         info = infos.get(key)
         cat = getattr(info, "category", None) or "unknown"
         cats[cat] = cats.get(cat, 0) + n
-        mod = getattr(info, "module", None) or "(outside any module)"
+        mod = getattr(info, "module", None) or f"(outside any module: {cat})"   # broken down by what it is
         mods[mod] = mods.get(mod, 0) + n
         op = getattr(info, "op", None) or "(unknown op)"
         by_op[op] = by_op.get(op, 0) + n
     largest = sorted(live.items(), key=lambda kv: -kv[1])[:top]
     return AtPeak(peak_op, peak, _sorted(cats), _sorted(mods), _sorted(by_op),
-                  [_describe(k, n, infos.get(k)) for k, n in largest])
+                  [_describe(k, n, infos.get(k)) for k, n in largest], live)
 
 
 def _describe(key: int, n: int, info: Any) -> dict:
@@ -161,6 +162,8 @@ class Prediction:
     seconds: dict[str, float]           # recording, analysis
     notes: list[dict] = field(default_factory=list)   # notes.Note.as_dict(): stand-ins, estimates, not modelled
     stopped_after: str | None = None    # why the script was stopped early (script.py's step limit), in words
+    what_if: list = field(default_factory=list)   # whatif.WhatIf per change asked for (whatif.py)
+    autocast_keys: frozenset = frozenset()          # storages .to() made while autocast was on (report/verdict.py)
 
     @property
     def program(self) -> replay.Program:
@@ -189,6 +192,8 @@ class Prediction:
             "seconds": self.seconds,
             "notes": self.notes,
             "stopped_after": self.stopped_after,
+            **_what_if_json(self),
+            "verdict": _verdict().verdict(self),
         }
 
     def write_json(self, path: str | Path) -> Path:
@@ -249,6 +254,8 @@ def format_text(p: Prediction, top: int = 8) -> str:
     if not any(op[0] == replay.ALLOC for op in p.ops):
         lines += ["No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
                   "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
+    if p.rows:
+        lines += _verdict().text_lines(p)
     body = []
     for r in p.rows:
         fits = "yes" if r.fits else "NO"
@@ -272,7 +279,26 @@ def format_text(p: Prediction, top: int = 8) -> str:
     lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
     lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {g.memory_source}."]
     lines += _notes_text(p.notes)
+    lines += _what_if_text(p)
     return "\n".join(lines)
+
+
+def _verdict() -> Any:
+    from ..report import verdict
+
+    return verdict
+
+
+def _what_if_json(p: Prediction) -> dict:
+    from . import whatif
+
+    return whatif.to_json(p)
+
+
+def _what_if_text(p: Prediction) -> list[str]:
+    from . import whatif
+
+    return whatif.format_text(p, p.what_if, _table, _signed)
 
 
 def _notes_text(notes: list[dict]) -> list[str]:
@@ -370,8 +396,9 @@ def render_report(p: Prediction) -> str:
     from ..report.data import report_data
     from ..snapshot import parse_snapshot
 
-    snap = parse_snapshot(p.snapshot(), "<prediction>")
-    data = report_data(snap)
+    verdict = _verdict()
+    snap = parse_snapshot(verdict.readable_snapshot(p.snapshot(), verdict.script_folder(p.target)), "<prediction>")
+    data = verdict.label_replay_order(report_data(snap))
     summary = {"note": NOTE, "gpu": f"{p.gpu.name} ({format_bytes(p.gpu.total_memory)}, usable "
                                     f"{format_bytes(p.gpu.usable)})"}
     for r in p.rows:
@@ -386,7 +413,7 @@ def render_report(p: Prediction) -> str:
         summary["stopped"] = p.stopped_after
     for i, n in enumerate(p.notes, 1):
         summary[f"note {i}: {n['kind']}"] = _notes_text([n])[-1].strip()
-    body = [report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
+    body = [verdict.html_panel(p, _what_if_json(p).get("cheapest_change")), report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
     body += [report_html.device_section(dev) for dev in data["devices"]]
     title = f"Predicted memory: {p.target}"
     return report_html.page(title, f"predicted without a GPU for {p.gpu.name}", "\n".join(body), data, __version__)

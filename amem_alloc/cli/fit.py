@@ -1,0 +1,78 @@
+"""`amem fit`: the largest value of a script's integer argument with which the run fits a card,
+per allocator policy, by bisection over predictions (fit.py).
+
+    amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--policy LIST] [--steps N] [--timeout S]
+             [--json PATH] -- python SCRIPT ARGS...
+
+Exit status: 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
+fails or does not fit at --lo, or its memory does not grow with the argument): one line each.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import policies as policies_mod
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> None:
+    print(f"amem fit: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    from ..predict import fit as fit_mod
+    from .parser import existing_script as _script
+
+    script = _script(args.target)
+    if script is None:
+        raise ValueError("give the script to run: -- python script.py args...")
+    if not args.arg.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"--arg {args.arg!r}: give the argument's name without dashes, e.g. --arg batch_size")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"{args.json}: its folder does not exist")
+    print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
+          "output is not shown)", flush=True)
+    result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
+                         lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
+                         progress=lambda line: print(line, flush=True))
+    print(result.format_text())
+    if args.json:
+        print(f"\nwrote {result.write_json(args.json)}")
+    return 0
+
+
+def _command(args: argparse.Namespace) -> int:
+    try:
+        return fit_command(args)
+    except ValueError as err:   # bad input, or no answer to find (fit.FitError): one line
+        print(f"amem fit: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    from ..predict import gpus
+
+    p = sub.add_parser("fit", help="the largest value of a script's integer argument (e.g. the batch size) that "
+                       "fits a card, per allocator policy, predicted without a GPU",
+                       description="Bisection over predictions (amem predict) of the script with --ARG set to "
+                       "each value tried; assumes more of the argument never needs less memory.")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpu", help=f"the card to fit (default {gpus.DEFAULT}; see amem predict --help)")
+    where.add_argument("--capacity-gb", type=float, help="instead of --gpu: usable device memory in GiB")
+    p.add_argument("--arg", required=True, help="the script's argument to search, without dashes (set as "
+                   "--ARG V or --ARG=V where the command line has it, added as --ARG=V where not)")
+    p.add_argument("--lo", type=int, default=1, help="the smallest value (default 1)")
+    p.add_argument("--hi", type=int, help="the largest value to try (default: doubling from --lo until it "
+                   "does not fit)")
+    p.add_argument("--policy", help="comma-separated policy names or 'all'; default: "
+                   + ",".join(policies_mod.DEFAULT_COMPARE))
+    p.add_argument("--steps", type=int, help="optimizer steps per trial, as amem predict's (default 5)")
+    p.add_argument("--timeout", type=float, help="seconds per trial, as amem predict's (default 600)")
+    p.add_argument("--json", help="write the answer as JSON")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
+    p.set_defaults(func=_command)

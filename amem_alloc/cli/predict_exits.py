@@ -1,0 +1,57 @@
+"""How `amem predict` ends when there is no prediction: its exit statuses, and the one line it
+prints for each way a prediction fails. One process and a distributed job (predict_ranks.py) end
+the same way.
+
+    2    bad input (one line)
+    3    under --strict, the code needs a value; or a shape depends on values with no upper bound
+    4    the run cannot be predicted (CUDA graphs, CUDA in a child process): one line naming the limit
+    124  past --timeout
+    the script's own status when it fails (its traceback printed as Python prints it)
+"""
+from __future__ import annotations
+
+import sys
+
+EXIT_BAD_INPUT = 2
+EXIT_DATA_DEPENDENT = 3
+EXIT_NOT_MODELLED = 4
+EXIT_TIMEOUT = 124
+
+
+def failures() -> tuple[type[BaseException], ...]:
+    """What a prediction's run raises when there is no prediction to print (imported when asked:
+    `amem --help` and the other commands do not load torch)."""
+    from .. import user_script
+    from ..predict import api
+    from ..predict import script as script_mod
+
+    return (user_script.ScriptFailed, script_mod.PredictionTimeout, api.DataDependentError, api.NotModelledError)
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return "amem predict: " + text
+
+
+def status_of(failure: BaseException, child_reports: list[dict] = ()) -> int:
+    """Prints the failure's one line (or the child processes' reports) and returns the exit status."""
+    from .. import user_script
+    from ..predict import api
+    from ..predict import script as script_mod
+
+    if child_reports and isinstance(failure, (user_script.ScriptFailed, api.NotModelledError)):
+        for r in child_reports:
+            print(r["line"], file=sys.stderr)
+        return EXIT_NOT_MODELLED
+    if isinstance(failure, user_script.ScriptFailed):
+        print(f"amem predict: the script failed (exit status {failure.status}); no prediction", file=sys.stderr)
+        return failure.status
+    if isinstance(failure, script_mod.PredictionTimeout):
+        print(f"amem predict: {failure}; no prediction (predict fewer steps with --steps N, or raise --timeout)",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    if isinstance(failure, api.DataDependentError):
+        print(one_line(failure), file=sys.stderr)
+        return EXIT_DATA_DEPENDENT
+    print(f"amem predict: {failure}; this run cannot be predicted", file=sys.stderr)
+    return EXIT_NOT_MODELLED

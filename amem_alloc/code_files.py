@@ -1,0 +1,48 @@
+"""Which code a stack frame's file belongs to: the user's own, a library's (site-packages, torch),
+the standard library's or amem's; and a library file's short name (package/path.py).
+
+Prediction notes name the user's line first and the library line below it; reports show library
+files by package. Both read these rules here, once.
+"""
+from __future__ import annotations
+
+import os
+import site
+import sysconfig
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_AMEM_DIR = os.path.dirname(os.path.abspath(__file__))
+_STDLIB = (os.path.dirname(os.__file__),)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:   # a virtualenv's old site module
+        pass
+    return tuple(sorted(d for d in dirs if d))
+
+
+_LIBRARIES = _library_dirs()
+_NOT_USER = (_TORCH_DIR, _AMEM_DIR, *_STDLIB, *_LIBRARIES)
+# torch's own plumbing between a call and the code that made it: never "the library line"
+_PLUMBING = tuple(os.path.join(_TORCH_DIR, *p.split("/")) for p in (
+    "_tensor.py", "overrides.py", "_ops.py", "utils/_python_dispatch.py", "utils/_contextlib.py",
+    "utils/_device.py", "_compile.py", "nn/modules/module.py", "autograd/", "_dynamo/", "_jit_internal.py"))
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a frame's file is the user's own code (not torch, amem, the stdlib or a package)."""
+    return not (filename.startswith(_NOT_USER) or filename.startswith("<"))
+
+
+def short_path(filename: str) -> str:
+    """A library file as package/path.py; a user file as given."""
+    for root in (*_LIBRARIES, os.path.dirname(_TORCH_DIR)):
+        if filename.startswith(root + os.sep):
+            return filename[len(root) + 1:]
+    return filename

@@ -1,0 +1,327 @@
+"""The changes a what-if applies to a run, without an edit of the user's code: activation
+checkpointing, the optimizer's implementation, how gradients are zeroed.
+
+Design note
+-----------
+Each change is a context manager entered inside an active `predicting` block, around the user's
+code, and left before the prediction is analysed; everything it patches is restored on exit. What
+it changes is what the user would have changed by hand, so the re-prediction records what torch
+would then allocate (never a formula on the unchanged figures):
+
+* `checkpoint=blocks` / `checkpoint=sqrt`: on the first forward of a root module (a global forward
+  pre-hook), the repeated block stack is found (`find_blocks`: the ModuleList or Sequential of
+  same-class children holding the most parameters, or `blocks=PATH`) and each block's `forward`
+  is replaced on the instance, as transformers' GradientCheckpointingLayer does, by one running
+  it under non-reentrant `torch.utils.checkpoint` (while grad is enabled). `sqrt` groups the L
+  blocks in segments of round(√L): the first block of a segment runs the whole segment under one
+  checkpoint, the segment's other blocks pass its output on. What backward recomputes is the
+  checkpointed segments' forward: their FLOPs are counted in forward with torch's FLOP formulas
+  (an upper bound: checkpoint's early stop skips a segment's last ops when backward does not need
+  them; counting in backward instead kept a recomputed tensor alive and changed the figures), and
+  so are the roots' grad-enabled forwards, for the share of the step.
+* `optimizer=for-loop` / `optimizer=fused`: torch.optim's optimizers are constructed with
+  `foreach=False, fused=False` / `fused=True, foreach=False` (classes without a fused version are
+  left as they are, and the change says so).
+* `grads=set-to-none`: `zero_grad(set_to_none=False)` (Optimizer's and Module's) frees instead.
+
+`applied` counts what the change did; a change that did nothing says why in `notes`.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any
+
+import torch
+
+
+
+class Change:
+    """A patch of torch or the user's model, active between __enter__ and __exit__."""
+
+    name = ""
+    costs_compute = False
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.notes: list[str] = []
+        self._undo: list = []
+
+    def _set(self, owner: Any, attr: str, value: Any) -> None:
+        had = attr in vars(owner)
+        self._undo.append((owner, attr, vars(owner).get(attr), had))
+        setattr(owner, attr, value)
+
+    def __enter__(self) -> "Change":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, attr, old, had in reversed(self._undo):
+            if had:
+                setattr(owner, attr, old)
+            else:
+                delattr(owner, attr)
+        self._undo = []
+
+    def finish(self) -> None:
+        """Called after the run: notes for a change that did nothing."""
+
+
+# ============================================================================ gradients
+class GradsToNone(Change):
+    name = "grads=set-to-none"
+
+    def __enter__(self) -> "GradsToNone":
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            self._set(owner, "zero_grad", self._wrap(owner.zero_grad))
+        return self
+
+    def _wrap(self, zero_grad):
+        change = self
+
+        @functools.wraps(zero_grad)
+        def to_none(obj, set_to_none: bool = True):
+            if not set_to_none:
+                change.applied += 1
+            return zero_grad(obj, set_to_none=True)
+        return to_none
+
+    def finish(self) -> None:
+        if not self.applied:
+            self.notes.append("no zero_grad(set_to_none=False) was called: the script already frees its gradients "
+                              "(torch's default), so nothing changed")
+
+
+# ============================================================================ the optimizer
+def _optimizer_classes() -> list[type]:
+    out = []
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
+            if "__init__" in vars(cls):
+                out.append(cls)
+    return out
+
+
+class OptimizerImpl(Change):
+    """Every torch.optim optimizer built with the given implementation keywords."""
+
+    def __init__(self, impl: str) -> None:
+        super().__init__()
+        self.impl = impl
+        self.name = f"optimizer={impl}"
+        self.untouched: set[str] = set()
+        self.already: set[str] = set()          # built with these keywords by the script itself
+
+    def _forced(self, cls: type) -> dict | None:
+        params = inspect.signature(vars(cls)["__init__"]).parameters
+        if self.impl == "fused":
+            return {"fused": True, "foreach": False} if "fused" in params else None
+        return {k: False for k in ("foreach", "fused") if k in params} or None
+
+    def _already(self, kwargs: dict) -> bool:
+        if self.impl == "fused":
+            return kwargs.get("fused") is True
+        return kwargs.get("foreach") is False and not kwargs.get("fused")
+
+    def __enter__(self) -> "OptimizerImpl":
+        for cls in _optimizer_classes():
+            self._set(cls, "__init__", self._wrap(cls, vars(cls)["__init__"], self._forced(cls)))
+        return self
+
+    def _wrap(self, cls: type, init, forced: dict | None):
+        change = self
+
+        @functools.wraps(init)
+        def build(obj, *args, **kwargs):
+            if type(obj) is cls or type(obj).__init__ is build:   # the outermost constructor decides
+                if forced is None:
+                    change.untouched.add(cls.__name__)
+                elif change._already(kwargs):
+                    change.already.add(cls.__name__)
+                else:
+                    kwargs.update(forced)
+                    change.applied += 1
+            return init(obj, *args, **kwargs)
+        return build
+
+    def finish(self) -> None:
+        if self.untouched:
+            self.notes.append(f"{', '.join(sorted(self.untouched))} has no {self.impl} implementation in torch: "
+                              "left as it was")
+        if self.already and not self.applied:
+            self.notes.append(f"the script already builds {', '.join(sorted(self.already))} {self.impl}: "
+                              "nothing changed")
+        if not self.applied and not self.untouched and not self.already:
+            self.notes.append("no torch.optim optimizer was built: nothing changed")
+
+
+# ============================================================================ checkpointing
+def _same_class_stack(module: torch.nn.Module) -> bool:
+    children = list(module.children())
+    return (isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and len(children) >= 2
+            and len({type(c) for c in children}) == 1 and any(True for _ in children[0].parameters()))
+
+
+def find_blocks(root: torch.nn.Module, path: str | None = None) -> tuple[str, list[torch.nn.Module]] | None:
+    """(qualified name, blocks) of the repeated block stack: `path` if given (ValueError if it does
+    not name a module with children), else the ModuleList/Sequential of >= 2 same-class children
+    with the most parameters; None when there is none."""
+    if path is not None:
+        try:
+            stack = root.get_submodule(path)
+        except AttributeError:
+            return None
+        children = list(stack.children())
+        return (path, children) if children else None
+    best, best_params = None, 0
+    for name, module in root.named_modules():
+        if _same_class_stack(module):
+            n = sum(p.numel() for p in module.parameters())
+            if n > best_params:
+                best, best_params = (name, list(module.children())), n
+    return best
+
+
+def _first_tensor(out: Any) -> Any:
+    return out[0] if isinstance(out, (tuple, list)) and out else out
+
+
+def _flop_mode(into: dict, key: str):
+    """A dispatch mode adding each op's FLOPs (torch's own formulas, torch.utils.flop_counter's
+    registry) to into[key]. Not FlopCounterMode itself: its module tracker adds and removes global
+    module hooks, which torch iterates while a forward fails."""
+    from torch.utils.flop_counter import flop_registry
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FlopCount(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                into[key] = into.get(key, 0) + formula(*args, **kwargs, out_val=out)
+            return out
+    return FlopCount()
+
+
+class Checkpoint(Change):
+    """Non-reentrant activation checkpointing around each block (`blocks`) or each segment of about
+    √L blocks (`sqrt`) of the model's repeated stack."""
+
+    costs_compute = True
+
+    def __init__(self, scheme: str, blocks: str | None = None) -> None:
+        super().__init__()
+        self.scheme, self.path = scheme, blocks
+        self.name = f"checkpoint={scheme}"
+        self.stack: str | None = None            # the qualified name of the stack found
+        self.blocks = 0
+        self.segment = 1
+        self.flops = {"recompute": 0, "forward": 0}   # the recomputed ops' / the roots' grad-enabled forward FLOPs
+        self._roots: list[torch.nn.Module] = []
+        self._known: set[int] = set()            # ids of the roots' modules (alive while the run is)
+        self._wrapped: list[torch.nn.Module] = []
+        self._missing: list[str] = []
+
+    # ---------------------------------------------------------------- finding the stack
+    def __enter__(self) -> "Checkpoint":
+        from torch.nn.modules import module as m
+
+        self._hooks = [m.register_module_forward_pre_hook(self._on_forward),
+                       m.register_module_forward_hook(self._after_forward, always_call=True)]
+        self._counting: list = []                # (root, its FLOP-counting mode) of the roots' forwards being counted
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._hooks:
+            h.remove()
+        for block in self._wrapped:
+            block.__dict__.pop("forward", None)
+        super().__exit__(*exc)
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if id(module) not in self._known:
+            self._roots.append(module)
+            self._known.update(id(m) for m in module.modules())
+            self._wrap_stack(module)
+        if any(module is r for r in self._roots) and torch.is_grad_enabled() and not self._counting:
+            counted = _flop_mode(self.flops, "forward")
+            counted.__enter__()
+            self._counting.append((module, counted))
+
+    def _after_forward(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._counting and self._counting[-1][0] is module:
+            self._counting.pop()[1].__exit__(None, None, None)
+
+    def _wrap_stack(self, root: torch.nn.Module) -> None:
+        found = find_blocks(root, self.path)
+        if found is None:
+            self._missing.append(type(root).__name__)
+            return
+        self.stack, blocks = found
+        self.blocks = len(blocks)
+        self.segment = max(1, round(math.sqrt(len(blocks)))) if self.scheme == "sqrt" else 1
+        for start in range(0, len(blocks), self.segment):
+            self._wrap_segment(blocks[start:start + self.segment])
+        self.applied += 1
+
+    # ---------------------------------------------------------------- running a segment
+    def _wrap_segment(self, blocks: list[torch.nn.Module]) -> None:
+        forwards = [b.forward for b in blocks]
+        change, state = self, {"out": None, "next": 1}
+
+        def run_segment(*args, **kwargs):
+            out = forwards[0](*args, **kwargs)
+            for fwd in forwards[1:]:
+                out = fwd(_first_tensor(out), *args[1:], **kwargs)
+            return out
+
+        def first(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                out = run_segment(*args, **kwargs)
+            else:
+                from torch.utils.checkpoint import checkpoint
+                with _flop_mode(change.flops, "recompute"):   # what backward will run again
+                    out = checkpoint(run_segment, *args, use_reentrant=False, **kwargs)
+            if len(blocks) > 1:                             # the segment's other blocks pass it on
+                state["out"], state["next"] = out, 1
+            return out
+
+        def passed_on(index: int):
+            def forward(*args, **kwargs):
+                if state["out"] is None or state["next"] != index or args[:1] and args[0] is not _first_tensor(state["out"]):
+                    from .notes import NotModelledError
+                    raise NotModelledError(f"what-if {change.name}: the blocks of {change.stack} are not called "
+                                           "in order, each on the previous one's output (checkpoint=blocks works "
+                                           "there)")
+                state["next"] = index + 1
+                out = state["out"]
+                if index == len(blocks) - 1:
+                    state["out"] = None
+                return out
+            return forward
+
+        blocks[0].forward = first
+        for i, block in enumerate(blocks[1:], 1):
+            block.forward = passed_on(i)
+        self._wrapped += blocks
+
+    def finish(self) -> None:
+        if not self.applied:
+            where = f"no module {self.path!r} with children" if self.path else "no repeated block stack (a " \
+                "ModuleList or Sequential of same-class children)"
+            roots = ", ".join(sorted(set(self._missing))) or "no module ran"
+            self.notes.append(f"{where} in {roots}: nothing was checkpointed; name the stack with --blocks PATH")
+
+
+def make(name: str, blocks: str | None = None) -> Change:
+    """A fresh Change for one of whatif.NAMES (ValueError for another)."""
+    if name == "grads=set-to-none":
+        return GradsToNone()
+    if name in ("optimizer=fused", "optimizer=for-loop"):
+        return OptimizerImpl(name.split("=", 1)[1])
+    if name in ("checkpoint=blocks", "checkpoint=sqrt"):
+        return Checkpoint(name.split("=", 1)[1], blocks)
+    raise ValueError(f"unknown what-if {name!r} (whatif.NAMES lists them)")

@@ -1,0 +1,255 @@
+"""`amem fit` and amem_alloc.fit(...): the largest integer value of a script's argument (or of a
+function's parameter) with which the run fits the card, per allocator policy, by bisection over
+predictions.
+
+    amem fit --gpu H100 --arg batch_size -- python train.py --batch_size=12
+    amem_alloc.fit(["train.py", "--compile=False"], "batch_size", gpu="H100")
+    amem_alloc.fit(lambda batch: step(batch), "batch", gpu="A100-40GB")
+
+Design note
+-----------
+A trial predicts the run at one value (trial.predict: the script again in this process with the
+argument set, `--NAME V` / `--NAME=V` replaced where it is given, `--NAME=V` added where it is not,
+which argparse and nanoGPT's configurator both read). Every trial answers for every policy at
+once, so the policies share trials: a cache by value.
+
+The search assumes that more of the argument never needs less memory. From `lo` it doubles until
+no policy fits (or `hi`); then, per policy, bisects between the largest value seen to fit and the
+smallest seen not to, until they are neighbours. So the answer is consistent by construction: the
+largest value fits, the next one was predicted and does not. A run that does not fit at `lo`, that
+fails at `lo`, or whose peak does not grow from `lo` to 2·lo, ends with FitError (one line). A
+trial that fails above `lo` (the script refuses a value) counts as "does not fit" and is named.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..introspection import format_bytes
+
+MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried"
+
+
+class FitError(ValueError):
+    """The search cannot answer: one line saying why."""
+
+
+# ============================================================================ the argument
+def with_value(argv: list[str], name: str, value: int) -> list[str]:
+    """argv with the script's --NAME set to value (argv[0] is the script)."""
+    flag = "--" + name
+    out, i, found = list(argv), 1, False
+    while i < len(out):
+        if out[i] == flag and i + 1 < len(out):
+            out[i + 1], found = str(value), True
+            i += 1
+        elif out[i].startswith(flag + "="):
+            out[i], found = f"{flag}={value}", True
+        i += 1
+    return out if found else out + [f"{flag}={value}"]
+
+
+# ============================================================================ trials
+@dataclass
+class Trial:
+    value: int
+    prediction: Any = None            # outcome.Prediction, or None when it failed
+    failed: str | None = None
+    seconds: float = 0.0
+
+    def fits(self, policy: str) -> bool:
+        return self.prediction is not None and self.prediction.row(policy).fits
+
+    def row(self, policy: str) -> Any:
+        return self.prediction.row(policy) if self.prediction is not None else None
+
+
+@dataclass
+class PolicyFit:
+    policy: str
+    largest: int | None
+    peak_reserved: int | None
+    headroom: int | None
+    first_failing: int | None           # None: every value tried fits (up to hi)
+    needed_at_first_failing: int | None  # min capacity there; None if that trial failed or none failed
+    why_first_failing: str | None = None  # a failed trial's line
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class FitResult:
+    arg: str
+    gpu: Any
+    policies: list[PolicyFit]
+    trials: list[Trial] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        g = self.gpu
+        return {"arg": self.arg,
+                "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "usable_bytes": g.usable},
+                "policies": [p.to_dict() for p in self.policies],
+                "trials": [{"value": t.value, "seconds": round(t.seconds, 3), "failed": t.failed,
+                            "fits": {r.policy: r.fits for r in t.prediction.rows} if t.prediction else None}
+                           for t in self.trials],
+                "seconds": round(self.seconds, 3)}
+
+    def write_json(self, path: Any) -> Any:
+        import json
+
+        from ..atomic_write import write_text
+
+        return write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    def format_text(self) -> str:
+        lines = [f"amem fit: the largest --{self.arg} that fits {self.gpu.name} (usable "
+                 f"{format_bytes(self.gpu.usable)}), {len(self.trials)} predictions in {self.seconds:.1f} s:"]
+        for p in self.policies:
+            lines.append("  " + _policy_line(self.arg, p))
+        return "\n".join(lines)
+
+
+def _policy_line(arg: str, p: PolicyFit) -> str:
+    if p.largest is None:
+        return f"{p.policy}: does not fit at any value tried"
+    line = (f"{p.policy}: --{arg} {p.largest} (peak reserved {format_bytes(p.peak_reserved)}, headroom "
+            f"{format_bytes(p.headroom) if p.headroom >= 0 else '-' + format_bytes(-p.headroom)})")
+    if p.first_failing is None:
+        return line + f"; fits at every value tried, up to {p.largest}"
+    if p.needed_at_first_failing is not None:
+        return line + f"; {p.first_failing} does not fit: it needs {format_bytes(p.needed_at_first_failing)}"
+    return line + f"; {p.first_failing} could not be predicted: {p.why_first_failing}"
+
+
+class _Trials:
+    """Trials by value, each run once; a progress line per trial."""
+
+    def __init__(self, predict_at: Callable[[int], Any], policies: list[str],
+                 progress: Callable[[str], None] | None, quiet: bool) -> None:
+        self.predict_at, self.policies, self.progress, self.quiet = predict_at, policies, progress, quiet
+        self.done: dict[int, Trial] = {}
+
+    def __call__(self, value: int) -> Trial:
+        if value not in self.done:
+            self.done[value] = t = self._run(value)
+            if self.progress:
+                self.progress(self._line(len(self.done), t))
+        return self.done[value]
+
+    def _run(self, value: int) -> Trial:
+        from . import trial
+
+        started = time.perf_counter()
+        quiet = contextlib.redirect_stdout(io.StringIO()) if self.quiet else contextlib.nullcontext()
+        try:
+            with quiet:
+                prediction = self.predict_at(value)
+        except trial.TrialFailed as failed:
+            return Trial(value, None, str(failed), time.perf_counter() - started)
+        return Trial(value, prediction, None, time.perf_counter() - started)
+
+    def _line(self, n: int, t: Trial) -> str:
+        if t.prediction is None:
+            return f"  trial {n}: {t.value}: could not be predicted ({t.failed}) [{t.seconds:.1f} s]"
+        rows = ", ".join(f"{r.policy} {format_bytes(r.peak_reserved)} {'fits' if r.fits else 'does not fit'}"
+                         for r in t.prediction.rows if r.policy in self.policies)
+        return f"  trial {n}: {t.value}: peak reserved {rows} [{t.seconds:.1f} s]"
+
+
+# ============================================================================ the search
+def search(predict_at: Callable[[int], Any], arg: str, gpu: Any, policies: list[str], lo: int = 1,
+           hi: int | None = None, progress: Callable[[str], None] | None = None, quiet: bool = True) -> FitResult:
+    """The largest value in [lo, hi] that fits, per policy (FitError: one line when there is none
+    to find)."""
+    if lo < 1 or (hi is not None and hi < lo):
+        raise FitError(f"--lo must be >= 1 and --hi >= --lo (got {lo}, {hi})")
+    started = time.perf_counter()
+    trials = _Trials(predict_at, policies, progress, quiet)
+    first = trials(lo)
+    _check_first(arg, first, policies)
+    top = _grow(trials, arg, lo, hi, policies)
+    fits = [_bisect(trials, p, lo, top) for p in policies]
+    return FitResult(arg, gpu, fits, list(trials.done.values()), time.perf_counter() - started)
+
+
+def _check_first(arg: str, first: Trial, policies: list[str]) -> None:
+    if first.prediction is None:
+        raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}")
+    if not any(first.fits(p) for p in policies):
+        need = min(first.row(p).min_capacity for p in policies)
+        raise FitError(f"the run does not fit even at the smallest value, --{arg} {first.value}: it needs "
+                       f"{format_bytes(need)} (usable {format_bytes(first.prediction.gpu.usable)})")
+
+
+def _peak(t: Trial) -> int:
+    return max(r.peak_allocated for r in t.prediction.rows)
+
+
+def _grow(trials: _Trials, arg: str, lo: int, hi: int | None, policies: list[str]) -> int:
+    """The smallest value tried at which no policy fits (hi, or lo doubled until then); hi or the
+    last doubling when every value fits."""
+    value = lo
+    for doubling in range(MAX_DOUBLINGS):
+        nxt = min(value * 2, hi) if hi is not None else value * 2
+        if nxt == value:
+            return value
+        t = trials(nxt)
+        if doubling == 0 and t.prediction is not None and _peak(t) <= _peak(trials(lo)):
+            raise FitError(f"the run's memory does not grow with --{arg} (peak allocated "
+                           f"{format_bytes(_peak(t))} at {lo} and at {nxt}): there is no largest value to find")
+        value = nxt
+        if not any(t.fits(p) for p in policies):
+            return value
+    return value
+
+
+def _bisect(trials: _Trials, policy: str, lo: int, top: int) -> PolicyFit:
+    tried = sorted(trials.done.items())
+    good = max((v for v, t in tried if t.fits(policy)), default=None)
+    if good is None:
+        return PolicyFit(policy, None, None, None, lo, trials(lo).row(policy).min_capacity)
+    bad = min((v for v, t in tried if v > good and not t.fits(policy)), default=None)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        if trials(mid).fits(policy):
+            good = mid
+        else:
+            bad = mid
+    g = trials(good).row(policy)
+    if bad is None:
+        return PolicyFit(policy, good, g.peak_reserved, g.headroom, None, None)
+    b = trials(bad)
+    return PolicyFit(policy, good, g.peak_reserved, g.headroom, bad,
+                     b.row(policy).min_capacity if b.prediction else None, b.failed)
+
+
+# ============================================================================ the ways in
+def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = None, policies: Any = None,
+        lo: int = 1, hi: int | None = None, steps: int | None = None, timeout: float | None = None,
+        progress: Callable[[str], None] | None = None, quiet: bool = True) -> FitResult:
+    """The largest value of `arg` that fits the card, per policy. target: a script's argv
+    (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
+    (called as target(value) under prediction). steps/timeout: per trial, as amem predict's."""
+    from . import api
+    from . import script as script_mod
+    from . import trial
+
+    card = api.resolve_gpu(gpu, capacity_gb)
+    chosen = api.resolve_policies(policies)
+    steps = script_mod.DEFAULT_STEPS if steps is None else steps
+    timeout = script_mod.DEFAULT_TIMEOUT if timeout is None else timeout
+
+    def predict_at(value: int) -> Any:
+        if callable(target):
+            body, name = (lambda run: target(value)), f"{getattr(target, '__qualname__', 'code')}({arg}={value})"
+        else:
+            argv = with_value(list(target), arg, value)
+            body, name = trial.script_body(argv, steps, timeout), f"script {' '.join(argv)}"
+        return trial.predict(body, api.predicting, card, chosen, name)
+
+    return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet)
