@@ -453,17 +453,12 @@ layer(x).sum().backward()
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/execution.py:261-262 (DeviceMode.__torch_function__) -> "
-    "amem_alloc/predict/kernels/__init__.py:74 (function(), re-exported by cuda_rules.py): "
-    "`return func(*args, **kwargs)` runs a Python-level torch function (here "
-    "F.multi_head_attention_forward, reached through handle_torch_function) with the mode popped, so "
-    "nothing inside it passes the mode: its scaled_dot_product_attention takes the meta math path "
-    "(bmm, _safe_softmax, a dropout of the (B,H,T,T) weights) instead of CUDA's memory-efficient "
-    "kernel (fp32 with dropout), and under autocast its in_proj/out_proj linears are not cast "
-    "(nn.MultiheadAttention under fp16 autocast returns float32; a GPU returns float16). "
-    "nn.MultiheadAttention and nn.Transformer* are affected (fused_adamw)"))
 def test_multi_head_attention_reaches_the_cuda_attention_kernel(tmp_path):
+    """Failed before DeviceMode._open: kernels/__init__.py function() ran a Python-level torch
+    function (F.multi_head_attention_forward, reached through handle_torch_function) with the mode
+    popped, so its scaled_dot_product_attention took the meta math path (bmm, _safe_softmax, a
+    dropout of the (B,H,T,T) weights) instead of CUDA's memory-efficient kernel (fp32 with
+    dropout): fused_adamw's activations came out +34-69%."""
     p = _predict_snippet(tmp_path, ENCODER_LAYER)
     _completed(p)
     ops = {op for _, _, op in _allocs(p)}
@@ -482,12 +477,9 @@ assert out.dtype == torch.float16, out.dtype
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the same cause as test_multi_head_attention_reaches_the_cuda_attention_kernel: "
-    "F.multi_head_attention_forward runs with DeviceMode popped (kernels/__init__.py:74, "
-    "`return func(*args, **kwargs)`), so autocast's casts of its linears never happen and the "
-    "program sees float32 where a GPU gives float16"))
 def test_multi_head_attention_under_autocast_is_half(tmp_path):
+    """The same cause: autocast's casts of F.multi_head_attention_forward's linears never happened,
+    so the program saw float32 where a GPU gives float16."""
     _completed(_predict_snippet(tmp_path, MHA_AUTOCAST))
 
 

@@ -35,6 +35,7 @@ import itertools
 import os
 import sys
 import threading
+import types
 import weakref
 from typing import Any, Callable
 
@@ -222,6 +223,7 @@ class DeviceMode(TorchFunctionMode):
         super().__init__()
         self.storages, self.session = storages, session
         self.spoof = spoof   # answer device queries as CUDA (off inside backward: see session.py)
+        self._opening = None   # the Python-level function whose body _open has just started
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: False}
@@ -235,6 +237,11 @@ class DeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._opening is not None:   # the first call in an opened body (see _open)
+            if func is self._opening:
+                self._opening = None
+                return func(*args, **kwargs)
+            self._opening = None
         getter = self.getters.get(getattr(func, "__self__", None))
         if getter is not None and getattr(func, "__name__", "") == "__get__":
             return getter(args[0]) if self.spoof else func(*args, **kwargs)
@@ -251,6 +258,36 @@ class DeviceMode(TorchFunctionMode):
             if autocast_rules.active():                      # from nothing (a wrapped scalar)
                 return autocast_rules.call(func, name, args, kwargs, self)
             return cuda_rules.function(func, name, args, kwargs, self)
+
+    def opens(self, func) -> bool:
+        """Whether `func` is a Python-level torch function whose body runs under this mode (see
+        _open)."""
+        return type(func) is types.FunctionType and func.__module__ in _OPENED_MODULES and func is not self._opening
+
+    def call(self, func, args, kwargs):
+        """Run a torch function as CUDA would: a Python-level one (F.multi_head_attention_forward,
+        F.layer_norm, ...) with this mode on for the calls in its body, any other as it is."""
+        if not self.opens(func):
+            return func(*args, **kwargs)
+        return self._open(func, args, kwargs)
+
+    def _open(self, func, args, kwargs):
+        """A torch function mode is popped while it handles a call, so the body of a Python-level
+        function would run with no mode at all: its scaled_dot_product_attention would take the meta
+        math path, its linears would miss autocast, its factories would make meta tensors. The body
+        runs here with the mode pushed again, from a copy of the function whose own
+        has_torch_function checks answer False (otherwise the body would hand itself back to the
+        mode at its first line). A body that checks another way still hands itself back: that call
+        (`_opening`) runs the old way, with the mode popped."""
+        body = types.FunctionType(func.__code__, {**func.__globals__, **_NO_OVERRIDE}, func.__name__,
+                                  func.__defaults__, func.__closure__)
+        body.__kwdefaults__ = func.__kwdefaults__
+        outer, self._opening = self._opening, func
+        try:
+            with self:
+                return body(*args, **kwargs)
+        finally:
+            self._opening = outer
 
     def _call_device(self, args, kwargs) -> str | None:
         seen = None
@@ -290,6 +327,15 @@ class DeviceMode(TorchFunctionMode):
             return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
         with _Device(target):   # a copy across devices: torch copies even when nothing else changes
             return torch.Tensor.to(t, device=META, **{**options, "copy": True})
+
+
+# Modules whose Python-level torch functions run their bodies under the mode (DeviceMode._open):
+# torch.nn.functional and torch.functional, whose bodies call the ops that CUDA's autocast and the
+# kernel rules must see. Tensor methods written in Python (torch._tensor: backward, __repr__, ...)
+# keep running as they are.
+_OPENED_MODULES = {"torch.nn.functional", "torch.functional"}
+_NO_OVERRIDE = {name: (lambda *a, **k: False)
+                for name in ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")}
 
 
 # ============================================================================ the recorder

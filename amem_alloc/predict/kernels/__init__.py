@@ -20,7 +20,9 @@ The engine (execution.py) calls three entry points, through cuda_rules.py:
 * `function(func, name, args, kwargs, mode)` at the torch-function level, for every call: calls
   that CUDA routes differently from a meta tensor (F.dropout, F.scaled_dot_product_attention,
   batch norm) are answered by calling the ops CUDA runs, so autograd saves what CUDA saves; any
-  other call runs as it is;
+  other call runs as it is (`mode.call`: a Python-level function such as
+  F.multi_head_attention_forward with the mode on for its body, so the calls inside it meet these
+  rules and autocast too);
 * `before_op(func, args, kwargs, session) -> keys` at the dispatch level, before each CUDA op: the
   kernel's own temporaries (scratch.py); the keys returned are freed once the op has run;
 * `host_outputs(func, args, kwargs) -> positions` after a CUDA op: outputs (by position among the
@@ -71,7 +73,7 @@ def function(func, name, args, kwargs, mode):
         out = rule(func, args, kwargs, mode)
         if out is not None:
             return out
-    return func(*args, **kwargs)
+    return mode.call(func, args, kwargs)   # a Python-level function's body passes the mode too
 
 
 def before_op(func, args, kwargs, session) -> list:
