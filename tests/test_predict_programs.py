@@ -244,6 +244,20 @@ def test_notes_name_the_programs_lines(name, size, tmp_root):
             assert line in lines, f"no {kind} note at {base}:{line} ({text!r}); notes: {notes}"
 
 
+@pytest.mark.parametrize("name, kernel", [("hf_trainer", "flash"), ("hf_llama_gqa", "cudnn")])
+def test_hugging_face_attention_is_causal_without_a_mask(name, kernel, tmp_root):
+    """transformers decides between is_causal and an explicit mask by reading position ids and the
+    attention mask on the GPU (masking_utils.py); those are known values (known.py), so SDPA gets
+    is_causal with no mask and takes the kernel torch picks for it on an H100 (GPT-2 with dropout:
+    flash; Llama bf16 without dropout: cuDNN), not the memory-efficient kernel with a (B,1,T,T)
+    mask that a zero stand-in led to."""
+    p, _ = run_program(BY_NAME[name], "smoke", tmp_root)
+    _completed(p)
+    ops = {op.partition(":")[0] for _, _, op in _allocs(p)}
+    assert f"_scaled_dot_product_{kernel}_attention.default" in ops, sorted(ops)
+    assert "_scaled_dot_product_efficient_attention.default" not in ops, sorted(ops)
+
+
 # ============================================================================ without amem
 def _blob(path: Path) -> str:
     data = path.read_bytes()
@@ -413,18 +427,17 @@ else:
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/values.py:92-110 (read(): __bool__ gets zero_of(dtype), :57-59, i.e. False): "
-    "a value read of a fake tensor is answered with zero, so a branch the GPU takes on known data goes the other way. transformers' "
-    "masking_utils.py:761 find_packed_sequence_indices tests (packed[:, -1] == 0).all() on "
-    "position ids made by torch.arange on the GPU: the stand-in False makes every GPT-2 batch "
-    "'packed', a (B,1,T,T) mask is built and SDPA takes the memory-efficient kernel with a mask "
-    "instead of flash with is_causal (hf_trainer). The values of tensors made from known data "
-    "(arange, a real tensor moved to the GPU) could be kept"))
 def test_a_branch_on_known_values_goes_the_gpus_way(tmp_path):
+    """Failed before known.py: a value read of a fake tensor was answered with zero, so a branch
+    the GPU takes on known data went the other way. transformers' masking_utils.py
+    find_packed_sequence_indices tests (packed[:, -1] == 0).all() on position ids made by
+    torch.arange on the GPU: the stand-in False made every batch 'packed', a (B,1,T,T) mask was
+    built and SDPA took a kernel with a mask instead of is_causal (hf_trainer). Values made from
+    known data now keep a real CPU shadow: the branch goes the GPU's way, with no stand-in note."""
     p = _predict_snippet(tmp_path, STAND_IN_BRANCH)
-    _completed(p)
+    data = _completed(p)
     assert not any(size == 1024 * 1024 for size, *_ in _allocs(p)), _allocs(p)
+    assert not [n for n in data["notes"] if n["kind"] == "stand-in"], data["notes"]
 
 
 # ============================================================================ the benchmark

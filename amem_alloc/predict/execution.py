@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from . import autocast as autocast_rules
 from . import cuda_rules
+from . import known as known_mod
 from . import notes as notes_mod
 from . import values
 from .values import DataDependentError, is_fake
@@ -247,7 +248,8 @@ class DeviceMode(TorchFunctionMode):
             return getter(args[0]) if self.spoof else func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
-            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict)
+            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
+                               self.session.known.value(args[0]))
         if func is torch.Tensor.get_device:
             return 0 if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
@@ -312,6 +314,9 @@ class DeviceMode(TorchFunctionMode):
             out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and self.storages.key_of(out) is None:
             self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
+            if out.numel() <= known_mod.MAX_ELEMENTS:   # nor does the value it holds (known.py)
+                kwargs["device"] = "cpu"
+                self.session.known.remember(out, func(*args, **kwargs))
         return out
 
     def _to(self, func, args, kwargs):
@@ -365,6 +370,16 @@ class Recorder(TorchDispatchMode):
         for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
             self.storages.see(t, "cpu" if i in host else device, op)
 
+    def _read_known(self, func, known, leaves):
+        """A value or data-dependent shape read of known values (known.py): the true answer, with
+        fake outputs of the true shapes that know their values."""
+        device = self._device(func, leaves)
+        make = lambda r: torch.empty_strided(tuple(r.shape), r.stride(), dtype=r.dtype, device=META)
+        out = self.session.known.outputs_of(func, known, make)
+        if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            self._see(out, device, func.__name__)
+        return out
+
     def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
         if explicit is not None and (func.__name__.split(".")[0] in _CREATE_ON_TARGET):
@@ -393,6 +408,9 @@ class Recorder(TorchDispatchMode):
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
                                                     for a in leaves):
             return func(*args, **kwargs)   # real CPU work: runs, nothing to record
+        known = None if _decomposes(func) else self.session.known.inputs(func, args, kwargs, leaves)
+        if known is not None and values.reads_values(func, args):   # known values: the true answer
+            return self._read_known(func, known, leaves)
         strict = self.session.strict
         read = values.scalar_op(func, args, strict) or values.shape_op(func, args, kwargs, strict)
         if read is not None and not isinstance(read[0], torch.Tensor):
@@ -414,12 +432,17 @@ class Recorder(TorchDispatchMode):
             return out
         inplace = _INPLACE_ON_FRESH.get(func.__name__) if device == "cuda" else None
         if inplace is not None and self._fresh_zeros(args[0]):
-            out = inplace(*args, **kwargs)   # see _INPLACE_ON_FRESH
+            out, known = inplace(*args, **kwargs), None   # see _INPLACE_ON_FRESH
         elif func is _ADD and device == "cuda" and not kwargs and len(args) == 2 and _accumulates(*args):
             a, b = args                      # see _accumulates
-            out = a.add_(b) if _target(a) else b.add_(a)
+            out, known = a.add_(b) if _target(a) else b.add_(a), None
+            self.session.known.forget(out)
         else:
             out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
+        if known is not None:
+            self.session.known.after(func, known, out)
+        else:
+            self.session.known.written(func, args, kwargs)
         self._last_op = func.__name__
         host = cuda_rules.host_outputs(func, args, kwargs) if device == "cuda" and not isinstance(out, torch.Tensor) \
             else ()

@@ -42,6 +42,7 @@ from . import children
 from . import cuda_rules
 from . import notes as notes_mod
 from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
+from .known import KnownValues
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
 
@@ -131,6 +132,7 @@ class FakeCudaSession:
         self.records: dict[int, AllocRecord] = {}
         self.know = classify.Knowledge()
         self.storages = Storages(self._on_alloc, self._on_free)
+        self.known = KnownValues()   # the real values of small fake tensors made from known data
         self.modules = _Modules()
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self._patches: list = []
