@@ -498,21 +498,29 @@ def test_multi_head_attention_under_autocast_is_half(tmp_path):
 
 CHANNELS_LAST = """
 import torch
-conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().to(memory_format=torch.channels_last)
-x = torch.randn(16, 64, 40, 40, device="cuda").to(memory_format=torch.channels_last)
+conv = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
+                           torch.nn.Conv2d(64, 64, 3, padding=1)).cuda().to(memory_format=torch.channels_last)
+x = torch.randn(16, 64, 40, 40, device="cuda", requires_grad=True).to(memory_format=torch.channels_last)
 with torch.autocast("cuda", dtype=torch.float16):
     y = conv(x)
 assert y.is_contiguous(memory_format=torch.channels_last), y.stride()
+y.float().sum().backward()
+assert conv[0].weight.grad.is_contiguous(memory_format=torch.channels_last)
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "torch 2.14's meta kernel for convolution (torch/_meta_registrations.py:2866-2871, meta_conv) "
-    "leaves the output contiguous ('meta tensors have no device info'); cuDNN returns it in "
-    "cudnn_conv_suggest_memory_format(input, weight): channels_last when either is. amem takes the "
-    "meta output as is (no rule restrides it), so a channels_last model turns NCHW after its first "
-    "conv, and amem_alloc/predict/kernels/convolution.py workspace() then charges every later conv "
-    "the NHWC-transposition workspace cuDNN would not take (resnet18 channels_last: 6.3-12.6 MiB "
-    "estimates on each conv)"))
 def test_a_channels_last_convolution_stays_channels_last(tmp_path):
-    _completed(_predict_snippet(tmp_path, CHANNELS_LAST))
+    """Failed before convolution.layout: torch's meta kernel for convolution leaves the output
+    contiguous ('meta tensors have no device info'), where cuDNN returns it in
+    cudnn_conv_suggest_memory_format(input, weight): a channels-last model turned NCHW after its
+    first conv, and every later conv was charged the NHWC-transposition workspace estimate that
+    cuDNN does not take for channels-last tensors (resnet18 channels_last: 6.3-12.6 MiB on each
+    conv). Now no conv of the channels-last model, forward or backward, gets one."""
+    p = _predict_snippet(tmp_path, CHANNELS_LAST)
+    data = _completed(p)
+    workspaces = [n for n in data["notes"] if "cuDNN convolution workspace" in n["what"]]
+    assert len(workspaces) == 3 and all(n["bytes"] == 0 for n in workspaces), workspaces
+    copies = [op for _, _, op in _allocs(p) if op.startswith("convolution") and ":" in op]
+    # only the last conv's grad_output is copied: it comes from the sum's expanded gradient cast
+    # to fp16 (contiguous NCHW on CUDA too); the input, weight and the relu's gradient are NHWC
+    assert copies == ["convolution_backward:grad_output.contiguous"], copies

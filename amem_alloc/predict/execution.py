@@ -439,6 +439,8 @@ class Recorder(TorchDispatchMode):
             self.session.known.forget(out)
         else:
             out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
+            if device == "cuda":
+                out = cuda_rules.layout(func, args, kwargs, out)
         if known is not None:
             self.session.known.after(func, known, out)
         else:
