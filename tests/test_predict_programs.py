@@ -201,6 +201,7 @@ def test_largest_totals_are_exact(name, size, tmp_root):
     most = category_maxima(p.trace)
     got = {c: most.get(c, 0) for c in CATEGORIES_EXACT}
     assert got == fig.exact(), (got, fig.exact())
+    assert p.data["category_peaks"] == {c: n for c, n in most.items() if n}, (p.data["category_peaks"], most)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -438,6 +439,39 @@ def test_a_branch_on_known_values_goes_the_gpus_way(tmp_path):
     data = _completed(p)
     assert not any(size == 1024 * 1024 for size, *_ in _allocs(p)), _allocs(p)
     assert not [n for n in data["notes"] if n["kind"] == "stand-in"], data["notes"]
+
+
+TWO_STEPS = """
+import torch
+model = torch.nn.Linear(1024, 1024, bias=False).cuda()
+opt = torch.optim.Adam(model.parameters())
+for _ in range(2):
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_json_gives_each_categorys_largest_total_the_markers_and_the_phase(tmp_path):
+    """category_peaks, at_markers and at_peak_phase, against first principles: a 4 MiB weight,
+    its 4 MiB gradient, Adam's two 4 MiB moments (and its step counts on the CPU); a marker is
+    placed as each optimizer step returns, before zero_grad: the weight, its gradient and the
+    moments are live then. The peak is in the optimizer's first step, when the moments are made while the
+    gradient is still live."""
+    p = _predict_snippet(tmp_path, TWO_STEPS)
+    data = _completed(p)
+    w = 1024 * 1024 * 4
+    peaks = data["category_peaks"]
+    assert (peaks["parameter"], peaks["gradient"], peaks["optimizer_state"]) == (w, w, 2 * w), peaks
+    assert peaks == {c: n for c, n in category_maxima(p.trace).items() if n}
+    marks = data["at_markers"]
+    assert [m["marker"] for m in marks] == ["step", "step"], marks
+    for m in marks:
+        assert m["categories"]["parameter"] == w and m["categories"]["optimizer_state"] == 2 * w, m
+        assert m["categories"]["gradient"] == w, m
+        assert m["allocated"] == sum(m["categories"].values())
+    assert data["at_peak_phase"] == "optimizer", data["at_peak_phase"]
+    assert data["at_peak"]["optimizer_state"] == 2 * w and data["at_peak"]["gradient"] == w
 
 
 # ============================================================================ the benchmark

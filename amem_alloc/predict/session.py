@@ -54,6 +54,7 @@ class AllocInfo:
     module: str | None      # qualified module name active at allocation, if known
     op: str | None          # aten op, or "cublas_workspace"
     frames: tuple           # user frames (filename, line, name), innermost first; may be empty
+    phase: str = ""         # forward, backward, optimizer or other, when it was allocated
 
 
 class AllocationListener(Protocol):
@@ -216,7 +217,7 @@ class FakeCudaSession:
                           tuple(t.shape) if t is not None else (nbytes,))
         self.records[key] = rec
         category = "workspace" if t is None else _PHASE_GUESS[phase]
-        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else ())
+        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else (), phase)
         self.infos[key] = info
         stream = self.stream()
         self.ops.append((ALLOC, key, nbytes, stream))
