@@ -91,7 +91,7 @@ def test_listeners_hear_every_alloc_free_and_marker_in_order():
                                   "loss.cpu().numpy()", "f'{loss:.3f}'", "torch.equal(loss, loss)"])
 def test_strict_value_reads_raise_naming_the_users_line(code):
     with FakeCudaSession(strict=True):
-        loss = torch.ones(3, device="cuda").sum()
+        loss = torch.randn(3, device="cuda").sum()   # random: its value is not known (known.py)
         with pytest.raises(DataDependentError) as err:
             exec(compile(code, __file__, "exec"), {"loss": loss, "torch": torch})
     assert f"{__file__}:1" in str(err.value)
@@ -105,8 +105,8 @@ def test_strict_value_reads_raise_naming_the_users_line(code):
 ])
 def test_value_reads_get_a_stand_in_and_a_note_at_the_users_line(code, expected):
     with FakeCudaSession() as s:
-        loss = torch.ones(3, device="cuda").sum()
-        n = torch.ones((), dtype=torch.long, device="cuda")
+        loss = torch.randn(3, device="cuda").sum()   # random: its value is not known (known.py)
+        n = torch.randint(0, 9, (), device="cuda")
         got = eval(compile(code, __file__, "eval"), {"loss": loss, "n": n, "torch": torch})
     assert got == expected and type(got) is type(expected)
     (note,) = list(s.notes)
@@ -115,13 +115,13 @@ def test_value_reads_get_a_stand_in_and_a_note_at_the_users_line(code, expected)
 
 def test_shapes_from_values_take_their_upper_bound_with_a_note():
     with FakeCudaSession() as s:
-        x = torch.ones(4, 5, device="cuda")
+        x = torch.randn(4, 5, device="cuda")   # random: its values are not known (known.py)
         assert x[x > 0].shape == (20,)
         assert x.nonzero().shape == (20, 2)
         assert torch.unique(x).shape == (20,)
         assert x.masked_select(x > 0).shape == (20,)
         with pytest.raises(DataDependentError):
-            torch.bincount(torch.ones(3, dtype=torch.long, device="cuda"))
+            torch.bincount(torch.randint(0, 3, (3,), device="cuda"))
     assert {n.kind for n in s.notes} == {"upper-bound"} and len(s.notes) == 4
 
 

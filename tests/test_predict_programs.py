@@ -201,6 +201,7 @@ def test_largest_totals_are_exact(name, size, tmp_root):
     most = category_maxima(p.trace)
     got = {c: most.get(c, 0) for c in CATEGORIES_EXACT}
     assert got == fig.exact(), (got, fig.exact())
+    assert p.data["category_peaks"] == {c: n for c, n in most.items() if n}, (p.data["category_peaks"], most)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -242,6 +243,20 @@ def test_notes_name_the_programs_lines(name, size, tmp_root):
         for text in texts:
             line = line_of(program.path(), text)
             assert line in lines, f"no {kind} note at {base}:{line} ({text!r}); notes: {notes}"
+
+
+@pytest.mark.parametrize("name, kernel", [("hf_trainer", "flash"), ("hf_llama_gqa", "cudnn")])
+def test_hugging_face_attention_is_causal_without_a_mask(name, kernel, tmp_root):
+    """transformers decides between is_causal and an explicit mask by reading position ids and the
+    attention mask on the GPU (masking_utils.py); those are known values (known.py), so SDPA gets
+    is_causal with no mask and takes the kernel torch picks for it on an H100 (GPT-2 with dropout:
+    flash; Llama bf16 without dropout: cuDNN), not the memory-efficient kernel with a (B,1,T,T)
+    mask that a zero stand-in led to."""
+    p, _ = run_program(BY_NAME[name], "smoke", tmp_root)
+    _completed(p)
+    ops = {op.partition(":")[0] for _, _, op in _allocs(p)}
+    assert f"_scaled_dot_product_{kernel}_attention.default" in ops, sorted(ops)
+    assert "_scaled_dot_product_efficient_attention.default" not in ops, sorted(ops)
 
 
 # ============================================================================ without amem
@@ -413,18 +428,50 @@ else:
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/values.py:92-110 (read(): __bool__ gets zero_of(dtype), :57-59, i.e. False): "
-    "a value read of a fake tensor is answered with zero, so a branch the GPU takes on known data goes the other way. transformers' "
-    "masking_utils.py:761 find_packed_sequence_indices tests (packed[:, -1] == 0).all() on "
-    "position ids made by torch.arange on the GPU: the stand-in False makes every GPT-2 batch "
-    "'packed', a (B,1,T,T) mask is built and SDPA takes the memory-efficient kernel with a mask "
-    "instead of flash with is_causal (hf_trainer). The values of tensors made from known data "
-    "(arange, a real tensor moved to the GPU) could be kept"))
 def test_a_branch_on_known_values_goes_the_gpus_way(tmp_path):
+    """Failed before known.py: a value read of a fake tensor was answered with zero, so a branch
+    the GPU takes on known data went the other way. transformers' masking_utils.py
+    find_packed_sequence_indices tests (packed[:, -1] == 0).all() on position ids made by
+    torch.arange on the GPU: the stand-in False made every batch 'packed', a (B,1,T,T) mask was
+    built and SDPA took a kernel with a mask instead of is_causal (hf_trainer). Values made from
+    known data now keep a real CPU shadow: the branch goes the GPU's way, with no stand-in note."""
     p = _predict_snippet(tmp_path, STAND_IN_BRANCH)
-    _completed(p)
+    data = _completed(p)
     assert not any(size == 1024 * 1024 for size, *_ in _allocs(p)), _allocs(p)
+    assert not [n for n in data["notes"] if n["kind"] == "stand-in"], data["notes"]
+
+
+TWO_STEPS = """
+import torch
+model = torch.nn.Linear(1024, 1024, bias=False).cuda()
+opt = torch.optim.Adam(model.parameters())
+for _ in range(2):
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_json_gives_each_categorys_largest_total_the_markers_and_the_phase(tmp_path):
+    """category_peaks, at_markers and at_peak_phase, against first principles: a 4 MiB weight,
+    its 4 MiB gradient, Adam's two 4 MiB moments (and its step counts on the CPU); a marker is
+    placed as each optimizer step returns, before zero_grad: the weight, its gradient and the
+    moments are live then. The peak is in the optimizer's first step, when the moments are made while the
+    gradient is still live."""
+    p = _predict_snippet(tmp_path, TWO_STEPS)
+    data = _completed(p)
+    w = 1024 * 1024 * 4
+    peaks = data["category_peaks"]
+    assert (peaks["parameter"], peaks["gradient"], peaks["optimizer_state"]) == (w, w, 2 * w), peaks
+    assert peaks == {c: n for c, n in category_maxima(p.trace).items() if n}
+    marks = data["at_markers"]
+    assert [m["marker"] for m in marks] == ["step", "step"], marks
+    for m in marks:
+        assert m["categories"]["parameter"] == w and m["categories"]["optimizer_state"] == 2 * w, m
+        assert m["categories"]["gradient"] == w, m
+        assert m["allocated"] == sum(m["categories"].values())
+    assert data["at_peak_phase"] == "optimizer", data["at_peak_phase"]
+    assert data["at_peak"]["optimizer_state"] == 2 * w and data["at_peak"]["gradient"] == w
 
 
 # ============================================================================ the benchmark
@@ -453,17 +500,12 @@ layer(x).sum().backward()
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "amem_alloc/predict/execution.py:261-262 (DeviceMode.__torch_function__) -> "
-    "amem_alloc/predict/kernels/__init__.py:74 (function(), re-exported by cuda_rules.py): "
-    "`return func(*args, **kwargs)` runs a Python-level torch function (here "
-    "F.multi_head_attention_forward, reached through handle_torch_function) with the mode popped, so "
-    "nothing inside it passes the mode: its scaled_dot_product_attention takes the meta math path "
-    "(bmm, _safe_softmax, a dropout of the (B,H,T,T) weights) instead of CUDA's memory-efficient "
-    "kernel (fp32 with dropout), and under autocast its in_proj/out_proj linears are not cast "
-    "(nn.MultiheadAttention under fp16 autocast returns float32; a GPU returns float16). "
-    "nn.MultiheadAttention and nn.Transformer* are affected (fused_adamw)"))
 def test_multi_head_attention_reaches_the_cuda_attention_kernel(tmp_path):
+    """Failed before DeviceMode._open: kernels/__init__.py function() ran a Python-level torch
+    function (F.multi_head_attention_forward, reached through handle_torch_function) with the mode
+    popped, so its scaled_dot_product_attention took the meta math path (bmm, _safe_softmax, a
+    dropout of the (B,H,T,T) weights) instead of CUDA's memory-efficient kernel (fp32 with
+    dropout): fused_adamw's activations came out +34-69%."""
     p = _predict_snippet(tmp_path, ENCODER_LAYER)
     _completed(p)
     ops = {op for _, _, op in _allocs(p)}
@@ -482,32 +524,37 @@ assert out.dtype == torch.float16, out.dtype
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the same cause as test_multi_head_attention_reaches_the_cuda_attention_kernel: "
-    "F.multi_head_attention_forward runs with DeviceMode popped (kernels/__init__.py:74, "
-    "`return func(*args, **kwargs)`), so autocast's casts of its linears never happen and the "
-    "program sees float32 where a GPU gives float16"))
 def test_multi_head_attention_under_autocast_is_half(tmp_path):
+    """The same cause: autocast's casts of F.multi_head_attention_forward's linears never happened,
+    so the program saw float32 where a GPU gives float16."""
     _completed(_predict_snippet(tmp_path, MHA_AUTOCAST))
 
 
 CHANNELS_LAST = """
 import torch
-conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().to(memory_format=torch.channels_last)
-x = torch.randn(16, 64, 40, 40, device="cuda").to(memory_format=torch.channels_last)
+conv = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
+                           torch.nn.Conv2d(64, 64, 3, padding=1)).cuda().to(memory_format=torch.channels_last)
+x = torch.randn(16, 64, 40, 40, device="cuda", requires_grad=True).to(memory_format=torch.channels_last)
 with torch.autocast("cuda", dtype=torch.float16):
     y = conv(x)
 assert y.is_contiguous(memory_format=torch.channels_last), y.stride()
+y.float().sum().backward()
+assert conv[0].weight.grad.is_contiguous(memory_format=torch.channels_last)
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "torch 2.14's meta kernel for convolution (torch/_meta_registrations.py:2866-2871, meta_conv) "
-    "leaves the output contiguous ('meta tensors have no device info'); cuDNN returns it in "
-    "cudnn_conv_suggest_memory_format(input, weight): channels_last when either is. amem takes the "
-    "meta output as is (no rule restrides it), so a channels_last model turns NCHW after its first "
-    "conv, and amem_alloc/predict/kernels/convolution.py workspace() then charges every later conv "
-    "the NHWC-transposition workspace cuDNN would not take (resnet18 channels_last: 6.3-12.6 MiB "
-    "estimates on each conv)"))
 def test_a_channels_last_convolution_stays_channels_last(tmp_path):
-    _completed(_predict_snippet(tmp_path, CHANNELS_LAST))
+    """Failed before convolution.layout: torch's meta kernel for convolution leaves the output
+    contiguous ('meta tensors have no device info'), where cuDNN returns it in
+    cudnn_conv_suggest_memory_format(input, weight): a channels-last model turned NCHW after its
+    first conv, and every later conv was charged the NHWC-transposition workspace estimate that
+    cuDNN does not take for channels-last tensors (resnet18 channels_last: 6.3-12.6 MiB on each
+    conv). Now no conv of the channels-last model, forward or backward, gets one."""
+    p = _predict_snippet(tmp_path, CHANNELS_LAST)
+    data = _completed(p)
+    workspaces = [n for n in data["notes"] if "cuDNN convolution workspace" in n["what"]]
+    assert len(workspaces) == 3 and all(n["bytes"] == 0 for n in workspaces), workspaces
+    copies = [op for _, _, op in _allocs(p) if op.startswith("convolution") and ":" in op]
+    # only the last conv's grad_output is copied: it comes from the sum's expanded gradient cast
+    # to fp16 (contiguous NCHW on CUDA too); the input, weight and the relu's gradient are NHWC
+    assert copies == ["convolution_backward:grad_output.contiguous"], copies

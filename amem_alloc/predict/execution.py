@@ -35,6 +35,7 @@ import itertools
 import os
 import sys
 import threading
+import types
 import weakref
 from typing import Any, Callable
 
@@ -45,6 +46,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from . import autocast as autocast_rules
 from . import cuda_rules
+from . import known as known_mod
 from . import notes as notes_mod
 from . import values
 from .values import DataDependentError, is_fake
@@ -246,6 +248,7 @@ class DeviceMode(TorchFunctionMode):
         super().__init__()
         self.storages, self.session = storages, session
         self.spoof = spoof   # answer device queries as CUDA (off inside backward: see session.py)
+        self._opening = None   # the Python-level function whose body _open has just started
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: False}
@@ -259,12 +262,18 @@ class DeviceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._opening is not None:   # the first call in an opened body (see _open)
+            if func is self._opening:
+                self._opening = None
+                return func(*args, **kwargs)
+            self._opening = None
         getter = self.getters.get(getattr(func, "__self__", None))
         if getter is not None and getattr(func, "__name__", "") == "__get__":
             return getter(args[0]) if self.spoof else func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
-            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict)
+            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
+                               self.session.known.value(args[0]))
         if func is torch.Tensor.get_device:
             return _cuda_index() if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
@@ -275,6 +284,36 @@ class DeviceMode(TorchFunctionMode):
             if autocast_rules.active():                      # from nothing (a wrapped scalar)
                 return autocast_rules.call(func, name, args, kwargs, self)
             return cuda_rules.function(func, name, args, kwargs, self)
+
+    def opens(self, func) -> bool:
+        """Whether `func` is a Python-level torch function whose body runs under this mode (see
+        _open)."""
+        return type(func) is types.FunctionType and func.__module__ in _OPENED_MODULES and func is not self._opening
+
+    def call(self, func, args, kwargs):
+        """Run a torch function as CUDA would: a Python-level one (F.multi_head_attention_forward,
+        F.layer_norm, ...) with this mode on for the calls in its body, any other as it is."""
+        if not self.opens(func):
+            return func(*args, **kwargs)
+        return self._open(func, args, kwargs)
+
+    def _open(self, func, args, kwargs):
+        """A torch function mode is popped while it handles a call, so the body of a Python-level
+        function would run with no mode at all: its scaled_dot_product_attention would take the meta
+        math path, its linears would miss autocast, its factories would make meta tensors. The body
+        runs here with the mode pushed again, from a copy of the function whose own
+        has_torch_function checks answer False (otherwise the body would hand itself back to the
+        mode at its first line). A body that checks another way still hands itself back: that call
+        (`_opening`) runs the old way, with the mode popped."""
+        body = types.FunctionType(func.__code__, {**func.__globals__, **_NO_OVERRIDE}, func.__name__,
+                                  func.__defaults__, func.__closure__)
+        body.__kwdefaults__ = func.__kwdefaults__
+        outer, self._opening = self._opening, func
+        try:
+            with self:
+                return body(*args, **kwargs)
+        finally:
+            self._opening = outer
 
     def _call_device(self, args, kwargs) -> str | None:
         seen = None
@@ -299,6 +338,9 @@ class DeviceMode(TorchFunctionMode):
             out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and self.storages.key_of(out) is None:
             self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
+            if out.numel() <= known_mod.MAX_ELEMENTS:   # nor does the value it holds (known.py)
+                kwargs["device"] = "cpu"
+                self.session.known.remember(out, func(*args, **kwargs))
         return out
 
     def _to(self, func, args, kwargs):
@@ -314,6 +356,15 @@ class DeviceMode(TorchFunctionMode):
             return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
         with _Device(target):   # a copy across devices: torch copies even when nothing else changes
             return torch.Tensor.to(t, device=META, **{**options, "copy": True})
+
+
+# Modules whose Python-level torch functions run their bodies under the mode (DeviceMode._open):
+# torch.nn.functional and torch.functional, whose bodies call the ops that CUDA's autocast and the
+# kernel rules must see. Tensor methods written in Python (torch._tensor: backward, __repr__, ...)
+# keep running as they are.
+_OPENED_MODULES = {"torch.nn.functional", "torch.functional"}
+_NO_OVERRIDE = {name: (lambda *a, **k: False)
+                for name in ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")}
 
 
 # ============================================================================ the recorder
@@ -342,6 +393,16 @@ class Recorder(TorchDispatchMode):
             return
         for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
             self.storages.see(t, "cpu" if i in host else device, op)
+
+    def _read_known(self, func, known, leaves):
+        """A value or data-dependent shape read of known values (known.py): the true answer, with
+        fake outputs of the true shapes that know their values."""
+        device = self._device(func, leaves)
+        make = lambda r: torch.empty_strided(tuple(r.shape), r.stride(), dtype=r.dtype, device=META)
+        out = self.session.known.outputs_of(func, known, make)
+        if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            self._see(out, device, func.__name__)
+        return out
 
     def _device(self, func, leaves) -> str:
         explicit = _explicit_device()
@@ -373,6 +434,9 @@ class Recorder(TorchDispatchMode):
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
                                                     for a in leaves):
             return func(*args, **kwargs)   # real CPU work: runs, nothing to record
+        known = None if _decomposes(func) else self.session.known.inputs(func, args, kwargs, leaves)
+        if known is not None and values.reads_values(func, args):   # known values: the true answer
+            return self._read_known(func, known, leaves)
         strict = self.session.strict
         read = values.scalar_op(func, args, strict) or values.shape_op(func, args, kwargs, strict)
         if read is not None and not isinstance(read[0], torch.Tensor):
@@ -394,12 +458,19 @@ class Recorder(TorchDispatchMode):
             return out
         inplace = _INPLACE_ON_FRESH.get(func.__name__) if device == "cuda" else None
         if inplace is not None and self._fresh_zeros(args[0]):
-            out = inplace(*args, **kwargs)   # see _INPLACE_ON_FRESH
+            out, known = inplace(*args, **kwargs), None   # see _INPLACE_ON_FRESH
         elif func is _ADD and device == "cuda" and not kwargs and len(args) == 2 and _accumulates(*args):
             a, b = args                      # see _accumulates
-            out = a.add_(b) if _target(a) else b.add_(a)
+            out, known = a.add_(b) if _target(a) else b.add_(a), None
+            self.session.known.forget(out)
         else:
             out = self.cache.run(func, args, kwargs, leaves) if not real else func(*args, **kwargs)
+            if device == "cuda":
+                out = cuda_rules.layout(func, args, kwargs, out)
+        if known is not None:
+            self.session.known.after(func, known, out)
+        else:
+            self.session.known.written(func, args, kwargs)
         self._last_op = func.__name__
         host = cuda_rules.host_outputs(func, args, kwargs) if device == "cuda" and not isinstance(out, torch.Tensor) \
             else ()

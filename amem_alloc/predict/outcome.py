@@ -99,6 +99,7 @@ class AtPeak:
     ops: dict[str, int]               # aten op or autograd node
     largest: list[dict] = field(default_factory=list)
     live: dict[int, int] = field(default_factory=dict)   # key -> bytes of each storage live then
+    phase: str | None = None          # forward, backward, optimizer or other: when the peak's allocation was made
 
 
 def _sorted(d: dict[str, int]) -> dict[str, int]:
@@ -137,8 +138,53 @@ def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
         op = getattr(info, "op", None) or "(unknown op)"
         by_op[op] = by_op.get(op, 0) + n
     largest = sorted(live.items(), key=lambda kv: -kv[1])[:top]
+    phase = (getattr(infos.get(ops[peak_op][1]), "phase", "") or None) if peak_op >= 0 else None
     return AtPeak(peak_op, peak, _sorted(cats), _sorted(mods), _sorted(by_op),
-                  [_describe(k, n, infos.get(k)) for k, n in largest], live)
+                  [_describe(k, n, infos.get(k)) for k, n in largest], live, phase)
+
+
+@dataclass
+class OverRun:
+    """Figures over the whole run, not only at the peak."""
+    category_peaks: dict[str, int]    # each category's largest live total (requests rounded to 512 B)
+    at_markers: list[dict]            # at each marker (a step): {"marker", "op", "allocated", "categories"}
+
+
+def over_run(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, str]]) -> OverRun:
+    """Each category's largest live total, and what is live by category at each marker (a marker
+    at index i was placed after the first i allocator calls)."""
+    live: dict[int, tuple[int, str]] = {}
+    totals: dict[str, int] = {}
+    peaks: dict[str, int] = {}
+    at_markers = []
+    pending = sorted(markers)
+    m = 0
+
+    def mark(i: int) -> None:
+        nonlocal m
+        while m < len(pending) and pending[m][0] <= i:
+            at_markers.append({"marker": pending[m][1], "op": pending[m][0], "allocated": sum(totals.values()),
+                               "categories": _sorted({k: v for k, v in totals.items() if v})})
+            m += 1
+
+    for i, (kind, key, size, _) in enumerate(ops):
+        mark(i)
+        if kind == replay.ALLOC:
+            n = round_block(size)
+            cat = getattr(infos.get(key), "category", None) or "unknown"
+            old = live.pop(key, None)
+            if old is not None:
+                totals[old[1]] -= old[0]
+            live[key] = (n, cat)
+            totals[cat] = totals.get(cat, 0) + n
+            if totals[cat] > peaks.get(cat, 0):
+                peaks[cat] = totals[cat]
+        elif kind == replay.FREE:
+            old = live.pop(key, None)
+            if old is not None:
+                totals[old[1]] -= old[0]
+    mark(len(ops))
+    return OverRun(_sorted(peaks), at_markers)
 
 
 def _describe(key: int, n: int, info: Any) -> dict:
@@ -164,6 +210,7 @@ class Prediction:
     stopped_after: str | None = None    # why the script was stopped early (script.py's step limit), in words
     what_if: list = field(default_factory=list)   # whatif.WhatIf per change asked for (whatif.py)
     autocast_keys: frozenset = frozenset()          # storages .to() made while autocast was on (report/verdict.py)
+    over_run: OverRun | None = None     # each category's largest total, and the live bytes at each marker
 
     @property
     def program(self) -> replay.Program:
@@ -187,6 +234,9 @@ class Prediction:
             "at_peak_modules": self.at_peak.modules,
             "at_peak_ops": self.at_peak.ops,
             "at_peak_largest": self.at_peak.largest,
+            "at_peak_phase": self.at_peak.phase,
+            "category_peaks": self.over_run.category_peaks if self.over_run else {},
+            "at_markers": self.over_run.at_markers if self.over_run else [],
             "program": {"ops": len(self.ops), "allocations": allocs,
                         "markers": [[i, name] for i, name in self.markers]},
             "seconds": self.seconds,
@@ -225,8 +275,10 @@ def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops:
     program = replay.Program(replay.pack(ops))
     rows = [policy_row(program, p, gpu) for p in policies]
     peak = at_peak(ops, infos)
+    run = over_run(ops, infos, list(markers))
     return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
-                      {"recording": recording_s, "analysis": time.perf_counter() - started}, list(notes or []))
+                      {"recording": recording_s, "analysis": time.perf_counter() - started}, list(notes or []),
+                      over_run=run)
 
 
 # ============================================================================ text
@@ -271,12 +323,17 @@ def format_text(p: Prediction, top: int = 8) -> str:
     if best is not None:
         lines.append(f"least memory needed: {best.policy} ({format_bytes(best.min_capacity)})")
     a = p.at_peak
-    lines += ["", f"At the peak ({format_bytes(a.allocated)} allocated, after allocator call {a.op + 1} of "
+    during = f", in {a.phase}" if a.phase else ""
+    lines += ["", f"At the peak ({format_bytes(a.allocated)} allocated{during}, after allocator call {a.op + 1} of "
                   f"{len(p.ops)}):"]
-    lines += ["  " + ln for ln in _table(["category", "bytes", "share"], [[k, format_bytes(v), _share(v, a.allocated)]
-                                                                       for k, v in a.categories.items()])]
+    most = p.over_run.category_peaks if p.over_run else {}
+    lines += ["  " + ln for ln in _table(["category", "bytes", "share", "largest in the run"],
+                                         [[k, format_bytes(a.categories.get(k, 0)), _share(a.categories.get(k, 0), a.allocated),
+                                           format_bytes(most[k]) if k in most else "-"]
+                                          for k in _categories(a.categories, most)])]
     lines += ["", "  by module:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.modules.items())[:top]]
     lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
+    lines += _markers_text(p, top)
     lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {g.memory_source}."]
     lines += _notes_text(p.notes)
     lines += _what_if_text(p)
@@ -299,6 +356,25 @@ def _what_if_text(p: Prediction) -> list[str]:
     from . import whatif
 
     return whatif.format_text(p, p.what_if, _table, _signed)
+
+
+def _categories(at_peak_cats: dict[str, int], most: dict[str, int]) -> list[str]:
+    """The categories at the peak (largest first), then those only live elsewhere in the run."""
+    return list(at_peak_cats) + [k for k in most if k not in at_peak_cats]
+
+
+def _markers_text(p: Prediction, top: int) -> list[str]:
+    marks = p.over_run.at_markers if p.over_run else []
+    if not marks:
+        return []
+    shown = marks if len(marks) <= top else marks[: top - 1] + marks[-1:]
+    out = ["", "  live at each marker (allocated; largest categories):"]
+    for mk in shown:
+        cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in list(mk["categories"].items())[:3])
+        out.append(f"    {mk['marker']} after call {mk['op']}: {format_bytes(mk['allocated'])}" + (f" ({cats})" if cats else ""))
+    if len(shown) < len(marks):
+        out.insert(-1, f"    ... {len(marks) - len(shown)} more")
+    return out
 
 
 def _notes_text(notes: list[dict]) -> list[str]:
@@ -405,8 +481,14 @@ def render_report(p: Prediction) -> str:
         summary[f"policy {r.policy}"] = (f"peak allocated {format_bytes(r.peak_allocated)}, peak reserved "
                                          f"{format_bytes(r.peak_reserved)}, min capacity "
                                          f"{format_bytes(r.min_capacity)}, fits: {'yes' if r.fits else 'no'}")
+    if p.at_peak.phase:
+        summary["at peak: phase"] = p.at_peak.phase
     for k, v in p.at_peak.categories.items():
         summary[f"at peak: {k}"] = format_bytes(v)
+    for k, v in (p.over_run.category_peaks if p.over_run else {}).items():
+        summary[f"largest in the run: {k}"] = format_bytes(v)
+    for mk in (p.over_run.at_markers if p.over_run else []):
+        summary[f"at marker {mk['marker']} (call {mk['op']})"] = format_bytes(mk["allocated"])
     for k, v in list(p.at_peak.modules.items())[:10]:
         summary[f"at peak, module {k}"] = format_bytes(v)
     if p.stopped_after:

@@ -25,6 +25,7 @@ checkpoint recomputation, runs under the session's device and autocast handling)
 from __future__ import annotations
 
 import bisect
+import functools
 import weakref
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -43,6 +44,7 @@ from . import cuda_rules
 from . import notes as notes_mod
 from . import stream_uses
 from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
+from .known import KnownValues
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
 
@@ -54,6 +56,7 @@ class AllocInfo:
     module: str | None      # qualified module name active at allocation, if known
     op: str | None          # aten op, or "cublas_workspace"
     frames: tuple           # user frames (filename, line, name), innermost first; may be empty
+    phase: str = ""         # forward, backward, optimizer or other, when it was allocated
 
 
 class AllocationListener(Protocol):
@@ -66,6 +69,17 @@ _INHERITED = object()   # a patched class attribute that the class itself did no
 
 _PHASE_GUESS = {"forward": "activation", "backward": "autograd_detail", "optimizer": "optimizer_state",
                 "other": "temporary"}
+
+
+def _set_capturable(optimizer) -> None:
+    """What dynamo does to an optimizer whose step it compiles (_dynamo/variables/optimizer.py
+    `_set_capturable`): each param group with a `capturable` option, all of whose parameters are
+    on the GPU and none of which has state yet, becomes capturable, for good; its state (`step`
+    included) is then made on the parameters' device."""
+    for group in optimizer.param_groups:
+        params = group.get("params", [])
+        if "capturable" in group and all(p.is_cuda for p in params) and not any(p in optimizer.state for p in params):
+            group["capturable"] = True
 
 
 class _Modules:
@@ -132,11 +146,13 @@ class FakeCudaSession:
         self.records: dict[int, AllocRecord] = {}
         self.know = classify.Knowledge()
         self.storages = Storages(self._on_alloc, self._on_free)
+        self.known = KnownValues()   # the real values of small fake tensors made from known data
         self.modules = _Modules()
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self._patches: list = []
         self._modes: list = []
         self._in_backward = False
+        self._compiled_depth = 0   # > 0 inside a function given to torch.compile
         self._stream_id = None
         self._phase_override: str | None = None
         self._default_cuda = False
@@ -217,7 +233,7 @@ class FakeCudaSession:
                           tuple(t.shape) if t is not None else (nbytes,))
         self.records[key] = rec
         category = "workspace" if t is None else _PHASE_GUESS[phase]
-        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else ())
+        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else (), phase)
         self.infos[key] = info
         stream = self.stream()
         self.ops.append((ALLOC, key, nbytes, stream))
@@ -259,7 +275,20 @@ class FakeCudaSession:
                 self._mark(p, self.know.model_state, ("parameter", name))
                 self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)
 
+    def _compiled(self, fn):
+        """`fn` run as eager, marked as a compiled region while it runs."""
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            self._compiled_depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._compiled_depth -= 1
+        return run
+
     def _opt_pre(self, optimizer, args, kwargs) -> None:
+        if self._compiled_depth:
+            _set_capturable(optimizer)
         self._learn_model_state()
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -355,15 +384,21 @@ class FakeCudaSession:
         self._set(torch.Tensor, "is_pinned", lambda t, device=None: t in pinned)
 
     def _patch_compile(self) -> None:
-        """torch.compile: compiled code is predicted as eager, and the output says so."""
+        """torch.compile: compiled code is predicted as eager, and the output says so. One thing
+        compiling changes is kept: an optimizer step run inside a compiled function gets
+        `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py
+        `_set_capturable`), so its `step` counts live on the GPU (see _opt_pre)."""
         what = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
-                "and inductor's buffer reuse are not modelled)")
+                "and inductor's buffer reuse and fusion of temporaries are not modelled; a compiled "
+                "optimizer step's capturable state is)")
 
         def compile(model=None, **kwargs):
             notes_mod.record(notes_mod.NOT_MODELLED, what)
             if model is None:
-                return lambda fn: fn
-            return model
+                return lambda fn: compile(fn, **kwargs)
+            if isinstance(model, torch.nn.Module) or not callable(model):
+                return model
+            return self._compiled(model)
 
         def module_compile(module, *args, **kwargs):
             notes_mod.record(notes_mod.NOT_MODELLED, what)

@@ -89,8 +89,12 @@ def _read_name(name: str) -> str:
             "__format__": "a formatted value (f-string)"}.get(name, f"{name}()")
 
 
-def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool):
-    """The stand-in for a value read `name` of fake tensor `t` (whose claimed device is `device`)."""
+def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, known=None):
+    """The stand-in for a value read `name` of fake tensor `t` (whose claimed device is `device`);
+    where its value is known (`known`, its real CPU value: known.py), the value itself."""
+    if known is not None and (name in _NUMBER_READS or name in _ARRAY_READS
+                              or (name == "__format__" and known.dim() == 0)):
+        return _read_known(name, known, args, kwargs)
     what = f"{_read_name(name)} of a {({'cuda': 'CUDA', 'cpu': 'CPU'}).get(device, 'fake')} tensor"
     where = notes.call_site()
     if strict or name == "__dlpack__":
@@ -121,14 +125,30 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool):
     return _describe(t, device)
 
 
+_SCALAR_READS = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero": "bool() of a tensor",
+                 "equal": "torch.equal"}
+
+
+def reads_values(func, args: tuple) -> bool:
+    """Whether aten op `func` returns a value or a shape that depends on its inputs' values."""
+    name = func.__name__.split(".")[0]
+    return name in _SCALAR_READS or name in _UPPER_BOUNDS or name in _NO_BOUND or _bool_index(func, args)
+
+
+def _read_known(name: str, known, args: tuple, kwargs: dict):
+    with torch._C.DisableTorchFunction():
+        if name in ("numpy", "__array__") and known.dtype == torch.bfloat16:
+            known = known.float()
+        return getattr(known, name)(*args[1:], **kwargs)
+
+
 def scalar_op(func, args: tuple, strict: bool):
     """Dispatch-level reads that return a Python value (`_local_scalar_dense`, `is_nonzero`,
     `equal`): the zero stand-in, or None when `func` is none of them."""
     name = func.__name__.split(".")[0]
-    if name not in ("_local_scalar_dense", "is_nonzero", "equal"):
+    if name not in _SCALAR_READS:
         return None
-    what = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero": "bool() of a tensor",
-            "equal": "torch.equal"}[name]
+    what = _SCALAR_READS[name]
     where = notes.call_site()
     if strict:
         raise DataDependentError(what, where)

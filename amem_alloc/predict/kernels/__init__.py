@@ -15,14 +15,18 @@ differently. One module per concern, each rule from torch's CUDA sources (named 
 
 Design note
 -----------
-The engine (execution.py) calls three entry points, through cuda_rules.py:
+The engine (execution.py) calls four entry points, through cuda_rules.py:
 
 * `function(func, name, args, kwargs, mode)` at the torch-function level, for every call: calls
   that CUDA routes differently from a meta tensor (F.dropout, F.scaled_dot_product_attention,
   batch norm) are answered by calling the ops CUDA runs, so autograd saves what CUDA saves; any
-  other call runs as it is;
+  other call runs as it is (`mode.call`: a Python-level function such as
+  F.multi_head_attention_forward with the mode on for its body, so the calls inside it meet these
+  rules and autocast too);
 * `before_op(func, args, kwargs, session) -> keys` at the dispatch level, before each CUDA op: the
   kernel's own temporaries (scratch.py); the keys returned are freed once the op has run;
+* `layout(func, args, kwargs, out) -> out` after a CUDA op's meta kernel: its output restrided
+  where CUDA's kernel returns another memory format (convolution.py);
 * `host_outputs(func, args, kwargs) -> positions` after a CUDA op: outputs (by position among the
   op's tensor outputs) that CUDA keeps on the host or does not allocate, which the recorder must
   not count as device memory.
@@ -35,7 +39,7 @@ import torch
 from . import attention, convolution, cublas, dropout, embedding, meta_kernels, norms
 from .scratch import Scratch
 
-__all__ = ["function", "before_op", "host_outputs"]
+__all__ = ["function", "before_op", "layout", "host_outputs"]
 
 meta_kernels.install()
 
@@ -71,7 +75,7 @@ def function(func, name, args, kwargs, mode):
         out = rule(func, args, kwargs, mode)
         if out is not None:
             return out
-    return func(*args, **kwargs)
+    return mode.call(func, args, kwargs)   # a Python-level function's body passes the mode too
 
 
 def before_op(func, args, kwargs, session) -> list:
@@ -84,6 +88,16 @@ def before_op(func, args, kwargs, session) -> list:
     scratch = Scratch(session, name)
     rule(args, kwargs, scratch, session)
     return scratch.held
+
+
+_LAYOUT = {"convolution": convolution.layout}
+
+
+def layout(func, args, kwargs, out):
+    """A CUDA op's fresh output in the layout CUDA's kernel gives it where the meta kernel's
+    differs (a convolution's channels-last output), before the recorder records it."""
+    rule = _LAYOUT.get(func.__name__.partition(".")[0])
+    return out if rule is None else rule(args, kwargs, out)
 
 
 def host_outputs(func, args, kwargs) -> tuple[int, ...]:

@@ -22,11 +22,18 @@ channels-last convolution, or one off tensor cores, is given none. `convolution_
 copies grad_output when it is not contiguous in the input's suggested memory format
 (`cudnn_convolution_backward`). The backward-data workspace is freed before grad_weight is
 allocated on CUDA; here it is freed before the op's outputs are recorded (see scratch.py).
+
+Memory format: cuDNN computes in, and returns its outputs in, `cudnn_conv_suggest_memory_format
+(input, weight)`: channels-last when either the input or the weight is (ConvUtils.h), asked of
+torch itself (`torch._C._conv_determine_backend_memory_format`). The meta kernel of `convolution`
+leaves its output contiguous ("meta tensors have no device info"), so `layout` restrides it, and a
+channels-last model stays channels-last, as on a GPU. An input or weight not in that format is
+copied to it for the call (`input.contiguous(backend_memory_format)` in Convolution.cpp, the
+weight in cudnn_convolution_forward_out and the backward), a temporary taken here too.
 """
 from __future__ import annotations
 
 import torch
-import torch._prims_common as prims
 
 from . import platform
 from .scratch import Scratch, nbytes
@@ -40,8 +47,10 @@ def forward(args, kwargs, s: Scratch, session) -> None:
     stride, padding, dilation, transposed, output_padding, groups = (_arg(args, kwargs, i, n) for i, n in _FWD)
     if not _cudnn(x, w, groups, transposed):
         return
+    fmt = memory_format(x, w, groups, transposed)
+    _copies(s, fmt, x, w)
     y = out_shape(x.shape, w.shape, stride, padding, dilation, transposed, output_padding, groups)
-    s.estimate(workspace(x, w, (x.shape, y, w.shape), session), "cuDNN convolution workspace, forward", _WHY)
+    s.estimate(workspace(x, fmt, (x.shape, y, w.shape), session), "cuDNN convolution workspace, forward", _WHY)
 
 
 def backward(args, kwargs, s: Scratch, session) -> None:
@@ -50,16 +59,44 @@ def backward(args, kwargs, s: Scratch, session) -> None:
     mask = _arg(args, kwargs, 10, "output_mask")
     if not _cudnn(x, w, groups, transposed):
         return
-    fmt = prims.suggest_memory_format(x)
+    fmt = memory_format(x, w, groups, transposed)
+    _copies(s, fmt, x, w)
     if not dy.is_contiguous(memory_format=fmt):
         s.take(nbytes(dy.shape, dy.dtype), "grad_output.contiguous")
     if mask[0]:
-        data = s.estimate(workspace(x, w, (dy.shape, x.shape, w.shape), session),
+        data = s.estimate(workspace(x, fmt, (dy.shape, x.shape, w.shape), session),
                           "cuDNN convolution workspace, backward data", _WHY)
         s.give(data)
     if mask[1]:
-        s.estimate(workspace(x, w, (x.shape, dy.shape, w.shape), session),
+        s.estimate(workspace(x, fmt, (x.shape, dy.shape, w.shape), session),
                    "cuDNN convolution workspace, backward filter", _WHY)
+
+
+def layout(args, kwargs, out):
+    """`convolution`'s output in the memory format cuDNN returns it in (the meta kernel's is
+    always contiguous): a fresh meta tensor of the same shape, restrided."""
+    x, w = args[0], args[1]
+    transposed, groups = _arg(args, kwargs, 6, "transposed"), _arg(args, kwargs, 8, "groups")
+    if not isinstance(out, torch.Tensor) or not _cudnn(x, w, groups, transposed):
+        return out
+    fmt = memory_format(x, w, groups, transposed)
+    if out.dim() not in (4, 5) or out.is_contiguous(memory_format=fmt):
+        return out
+    return torch.empty_like(out, memory_format=fmt)
+
+
+def memory_format(x, w, groups: int, transposed: bool) -> torch.memory_format:
+    """The layout cuDNN computes in and returns (cudnn_conv_suggest_memory_format: channels-last
+    when the input or the weight is), as torch's own Convolution.cpp determines it."""
+    backend = torch._C._ConvBackend.CudnnTranspose if transposed else torch._C._ConvBackend.Cudnn
+    return torch._C._conv_determine_backend_memory_format(x, w, backend)
+
+
+def _copies(s: Scratch, fmt, x, w) -> None:
+    """The input and weight copied into the format cuDNN computes in, for the call."""
+    for t, what in ((x, "input.contiguous"), (w, "weight.contiguous")):
+        if not t.is_contiguous(memory_format=fmt):
+            s.take(nbytes(t.shape, t.dtype), what)
 
 
 _FWD = ((3, "stride"), (4, "padding"), (5, "dilation"), (6, "transposed"), (7, "output_padding"), (8, "groups"))
@@ -77,7 +114,8 @@ def _cudnn(x, w, groups: int, transposed: bool) -> bool:
     if x.dtype not in (*_HALF, torch.float32, torch.float64) or x.dim() not in (3, 4, 5):
         return False
     depthwise = groups > 1 and not transposed and w.shape[0] % x.shape[1] == 0 and x.shape[1] == groups
-    return not depthwise
+    # a channels-last depthwise convolution goes to cuDNN (use_cudnn_depthwise)
+    return not depthwise or memory_format(x, w, groups, transposed) != torch.contiguous_format
 
 
 def tensor_cores(dtype, session) -> bool:
@@ -86,9 +124,10 @@ def tensor_cores(dtype, session) -> bool:
                                                  and torch.backends.cudnn.allow_tf32)
 
 
-def workspace(x, w, shapes, session) -> int:
-    """The rule: the tensors' bytes (in the conv's dtype) for a channels-first tensor-core conv."""
-    if not tensor_cores(x.dtype, session) or prims.suggest_memory_format(x) != torch.contiguous_format:
+def workspace(x, fmt, shapes, session) -> int:
+    """The rule: the tensors' bytes (in the conv's dtype) for a tensor-core conv that cuDNN
+    computes channels-first (`fmt`, memory_format's answer)."""
+    if not tensor_cores(x.dtype, session) or fmt != torch.contiguous_format:
         return 0
     return sum(nbytes(shape, x.dtype) for shape in shapes)
 
