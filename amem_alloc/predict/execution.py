@@ -297,8 +297,9 @@ class DeviceMode(TorchFunctionMode):
         kwargs["device"] = META
         with _Device(device):
             out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and self.storages.key_of(out) is None:
+        if isinstance(out, torch.Tensor) and not _wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
             self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
+        # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)
         return out
 
     def _to(self, func, args, kwargs):
