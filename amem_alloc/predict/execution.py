@@ -370,6 +370,8 @@ class Recorder(TorchDispatchMode):
         if any(_wrapper_subclass(t) for t in types):
             return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}
+        if _fake_mode_active():   # DTensor's sharding propagation runs ops on global shapes under
+            return func(*args, **kwargs)   # a FakeTensorMode of its own: shapes only, no allocation
         leaves = _leaves(args, kwargs)
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
                                                     for a in leaves):
@@ -411,6 +413,10 @@ class Recorder(TorchDispatchMode):
 
 
 _DECOMPOSES: dict = {}
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 def _wrapper_subclass(kind: type) -> bool:
