@@ -251,7 +251,11 @@ class DeviceMode(TorchFunctionMode):
                         torch.Tensor.is_meta: lambda t: False}
 
     def _type(self, t: torch.Tensor) -> str:
-        return self.storages.device_of(t) or "cpu"
+        kind = self.storages.device_of(t)
+        if kind is None and _wrapper_subclass(type(t)):   # a DTensor is on its local tensor's device
+            inner, _ = t.__tensor_flatten__()
+            kind = self.storages.device_of(getattr(t, inner[0])) if inner else None
+        return kind or "cpu"
 
     def _device(self, t: torch.Tensor) -> torch.device:
         kind = self._type(t)
