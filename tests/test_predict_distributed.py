@@ -157,3 +157,31 @@ def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--trace",
                         str(tmp_path / "t.pickle"), "--", "python", str(MODELS / "dist_fsdp2.py")], timeout=120)
     assert proc.returncode == 2 and "{rank}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- tensor parallelism
+TP_WIDTH, TP_HIDDEN = 1024, 4096   # tests/predict_models/dist_tp.py
+
+
+def tp_param_bytes(tp: int, dp: int = 1) -> int:
+    """Bytes of one rank's parameters: ColwiseParallel shards Linear(W, H)'s weight and bias on the
+    output dim (H/tp rows), RowwiseParallel shards Linear(H, W)'s weight on the input dim (H/tp
+    columns) and replicates its bias; fully_shard over dp then shards each local tensor's dim 0."""
+    colwise = TP_HIDDEN // tp * TP_WIDTH + TP_HIDDEN // tp
+    rowwise = TP_WIDTH * (TP_HIDDEN // tp) + TP_WIDTH
+    return (colwise + rowwise) * 4 // dp
+
+
+@pytest.mark.parametrize("mesh, world, tp, dp", [("tp", 4, 4, 1), ("2d", 4, 2, 2)])
+def test_tensor_parallel_params_and_adam_state_are_the_rank_shards(mesh, world, tp, dp):
+    result = _predict("dist_tp.py", world, env={"MESH": mesh})
+    state = live_at_end(result.rank(0).prediction)
+    assert state.get("parameter") == tp_param_bytes(tp, dp), state
+    assert state.get("optimizer_state") == 2 * tp_param_bytes(tp, dp), state
+    assert state.get("gradient") == tp_param_bytes(tp, dp), state
+
+
+def test_sequence_parallel_runs_and_shards_like_tensor_parallel():
+    result = _predict("dist_tp.py", 2, env={"SEQUENCE": "1"})
+    state = live_at_end(result.rank(0).prediction)
+    assert state.get("parameter") == tp_param_bytes(2) and state.get("optimizer_state") == 2 * tp_param_bytes(2)

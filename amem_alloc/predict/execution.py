@@ -254,7 +254,11 @@ class DeviceMode(TorchFunctionMode):
                         torch.Tensor.is_meta: lambda t: False}
 
     def _type(self, t: torch.Tensor) -> str:
-        return self.storages.device_of(t) or "cpu"
+        kind = self.storages.device_of(t)
+        if kind is None and _wrapper_subclass(type(t)):   # a DTensor is on its local tensor's device
+            inner, _ = t.__tensor_flatten__()
+            kind = self.storages.device_of(getattr(t, inner[0])) if inner else None
+        return kind or "cpu"
 
     def _device(self, t: torch.Tensor) -> torch.device:
         kind = self._type(t)
@@ -336,11 +340,12 @@ class DeviceMode(TorchFunctionMode):
         kwargs["device"] = META
         with _Device(device):
             out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and self.storages.key_of(out) is None:
+        if isinstance(out, torch.Tensor) and not _wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
             self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
             if out.numel() <= known_mod.MAX_ELEMENTS:   # nor does the value it holds (known.py)
                 kwargs["device"] = "cpu"
                 self.session.known.remember(out, func(*args, **kwargs))
+        # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)
         return out
 
     def _to(self, func, args, kwargs):
@@ -430,6 +435,8 @@ class Recorder(TorchDispatchMode):
         if any(_wrapper_subclass(t) for t in types):
             return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}
+        if _fake_mode_active():   # DTensor's sharding propagation runs ops on global shapes under
+            return func(*args, **kwargs)   # a FakeTensorMode of its own: shapes only, no allocation
         leaves = _leaves(args, kwargs)
         if kwargs.get("device") != META and not any(isinstance(a, torch.Tensor) and a.device.type == "meta"
                                                     for a in leaves):
@@ -481,6 +488,10 @@ class Recorder(TorchDispatchMode):
 
 
 _DECOMPOSES: dict = {}
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 def _wrapper_subclass(kind: type) -> bool:
