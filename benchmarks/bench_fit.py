@@ -80,14 +80,17 @@ def section(data: dict, wall: float, gpu: str, model: str) -> str:
              f"{len(data['trials'])} predictions (trials), wall time {wall:.0f} s for the whole search "
              f"({sum(t['seconds'] for t in data['trials']) / len(data['trials']):.1f} s per trial on average); "
              "goal: under 3 minutes.", "",
-             "| policy | largest batch_size that fits | its peak reserved | headroom | first failing | it needs |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| policy | largest batch_size that fits | it needs (min capacity) | its peak reserved | headroom | first failing | it needs |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     gib = 2 ** 30
     for p in data["policies"]:
         need = f"{p['needed_at_first_failing'] / gib:.2f} GiB" if p["needed_at_first_failing"] else "-"
-        lines.append(f"| {p['policy']} | {p['largest']} | {p['peak_reserved'] / gib:.2f} GiB | "
+        lines.append(f"| {p['policy']} | {p['largest']} | {p['needed'] / gib:.2f} GiB | {p['peak_reserved'] / gib:.2f} GiB | "
                      f"{p['headroom'] / gib:.2f} GiB | {p['first_failing']} | {need} |")
-    lines += ["", "Trials in order: " + ", ".join(str(t["value"]) for t in data["trials"]) + "."]
+    lines += ["", "A policy fits when the smallest capacity on which its replay finishes (min capacity) is within "
+              "the card's usable memory; a negative headroom (usable less the peak reserved of an unlimited "
+              "replay) means it fits only by emptying its cache when a cudaMalloc fails, as torch retries.",
+              "", "Trials in order: " + ", ".join(str(t["value"]) for t in data["trials"]) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,7 @@ def test_the_answer_fits_and_the_next_value_does_not_under_each_policy():
         nxt = amem_alloc.predict(step, p.largest + 1, capacity_gb=CARD_GB, policies=p.policy).row(p.policy)
         assert at.fits and not nxt.fits, (p, at, nxt)
         assert p.peak_reserved == at.peak_reserved and p.needed_at_first_failing == nxt.min_capacity
+        assert p.needed == at.min_capacity <= CARD_GB * 2**30 < p.needed_at_first_failing
         assert nxt.min_capacity > CARD_GB * 2**30
 
 

@@ -76,6 +76,7 @@ class PolicyFit:
     first_failing: int | None           # None: every value tried fits (up to hi)
     needed_at_first_failing: int | None  # min capacity there; None if that trial failed or none failed
     why_first_failing: str | None = None  # a failed trial's line
+    needed: int | None = None           # min capacity at the largest value: what it needs of the card
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -117,8 +118,10 @@ class FitResult:
 def _policy_line(arg: str, p: PolicyFit) -> str:
     if p.largest is None:
         return f"{p.policy}: does not fit at any value tried"
-    line = (f"{p.policy}: --{arg} {p.largest} (peak reserved {format_bytes(p.peak_reserved)}, headroom "
-            f"{format_bytes(p.headroom) if p.headroom >= 0 else '-' + format_bytes(-p.headroom)})")
+    line = (f"{p.policy}: --{arg} {p.largest} (needs {format_bytes(p.needed)}; peak reserved "
+            f"{format_bytes(p.peak_reserved)}, headroom "
+            f"{format_bytes(p.headroom) if p.headroom >= 0 else '-' + format_bytes(-p.headroom)}"
+            + (": fits only by emptying its cache when a cudaMalloc fails" if p.headroom < 0 else "") + ")")
     if p.first_failing is None:
         return line + f"; fits at every value tried, up to {p.largest}"
     if p.needed_at_first_failing is not None:
@@ -222,10 +225,10 @@ def _bisect(trials: _Trials, policy: str, lo: int, top: int) -> PolicyFit:
             bad = mid
     g = trials(good).row(policy)
     if bad is None:
-        return PolicyFit(policy, good, g.peak_reserved, g.headroom, None, None)
+        return PolicyFit(policy, good, g.peak_reserved, g.headroom, None, None, needed=g.min_capacity)
     b = trials(bad)
     return PolicyFit(policy, good, g.peak_reserved, g.headroom, bad,
-                     b.row(policy).min_capacity if b.prediction else None, b.failed)
+                     b.row(policy).min_capacity if b.prediction else None, b.failed, needed=g.min_capacity)
 
 
 # ============================================================================ the ways in
