@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from pathlib import Path
 
 from helpers import ROOT, run_command
 
@@ -42,7 +43,6 @@ def test_every_benchmark_runs_and_prints_its_ratios(tmp_path):
 def test_bench_stacks_quick_prints_its_ratios():
     import subprocess
     import sys
-    from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stacks.py"
     out = subprocess.run([sys.executable, str(script), "--pairs", "200", "--reps", "1"],
@@ -55,7 +55,6 @@ def test_bench_predict_gpu_skips_cleanly_without_a_gpu(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
         import pytest
@@ -64,3 +63,22 @@ def test_bench_predict_gpu_skips_cleanly_without_a_gpu(tmp_path):
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_predict_gpu.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "skipped: no CUDA device", (out.stdout, out.stderr)
+
+
+def _bench(name: str, *args: str):
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / name
+    return run_command([sys.executable, str(script), *args], timeout=600)
+
+
+def test_prediction_benchmarks_run_small():
+    """The prediction benchmarks of amem fit and of distributed jobs, on their small configurations:
+    each completes and prints its figures (they judge nothing and write no results file here)."""
+    fit = _bench("bench_fit.py", "--quick")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert "predictions (trials)" in fit.stdout and "| amem |" in fit.stdout, fit.stdout
+    ranks = _bench("bench_predict_fsdp.py", "--config", "tiny", "--ranks", "2")
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    assert "distinct rank programs" in ranks.stdout and "GiB" in ranks.stdout, ranks.stdout
+    tracker = _bench("bench_fsdp_tracker.py", "--config", "tiny", "--world", "2")
+    assert tracker.returncode == 0, tracker.stderr[-3000:]
+    assert "FSDPMemTracker" in tracker.stdout and "%" in tracker.stdout, tracker.stdout
