@@ -2,8 +2,9 @@
 
 AMEM_ENABLE=1 makes amem torch's CUDA allocator before any user code runs; 0 (or empty) leaves
 torch's. Any other value, or a failure to enable (a bad AMEM_CONF or AMEM_TRACE), stops the
-process with one line and exit status 1 — as `amem run` does — rather than run the script on
-an allocator the user did not ask for.
+process with one line and exit status 1 (Python's for an error at start-up; `amem run` says the
+same line with 2, the commands' status for bad input) rather than run the script on an allocator
+the user did not ask for.
 """
 import os
 import sys

@@ -32,7 +32,7 @@ def test_config_prints_every_option_and_the_settings_in_effect():
 
 def test_bad_conf_is_a_clear_error_not_a_traceback():
     proc = run_command([AMEM, "config"], env={"AMEM_CONF": "max_split_size_mb:abc"})
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "bad value 'abc' for option 'max_split_size_mb'" in proc.stderr
     assert "Traceback" not in proc.stderr
 

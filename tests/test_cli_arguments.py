@@ -170,7 +170,7 @@ def test_a_workload_size_of_10_to_the_20_is_one_line():
 def test_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     rc, err = run_verb(["replay", str(TRACE), "--plot", str(tmp_path / "p.png")])
-    assert rc == 1 and err.strip() == ("amem replay: --plot needs matplotlib, which is not installed; install it with "
+    assert rc == 2 and err.strip() == ("amem replay: --plot needs matplotlib, which is not installed; install it with "
                                        "`python -m pip install matplotlib`, or leave --plot out"), err
     assert not (tmp_path / "p.png").exists()
 
@@ -181,7 +181,7 @@ def test_compare_mode_real_without_a_gpu_is_one_line_before_any_child(monkeypatc
     monkeypatch.setattr(runner, "gpu_problem", lambda: "torch sees no CUDA device")
     monkeypatch.setattr(runner, "_run_all", lambda *a, **k: pytest.fail("a child was started"))
     rc, err = run_verb(["compare", "--workload", "mlp", "--mode", "real", "--out", str(tmp_path / "c")])
-    assert rc == 1 and err.strip().startswith("amem compare: --mode real needs a GPU: torch sees no CUDA device;")
+    assert rc == 2 and err.strip().startswith("amem compare: --mode real needs a GPU: torch sees no CUDA device;")
 
 
 def test_run_on_a_torch_without_the_pluggable_allocator_is_one_line(tmp_path):

@@ -34,7 +34,7 @@ def amem(argv, capsys):
 
 def assert_one_line(rc, err, *words):
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc not in (0, None), err
+    assert rc == 2, (rc, err)  # bad input exits 2 under every command (cli/main.py)
     assert len(lines) == 1, err
     assert "Traceback" not in err and "amem: amem" not in err and "amem replay: amem" not in err
     for word in words:

@@ -173,4 +173,4 @@ def test_amem_export_command(tmp_path, ours):
     bad = tmp_path / "bad.pickle"
     bad.write_bytes(b"\x80\x04garbage")
     proc = run_command([AMEM, "export", str(bad), "-o", str(tmp_path / "x.json")])
-    assert proc.returncode == 1 and "bad.pickle" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "bad.pickle" in proc.stderr and "Traceback" not in proc.stderr

@@ -176,10 +176,10 @@ def test_amem_report_command(tmp_path, ours):
     assert "Provenance" in page and "By category" in page and "<code>encoder</code>" in page
     prov.write_text("[1, 2]")
     proc = run_command([AMEM, "report", str(src), "-o", str(tmp_path / "r.html"), "--provenance", str(prov)])
-    assert proc.returncode == 1 and "not a provenance file" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "not a provenance file" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "cut.pickle").write_bytes(src.read_bytes()[:100])
     proc = run_command([AMEM, "report", str(tmp_path / "cut.pickle"), "-o", str(tmp_path / "x.html")])
-    assert proc.returncode == 1 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # In a real browser: tests/test_report_forensics.py loads our report, torch's and the new sections in

@@ -62,7 +62,7 @@ def test_run_with_a_bad_amem_conf_is_amems_one_line(tmp_path):
     script = _script(tmp_path, "print('ran')\n")
     proc = run_command([AMEM, "run", str(script)], env={"AMEM_CONF": "max_split_size_mb:1"})
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert proc.returncode == 2 and "ran" not in proc.stdout
     assert len(lines) == 1 and lines[0].startswith("amem run: ") and "max_split_size_mb" in lines[0]
 
 
@@ -72,7 +72,7 @@ def test_run_with_an_unknown_policy_is_amems_one_line(tmp_path, how):
     argv = [AMEM, "run", "--policy", "fastest", str(script)] if how == "flag" else [AMEM, "run", str(script)]
     proc = run_command(argv, env={"AMEM_POLICY": "fastest"} if how == "env" else None)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert proc.returncode == 2 and "ran" not in proc.stdout
     assert len(lines) == 1 and lines[0].startswith("amem run: ") and "unknown policy 'fastest'" in lines[0]
 
 

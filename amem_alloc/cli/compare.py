@@ -10,7 +10,7 @@ import sys
 
 from .. import policies as policies_mod
 from .. import user_input, user_script
-from . import parser
+from . import exit_status, parser
 
 
 def command(args: argparse.Namespace) -> int:
@@ -48,7 +48,7 @@ def command(args: argparse.Namespace) -> int:
             user_input.require_module("matplotlib", "compare.png")
         except user_input.UsageError as missing:  # optional: the table, JSON and page stand without it
             print(f"amem compare: no {missing}", file=sys.stderr)
-    return 0 if not any(r.get("error") for r in result.rows) else 1
+    return exit_status.FAILED if any(r.get("error") for r in result.rows) else exit_status.OK
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -4,7 +4,7 @@ per allocator policy, by bisection over predictions (fit.py).
     amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--policy LIST] [--steps N] [--timeout S]
              [--json PATH] -- python SCRIPT ARGS...
 
-Exit status: 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
+Exit status (cli/main.py's convention): 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
 fails or does not fit at --lo, or its memory does not grow with the argument): one line each.
 """
 from __future__ import annotations
@@ -14,13 +14,12 @@ import sys
 from pathlib import Path
 
 from .. import policies as policies_mod
-
-EXIT_BAD_INPUT = 2
+from . import exit_status
 
 
 def _fail(message: str) -> None:
     print(f"amem fit: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(exit_status.BAD_INPUT)
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -45,15 +44,7 @@ def fit_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(args: argparse.Namespace) -> int:
-    try:
-        return fit_command(args)
-    except ValueError as err:   # bad input, or no answer to find (fit.FitError): one line
-        print(f"amem fit: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-def add_command(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction) -> None:
     from ..predict import gpus
 
     p = sub.add_parser("fit", help="the largest value of a script's integer argument (e.g. the batch size) that "
@@ -75,4 +66,4 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the answer as JSON")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
-    p.set_defaults(func=_command)
+    p.set_defaults(func=fit_command)  # bad input, or no answer (FitError, a ValueError): exit 2 in cli/main.py

@@ -12,12 +12,17 @@
     amem predict --gpu H100-80GB -- python train.py   GPU memory per policy, predicted without a GPU
     amem fit --gpu H100-80GB --arg batch_size -- python train.py   the largest batch that fits, per policy
 
-Exit status, the same for every command:
+Exit status, the same for every command (the names are cli/exit_status.py's):
     0    done
-    1    amem's own error, said in one line (a bad value found after parsing, a file it cannot
-         read or write); amem predict says bad input with 2 (EXIT_BAD_INPUT), its 3, 4 and 124
-         are in cli/predict.py
-    2    a mistake in the command line itself (argparse, one line: cli/parser.py)
+    1    amem could not do it for a reason other than the input: torch has no pluggable allocator,
+         a device call failed, a run under amem compare failed
+    2    bad input, said in one line: a mistake in the command line (argparse's convention,
+         cli/parser.py), a bad value or configuration (AMEM_CONF, AMEM_POLICY), a file that is
+         missing, unreadable or not what the option asks for (user_input.UsageError,
+         snapshot.SnapshotError: every ValueError); under amem fit also no answer to find
+    3    amem predict --strict: the code needs a tensor's value (one line naming the file and line)
+    4    amem predict: the run cannot be predicted (one line naming amem's limit)
+    124  amem predict: past --timeout
     130  Ctrl-C
     the script's own status, under run, compare and predict: its traceback is printed as Python
          prints it, from its own frames (user_script.py, the one script runner)
@@ -30,10 +35,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, config, demo, doctor, export, fit, parser, predict, replay, report, run
+from . import compare, config, demo, doctor, exit_status, export, fit, parser, predict, replay, report, run
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = (run, demo, config, doctor, report, export, replay, compare)  # predict and fit register with add_command
+COMMANDS = (run, demo, config, doctor, report, export, replay, compare, predict, fit)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,13 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add(sub)
-    predict.add_command(sub)
-    fit.add_command(sub)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one command; amem's own errors become one line and exit status 1 (Ctrl-C: 130).
+    """Runs one command; amem's own errors become one line: bad input exits 2, any other 1, Ctrl-C 130.
 
     A script's errors under `amem run` never get here: user_script prints them as Python does.
     """
@@ -57,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (ValueError, RuntimeError, MemoryError, OSError) as err:
+        return exit_status.INTERRUPTED
+    except ValueError as err:  # UsageError, SnapshotError, a bad value or configuration
         print(parser.one_line(err, command), file=sys.stderr)
-        return EXIT_ERROR
+        return exit_status.BAD_INPUT
+    except (RuntimeError, MemoryError, OSError) as err:
+        print(parser.one_line(err, command), file=sys.stderr)
+        return exit_status.FAILED

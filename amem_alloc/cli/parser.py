@@ -2,7 +2,7 @@
 the options take, and the trace-size option that every command reading a trace shares.
 
 A mistake argparse finds is one line (`amem replay: --top: ...; see amem replay --help`) and exit
-status 2; what the command finds later (cli/main.py) is one line and exit status 1.
+status 2, as is a bad value the command finds later (cli/main.py has the exit-status convention).
 """
 from __future__ import annotations
 

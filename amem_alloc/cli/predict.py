@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import policies as policies_mod
-from . import parser
-
-from .predict_exits import EXIT_BAD_INPUT
+from . import exit_status, parser
 
 
 def _fail(message: str) -> None:
     print(f"amem predict: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(exit_status.BAD_INPUT)
 
 
 def _run_workload(run: Any, name: str, size: int, steps: int | None) -> None:
@@ -104,16 +102,7 @@ def predict_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(args: argparse.Namespace) -> int:
-    try:
-        return predict_command(args)
-    except ValueError as err:  # bad input: one line
-        msg = str(err)
-        print(msg if msg.startswith("amem") else f"amem predict: {msg}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-def add_command(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from ..predict import gpus
     from . import predict_ranks
@@ -145,4 +134,4 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     whatif.add_arguments(p)
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
-    p.set_defaults(func=_command)
+    p.set_defaults(func=predict_command)  # bad input (ValueError): exit 2 in cli/main.py

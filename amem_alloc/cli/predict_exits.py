@@ -1,6 +1,6 @@
-"""How `amem predict` ends when there is no prediction: its exit statuses, and the one line it
-prints for each way a prediction fails. One process and a distributed job (predict_ranks.py) end
-the same way.
+"""How `amem predict` ends when there is no prediction: its exit statuses (named in exit_status.py,
+the convention in cli/main.py), and the one line it prints for each way a prediction fails. One
+process and a distributed job (predict_ranks.py) end the same way.
 
     2    bad input (one line)
     3    under --strict, the code needs a value; or a shape depends on values with no upper bound
@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_BAD_INPUT = 2
-EXIT_DATA_DEPENDENT = 3
-EXIT_NOT_MODELLED = 4
-EXIT_TIMEOUT = 124
+from . import exit_status
 
 
 def failures() -> tuple[type[BaseException], ...]:
@@ -42,16 +39,16 @@ def status_of(failure: BaseException, child_reports: list[dict] = ()) -> int:
     if child_reports and isinstance(failure, (user_script.ScriptFailed, api.NotModelledError)):
         for r in child_reports:
             print(r["line"], file=sys.stderr)
-        return EXIT_NOT_MODELLED
+        return exit_status.NOT_MODELLED
     if isinstance(failure, user_script.ScriptFailed):
         print(f"amem predict: the script failed (exit status {failure.status}); no prediction", file=sys.stderr)
         return failure.status
     if isinstance(failure, script_mod.PredictionTimeout):
         print(f"amem predict: {failure}; no prediction (predict fewer steps with --steps N, or raise --timeout)",
               file=sys.stderr)
-        return EXIT_TIMEOUT
+        return exit_status.TIMEOUT
     if isinstance(failure, api.DataDependentError):
         print(one_line(failure), file=sys.stderr)
-        return EXIT_DATA_DEPENDENT
+        return exit_status.DATA_DEPENDENT
     print(f"amem predict: {failure}; this run cannot be predicted", file=sys.stderr)
-    return EXIT_NOT_MODELLED
+    return exit_status.NOT_MODELLED
