@@ -36,10 +36,10 @@ def test_the_capacity_comes_from_the_oom_event(oom_report):
 
 def test_each_policy_says_whether_it_would_have_hit_it(oom_report):
     d = oom_report.devices[0]
-    runs = {p.name: r for p, r in d.runs}
+    runs = {r.policy: r for r in d.rows}
     # the policy that emulates the trace's own settings fails where the native run failed
-    assert runs["torch-expandable"].failed_allocs == 1
-    assert all(r.failed_allocs for r in runs.values())
+    assert runs["torch-expandable"].ooms == 1
+    assert all(r.ooms for r in runs.values())
     text = trace_replay.format_text(oom_report)
     assert "capacity: 78.51 GiB, from the trace's oom event at request 288" in text
     assert "native (trace): hit it at request 288" in text
@@ -58,7 +58,7 @@ def test_a_device_without_an_oom_event_says_it_assumed_unlimited_memory(capsys):
 def test_limit_gb_replaces_the_traces_capacity(oom_report):
     report = trace_replay.replay_trace(OOM, ["torch-expandable"], device=1, limit_bytes=90 * GiB)
     d = report.devices[0]
-    assert d.capacity.source == "--limit-gb" and d.runs[0][1].failed_allocs == 0
+    assert d.capacity.source == "--limit-gb" and d.rows[0].ooms == 0
     assert "torch-expandable: would fit, with" in trace_replay.format_text(report)
 
 

@@ -79,7 +79,7 @@ def test_amem_replay_command(tmp_path, capsys):
     assert "simulated" in text and "9/9 segment events matched (100.0% match rate" in text
     assert "native (trace)" in text and "amem-roundup4" in text
     report = json.loads(out_json.read_text())
-    runs = report["devices"][0]["runs"]
+    runs = report["devices"][0]["rows"]
     assert [r["policy"] for r in runs] == ["torch", "amem-roundup4"] and runs[0]["timeline"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

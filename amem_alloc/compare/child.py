@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from .. import atomic_write, replay
+from .. import atomic_write, policies, replay
+from ..replay.evaluation import PolicyRow, policy_row
 from ..snapshot import round_block
 
 MAX_ENTRIES = 2_000_000  # trace ring for GPU runs (about 128 MB for amem)
@@ -44,14 +45,12 @@ def _allocator_seconds(program: replay.Program, conf: str, limit_bytes: int, fir
 
 
 def _replay(args: argparse.Namespace) -> dict:
+    """The policy's row (replay/evaluation.py), its time the best of a few runs."""
     program = replay.Program.load(args.program)
-    run = replay.run(program, args.conf, max_samples=TIMELINE_POINTS, limit_bytes=args.limit_bytes)
-    run.seconds = _allocator_seconds(program, args.conf, args.limit_bytes, run.seconds)
-    return {"mode": "simulated", "peak_allocated": run.peak_allocated, "peak_reserved": run.peak_reserved,
-            "allocated_at_peak": run.allocated_at_peak, "fragmentation_at_peak": run.fragmentation_at_peak,
-            "device_mallocs": run.device_mallocs, "device_frees": run.device_frees, "ooms": run.failed_allocs,
-            "replay_seconds": run.seconds, "ops": run.ops,
-            "timeline": [list(s) for s in run.timeline], "timeline_unit": "allocator call"}
+    row = policy_row(program, policies.Policy(args.policy, args.conf, ""), args.limit_bytes,
+                     max_samples=TIMELINE_POINTS)
+    row.seconds = _allocator_seconds(program, args.conf, args.limit_bytes, row.seconds)
+    return dict(row.to_dict(), mode="simulated", timeline_unit="allocator call")
 
 
 # ---------------------------------------------------------------------------- real GPU runs
@@ -136,19 +135,18 @@ def _gpu(args: argparse.Namespace) -> dict:
     stats, snap = _finish(args.native, Path(args.out), args.policy)
     traces = snap.get("device_traces") or [[]]
     timeline, _, at_peak = trace_timeline(traces[0] if traces else [])
-    peak = stats.get("reserved_bytes.all.peak", 0)
     if not args.native:  # amem keeps the exact figure (block sizes, not rounded requests)
         import amem_alloc
 
         at_peak = amem_alloc.fragmentation(0).allocated_bytes_at_reserved_peak
-    return {"mode": "real", "allocator": "torch" if args.native else "amem",
-            "peak_allocated": stats.get("allocated_bytes.all.peak", 0), "peak_reserved": peak,
-            "allocated_at_peak": at_peak, "fragmentation_at_peak": 1 - at_peak / peak if peak else 0.0,
-            "device_mallocs": stats.get("num_device_alloc", 0), "device_frees": stats.get("num_device_free", 0),
-            "ooms": stats.get("num_ooms", 0) + (0 if stats.get("num_ooms") else int(oom)), "oom_raised": oom,
-            "steps": len(times), "seconds_per_step": statistics.median(times[1:] or times) if times else None,
-            "step_seconds": times, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "timeline": timeline, "timeline_unit": "trace event"}
+    row = PolicyRow(args.policy, args.conf, "", stats.get("allocated_bytes.all.peak", 0),
+                    stats.get("reserved_bytes.all.peak", 0), at_peak, stats.get("num_device_alloc", 0),
+                    stats.get("num_device_free", 0), stats.get("num_ooms", 0) + (0 if stats.get("num_ooms") else int(oom)),
+                    timeline=timeline)
+    return dict(row.to_dict(), mode="real", allocator="torch" if args.native else "amem", oom_raised=oom,
+                steps=len(times), seconds_per_step=statistics.median(times[1:] or times) if times else None,
+                step_seconds=times, device=torch.cuda.get_device_name(0), torch=torch.__version__,
+                timeline_unit="trace event")
 
 
 def main(argv: list[str] | None = None) -> int:

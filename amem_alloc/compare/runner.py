@@ -90,7 +90,7 @@ def _child(policy: policies_mod.Policy, out: Path, real: bool, args: list[str]) 
             "native": policy.native}
     if proc.returncode != 0 or not out.exists():
         return dict(base, error=_error(proc), pid=None, stderr=proc.stderr[-20_000:])
-    return dict(base, **json.loads(out.read_text()))
+    return dict(json.loads(out.read_text()), **base)  # a PolicyRow's dict (replay/evaluation.py) and the run's own
 
 
 # ---------------------------------------------------------------------------- the two modes
@@ -245,4 +245,4 @@ def _per_step(rows: list[dict], recording: dict | None) -> None:
     steps = (recording or {}).get("steps") or 0
     for row in rows:
         if row.get("mode") == "simulated":
-            row["seconds_per_step"] = row["replay_seconds"] / steps if steps else None
+            row["seconds_per_step"] = row["seconds"] / steps if steps else None

@@ -8,24 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic_write
-from ..introspection import format_bytes
+from ..replay import evaluation
 
+# the cells of replay/evaluation.py's rows that amem compare shows (the markdown leaves out the pid)
 HEADERS = ("configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "OOMs",
            "time/step", "pid")
-
-
-def _seconds(s: float | None) -> str:
-    if s is None:
-        return "n/a"
-    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} us"
-
-
-def _cells(row: dict) -> list[str]:
-    if row.get("error"):
-        return [row["policy"], "failed: " + row["error"][:60], "", "", "", "", "", ""]
-    return [row["policy"], format_bytes(row["peak_allocated"]), format_bytes(row["peak_reserved"]),
-            f"{row['fragmentation_at_peak']:.1%}", str(row["device_mallocs"]), str(row["ooms"]),
-            _seconds(row.get("seconds_per_step")), str(row.get("pid"))]
 
 
 def preamble(result: Any) -> list[str]:
@@ -57,22 +44,17 @@ def footnotes(result: Any) -> list[str]:
 
 def format_text(result: Any) -> str:
     """The table as the terminal shows it."""
-    body = [list(HEADERS)] + [_cells(r) for r in result.rows]
-    widths = [max(len(row[i]) for row in body) for i in range(len(HEADERS))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in body]
+    lines = evaluation.format_table(result.rows, HEADERS)
     return "\n".join(preamble(result) + [""] + lines + [""] + ["* " + n for n in footnotes(result)])
 
 
 def format_markdown(result: Any) -> str:
-    lines = ["| " + " | ".join(HEADERS[:-1]) + " |", "|" + "---|" * (len(HEADERS) - 1)]
-    lines += ["| " + " | ".join(_cells(r)[:-1]) + " |" for r in result.rows]
-    return "\n".join(lines)
+    return evaluation.format_markdown(result.rows, HEADERS[:-1])
 
 
 def _html_table(result: Any) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>" for r in result.rows)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in evaluation.cells(r, HEADERS)) + "</tr>" for r in result.rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 

@@ -2,8 +2,11 @@
 
     program.py   the program format (packed requests), a torch snapshot turned into programs,
                  and running one program under one configuration (the C++ loop)
-    trace.py     `amem replay`'s evaluation: every device of a trace under several policies,
-                 with the capacity it assumes and the native figures (replay_trace)
+    evaluation.py  one program under several policies (evaluate): peaks, fragmentation, the
+                 smallest capacity, fits; the one row (PolicyRow) and table cells that amem
+                 replay, amem compare and amem predict print
+    trace.py     `amem replay`: every device of a trace evaluated under several policies, with
+                 the capacity it assumes and the native figures (replay_trace)
 
 Prediction (amem_alloc.predict) and amem compare produce programs too; everything after the
 program is this package's.

@@ -3,9 +3,10 @@
 A trace is a snapshot pickle written by torch (torch.cuda.memory._dump_snapshot, from anywhere)
 or by amem, or a program recorded by `amem compare` (.npz). Every device with events is turned
 into a program (replay.trace_program: pre-existing blocks, rebuilt start state, cache releases)
-and replayed through the C++ core on the sim backend under each policy. Where the trace carries
-the native allocator's segment events, the report adds the native figures and the fidelity of
-the policy that emulates the native settings (replay/fidelity.py).
+and evaluated under each policy (replay/evaluation.py: the C++ core on the sim backend, one
+PolicyRow per policy). Where the trace carries the native allocator's segment events, the report
+adds the native figures and the fidelity of the policy that emulates the native settings
+(replay/fidelity.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from .. import policies as policies_mod
 from ..introspection import format_bytes
+from . import evaluation
 from . import fidelity as fidelity_mod
 from . import program as replay
 
@@ -66,10 +68,9 @@ def capacity_of(tp: replay.TraceProgram, limit_bytes: int) -> Capacity:
 @dataclass
 class DeviceReplay:
     trace: replay.TraceProgram
-    runs: list[tuple[policies_mod.Policy, replay.Run]]
+    rows: list[evaluation.PolicyRow]  # one per policy, replayed under the capacity
     fidelity: fidelity_mod.Fidelity | None = None
     capacity: Capacity = field(default_factory=lambda: Capacity(0, "unlimited", "unlimited"))
-    needs: dict = field(default_factory=dict)  # policy name -> peak reserved without a limit (where it OOMed)
     refused: str | None = None  # why nothing was replayed (a capacity below the start state)
 
     @property
@@ -97,13 +98,14 @@ def _device_dict(d: DeviceReplay) -> dict:
     native = tp.native
     return {"device": tp.device, "events": tp.events,
             "capacity": {"bytes": d.capacity.bytes, "source": d.capacity.source, "reason": d.capacity.reason,
-                         "oom_op": d.capacity.oom_op}, "refused": d.refused, "unlimited_peak_reserved": d.needs, "ops": len(tp.program), "prologue": tp.program.prologue,
+                         "oom_op": d.capacity.oom_op}, "refused": d.refused, "ops": len(tp.program),
+            "prologue": tp.program.prologue,
             "free_action": tp.free_action, "releases": tp.releases, "trace_ooms": native.ooms,
             "start": tp.start, "start_reason": tp.start_reason, "reproducible": tp.reproducible,
             "native": {"segment_events": len(native.segment_events), "device_mallocs": native.device_mallocs,
                        "peak_reserved": native.peak_reserved if tp.reproducible and native.segment_events else None,
                        "timeline": [list(p) for p in d.native_timeline]},
-            "runs": [dict(r.to_dict(), policy=p.name, description=p.description) for p, r in d.runs],
+            "rows": [row.to_dict() for row in d.rows],
             "fidelity": d.fidelity.to_dict() if d.fidelity else None}
 
 
@@ -161,13 +163,10 @@ def _replay_device(path, snapshot, tp: replay.TraceProgram, chosen: list, max_sa
         why = (f"the capacity, {format_bytes(capacity.bytes)}, is below the start state: the trace began with "
                f"{format_bytes(start)} already held, so every request would fail; give --limit-gb of at least "
                f"{start / (1 << 30):.2f}")
-        return DeviceReplay(tp, [], fid, capacity, {}, why)
+        return DeviceReplay(tp, [], fid, capacity, why)
     program = with_failed_requests(tp) if capacity.limited else tp.program  # unlimited: they would just fit
-    runs = [(p, replay.run(program, p.conf, max_samples=max_samples, limit_bytes=capacity.bytes))
-            for p in chosen]
-    needs = {p.name: replay.run(program, p.conf, max_samples=2).peak_reserved
-             for p, r in runs if r.failed_allocs and capacity.limited}
-    return DeviceReplay(tp, runs, fid, capacity, needs)
+    return DeviceReplay(tp, evaluation.evaluate(program, chosen, capacity.bytes, max_samples=max_samples), fid,
+                        capacity)
 
 
 # ---------------------------------------------------------------------------- text
@@ -191,25 +190,17 @@ def sparkline(points: list[tuple[int, float]], width: int = 64) -> str:
     return "".join(cols)
 
 
-def _row(name: str, r: replay.Run | None, native: DeviceReplay | None = None) -> list[str]:
-    if r is None:
-        nat = native.trace.native
-        peak = nat.peak_reserved if native.trace.reproducible else None
-        frees = len(nat.segment_events) - nat.device_mallocs
-        return [name, "n/a", format_bytes(peak) if peak is not None else "unknown", "n/a", str(nat.device_mallocs),
-                str(frees), str(len(nat.ooms)), ""]
-    return [name, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved), f"{r.fragmentation_at_peak:.1%}",
-            str(r.device_mallocs), str(r.device_frees), str(r.failed_allocs),
-            f"{r.ops_per_second / 1e6:.2f}M"]
+COLUMNS = ("configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "device frees",
+           "OOMs", "ops/s")
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    head = ["configuration", "peak allocated", "peak reserved", "frag. at peak", "device mallocs", "device frees",
-            "OOMs", "ops/s"]
-    body = [head] + rows
-    widths = [max(len(r[i]) for r in body) for i in range(len(head))]
-    return ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-            for r in body]
+def _native_row(d: DeviceReplay) -> dict:
+    """The native allocator's own figures from the trace, in the table's row keys (n/a: not in a trace)."""
+    nat = d.trace.native
+    return {"policy": "native (trace)", "peak_allocated": None,
+            "peak_reserved": nat.peak_reserved if d.trace.reproducible else "unknown", "fragmentation_at_peak": None,
+            "device_mallocs": nat.device_mallocs, "device_frees": len(nat.segment_events) - nat.device_mallocs,
+            "ooms": len(nat.ooms), "ops_per_second": ""}
 
 
 def _fidelity_line(f: fidelity_mod.Fidelity) -> str:
@@ -225,22 +216,22 @@ def _device_text(d: DeviceReplay) -> list[str]:
     tp = d.trace
     n_oom = len(tp.native.ooms)
     tried = f" + {_count(n_oom, 'request')} that failed in the trace, tried where {'it' if n_oom == 1 else 'they'} " \
-        "failed" if n_oom and d.runs and d.capacity.limited else ""
+        "failed" if n_oom and d.rows and d.capacity.limited else ""
     lines = [f"device {tp.device}: {tp.events} trace events -> {len(tp.program)} requests{tried} "
              f"({tp.program.prologue} rebuild the start state); frees at {tp.free_action}; "
              f"{tp.releases} cache releases; {len(tp.native.ooms)} OOMs in the trace",
              f"  start: {tp.start}" + ("" if tp.reproducible else " (NOT reproducible)") + f": {tp.start_reason}"]
-    rows = [_row("native (trace)", None, d)] if tp.native.segment_events else []
-    rows += [_row(p.name, r) for p, r in d.runs]
+    rows = [_native_row(d)] if tp.native.segment_events else []
+    rows += [row.to_dict() for row in d.rows]
     lines.append(f"  capacity: {d.capacity.reason}")
     if d.refused:
         return lines + [f"  not replayed: {d.refused}"]
-    lines += [""] + _table(rows) + [""]
+    lines += [""] + ["  " + line for line in evaluation.format_table(rows, COLUMNS)] + [""]
     lines += _verdicts(d)
     if d.fidelity is not None:
         lines.append(_fidelity_line(d.fidelity) + (" (measured without a capacity limit)" if d.capacity.limited else ""))
-    for p, r in d.runs:
-        lines.append(f"  timeline ({p.name}), {len(tp.program)} requests, peaks {format_bytes(r.peak_reserved)} "
+    for r in d.rows:
+        lines.append(f"  timeline ({r.policy}), {len(tp.program)} requests, peaks {format_bytes(r.peak_reserved)} "
                      f"reserved / {format_bytes(r.peak_allocated)} allocated:")
         lines.append("    reserved  " + sparkline([(s[0], s[2]) for s in r.timeline]))
         lines.append("    allocated " + sparkline([(s[0], s[1]) for s in r.timeline]))
@@ -259,13 +250,13 @@ def _verdicts(d: DeviceReplay) -> list[str]:
     out = []
     if cap.source == "oom event":
         out.append(f"  native (trace): hit it at request {cap.oom_op}")
-    for p, r in d.runs:
-        if r.failed_allocs:
-            need = d.needs.get(p.name)
+    for r in d.rows:
+        if r.ooms:
+            need = r.unlimited_peak_reserved
             more = f"; it needs {format_bytes(need)} reserved without a limit" if need else ""
-            out.append(f"  {p.name}: would hit it: {_count(r.failed_allocs, 'request')} fail{'s' if r.failed_allocs == 1 else ''}{more}")
+            out.append(f"  {r.policy}: would hit it: {_count(r.ooms, 'request')} fail{'s' if r.ooms == 1 else ''}{more}")
         else:
-            out.append(f"  {p.name}: would fit, with {format_bytes(cap.bytes - r.peak_reserved)} to spare "
+            out.append(f"  {r.policy}: would fit, with {format_bytes(cap.bytes - r.peak_reserved)} to spare "
                        f"(peak reserved {format_bytes(r.peak_reserved)})")
     return out + [""]
 

@@ -73,7 +73,7 @@ def write_replay_plots(report: Any, path: str | Path) -> list[Path]:
     path, out = Path(path), []
     for d in report.devices:
         target = path if len(report.devices) == 1 else path.with_name(f"{path.stem}-d{d.trace.device}{path.suffix}")
-        series = [(p.name, r.timeline) for p, r in d.runs]
+        series = [(r.policy, r.timeline) for r in d.rows]
         if d.trace.native.segment_events:
             series.insert(0, ("native (trace)", d.native_timeline))
         out.append(plot_timelines(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
