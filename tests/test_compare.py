@@ -42,6 +42,8 @@ def test_compare_a_bundled_workload_simulated(tmp_path):
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     page = (tmp_path / "compare.html").read_text()
     assert "data:image/png;base64," in page and "PREDICTED" in page
+    from amem_alloc.introspection import format_bytes  # the page shows the text table's cells
+    assert all(f"<td>{r['policy']}</td><td>{format_bytes(r['peak_allocated'])}</td>" in page for r in result.rows)
     assert not any(p.name.startswith("amem-compare-") for p in tmp_path.iterdir())  # work folder removed
     assert len(replay.Program.load(result.files["program"])) == result.recording["ops"]  # kept for amem replay
 
@@ -124,9 +126,14 @@ def test_gpu_runs_read_their_timeline_from_the_allocator_trace():
     from amem_alloc.compare.child import trace_timeline
 
     MiB = 1 << 20
-    events = [{"action": "segment_alloc", "size": 20 * MiB}, {"action": "alloc", "size": 3 * MiB + 1},
-              {"action": "free_requested", "size": 3 * MiB + 1}, {"action": "free_completed", "size": 3 * MiB + 1},
-              {"action": "segment_free", "size": 20 * MiB}]
-    timeline, peak, at_peak = trace_timeline(events)
-    assert peak == 20 * MiB and at_peak == 3 * MiB + 512          # requests rounded to 512 B
-    assert timeline[-1] == [4, 0, 0] and len(timeline) == len(events)
+    def ev(action, size, addr=1 << 30):
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 0, "frames": []}
+
+    events = [ev("segment_alloc", 20 * MiB), ev("alloc", 3 * MiB + 1), ev("free_requested", 3 * MiB + 1),
+              ev("alloc", MiB, 1 << 31), ev("free_completed", 3 * MiB + 1), ev("free_requested", MiB, 1 << 31),
+              ev("free_completed", MiB, 1 << 31), ev("segment_free", 20 * MiB)]
+    timeline, peak, at_peak = trace_timeline({"segments": [], "device_traces": [events]})
+    # requests rounded to 512 B; a block is held until its free_completed (amem_alloc/timeline.py)
+    assert peak == 20 * MiB and at_peak == 4 * MiB + 512
+    assert timeline[-1] == [7, 0, 0] and len(timeline) == len(events)
+    assert [p[1] for p in timeline] == [0, 3 * MiB + 512, 3 * MiB + 512, 4 * MiB + 512, MiB, MiB, 0, 0]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .. import atomic_write, policies, replay
 from ..replay.evaluation import PolicyRow, policy_row
-from ..snapshot import round_block
+from ..timeline import build_timeline, downsample
 
 MAX_ENTRIES = 2_000_000  # trace ring for GPU runs (about 128 MB for amem)
 TIMELINE_POINTS = 2000
@@ -54,26 +54,18 @@ def _replay(args: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------- real GPU runs
-def trace_timeline(events: list[dict]) -> tuple[list[list[int]], int, int]:
-    """(timeline [event, allocated, reserved], peak reserved, allocated at it) from one device's
-    torch-format trace of a fresh process. Allocated counts requests rounded to 512 B (the trace
-    has no block sizes); reserved is exact."""
-    allocated = reserved = peak = at_peak = 0
-    points: list[list[int]] = []
-    every = max(1, len(events) // TIMELINE_POINTS)
-    for i, ev in enumerate(events):
-        action, size = ev["action"], ev.get("size", 0)
-        block = round_block(size)
-        allocated += block if action == "alloc" else -block if action == "free_requested" else 0
-        reserved += size if action in ("segment_alloc", "segment_map") else 0
-        reserved -= size if action in ("segment_free", "segment_unmap") else 0
-        if reserved > peak:
-            peak, at_peak = reserved, allocated
-        elif reserved == peak:
-            at_peak = max(at_peak, allocated)
-        if i % every == 0 or i == len(events) - 1:
-            points.append([i, allocated, reserved])
-    return points, peak, at_peak
+def trace_timeline(snapshot: dict, device: int = 0) -> tuple[list[list[int]], int, int]:
+    """(timeline [event, allocated, reserved], peak reserved, allocated at it) of one device of a
+    fresh process's snapshot, as amem_alloc/timeline.py rebuilds it: a block is held until its
+    free_completed; its size is amem's block size, or torch's request rounded to 512 B (torch's
+    trace has no block sizes); reserved is exact. The timeline keeps at most about TIMELINE_POINTS
+    points, the highs and lows among them."""
+    tl = build_timeline(snapshot, device)
+    allocated, reserved = tl.allocated[1:], tl.reserved[1:]  # one point per event (the first is the start)
+    peak = max(reserved, default=0)
+    at_peak = max((a for a, r in zip(allocated, reserved) if r == peak), default=0)
+    keep = downsample(len(allocated), TIMELINE_POINTS, [allocated, reserved])
+    return [[i, allocated[i], reserved[i]] for i in keep], peak, at_peak
 
 
 def _start_recording(native: bool) -> None:
@@ -133,8 +125,7 @@ def _gpu(args: argparse.Namespace) -> dict:
     except torch.OutOfMemoryError:
         oom = True
     stats, snap = _finish(args.native, Path(args.out), args.policy)
-    traces = snap.get("device_traces") or [[]]
-    timeline, _, at_peak = trace_timeline(traces[0] if traces else [])
+    timeline, _, at_peak = trace_timeline(snap)
     if not args.native:  # amem keeps the exact figure (block sizes, not rounded requests)
         import amem_alloc
 

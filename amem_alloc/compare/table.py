@@ -1,13 +1,10 @@
-"""The comparison as a text table (the terminal), a markdown table (benchmarks/RESULTS.md) and an
-HTML page (the report's page template when amem_alloc.report is present, with the plot inline)."""
+"""The comparison as a text table (the terminal), a markdown table (benchmarks/RESULTS.md), and the
+data of its HTML page, which report/compare.py builds."""
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 from typing import Any
 
-from .. import atomic_write
 from ..replay import evaluation
 
 # the cells of replay/evaluation.py's rows that amem compare shows (the markdown leaves out the pid)
@@ -52,35 +49,17 @@ def format_markdown(result: Any) -> str:
     return evaluation.format_markdown(result.rows, HEADERS[:-1])
 
 
-def _html_table(result: Any) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in evaluation.cells(r, HEADERS)) + "</tr>" for r in result.rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-
-
-def _body(result: Any, png: Path | None) -> str:
-    parts = ['<section class="compare"><h2>Configurations</h2>']
-    parts += [f"<p>{html.escape(line)}</p>" for line in preamble(result)]
-    parts.append(_html_table(result))
-    parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in footnotes(result)) + "</ul>")
-    if png is not None and Path(png).exists():
-        data = base64.b64encode(Path(png).read_bytes()).decode()
-        parts.append(f'<h2>Allocated and reserved over time</h2><img alt="allocated and reserved memory over '
-                     f'time, one colour per configuration" src="data:image/png;base64,{data}" style="max-width:100%">')
-    return "\n".join(parts + ["</section>"])
+def page_data(result: Any, png: Path | None) -> dict:
+    """What compare.html shows, as data for report/compare.py: the same lines and cells as the text."""
+    return {"title": f"amem compare: {result.target}",
+            "subtitle": "predicted without a GPU" if result.mode == "simulated" else f"on {result.environment.get('device')}",
+            "preamble": preamble(result), "columns": list(HEADERS),
+            "rows": [evaluation.cells(r, HEADERS) for r in result.rows], "footnotes": footnotes(result),
+            "plot_png": str(png) if png is not None else None}
 
 
 def write_html(result: Any, path: Path, png: Path | None) -> Path:
-    """The page: the report's template (offline, strict CSP) when available, else a plain page."""
-    from ..version import __version__
+    """compare.html: the page is report/'s (report/compare.py), from page_data."""
+    from ..report.compare import write_page
 
-    title = f"amem compare: {result.target}"
-    subtitle = "predicted without a GPU" if result.mode == "simulated" else f"on {result.environment.get('device')}"
-    try:
-        from ..report import html as report_html
-
-        text = report_html.page(title, subtitle, _body(result, png), {"devices": []}, __version__)
-    except (ImportError, AttributeError, TypeError, OSError):
-        text = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
-                f"<body><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p>{_body(result, png)}</body></html>")
-    return atomic_write.write_text(path, text)
+    return write_page(page_data(result, png), path)
