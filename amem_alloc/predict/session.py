@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..provenance import classify
 from ..provenance.records import AllocRecord, next_seq
+from ..provenance.scope import ModuleScope
 from ..replay import ALLOC, FREE, Program, pack
 from . import autocast as autocast_rules
 from . import children
@@ -82,41 +83,6 @@ def _set_capturable(optimizer) -> None:
             group["capturable"] = True
 
 
-class _Modules:
-    """The qualified name of the module running now, from global forward hooks."""
-
-    def __init__(self):
-        import weakref
-        self.names = weakref.WeakKeyDictionary()
-        self.stack: list[str] = []
-        self.handles = []
-
-    def install(self) -> None:
-        from torch.nn.modules import module as m
-        self.handles = [m.register_module_forward_pre_hook(self._pre),
-                        m.register_module_forward_hook(self._post, always_call=True)]
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-    def _pre(self, module, args):
-        if module not in self.names:
-            for name, sub in module.named_modules():
-                self.names.setdefault(sub, name)
-            self.roots = getattr(self, "roots", [])
-            self.roots.append(module)
-        self.stack.append(self.names.get(module, type(module).__name__))
-
-    def _post(self, module, args, out):
-        if self.stack:
-            self.stack.pop()
-
-    @property
-    def current(self) -> str | None:
-        return self.stack[-1] if self.stack else None
-
-
 def _value_only(fn):
     """torch.nn.init's in-place initializers write a weight's values, nothing else: under prediction
     they return the tensor unchanged, on fake tensors and on real CPU ones alike (a weight made on
@@ -147,7 +113,7 @@ class FakeCudaSession:
         self.know = classify.Knowledge()
         self.storages = Storages(self._on_alloc, self._on_free)
         self.known = KnownValues()   # the real values of small fake tensors made from known data
-        self.modules = _Modules()
+        self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self._patches: list = []
         self._modes: list = []
@@ -218,7 +184,7 @@ class FakeCudaSession:
             return self._phase_override
         if torch._C._current_graph_task_id() != -1:
             return "backward"
-        return "forward" if self.modules.current is not None or torch.is_grad_enabled() else "other"
+        return "forward" if self.modules.module is not None or torch.is_grad_enabled() else "other"
 
     def _on_alloc(self, key: int, nbytes: int, op: str, t) -> None:
         if children.in_child():
@@ -227,7 +193,7 @@ class FakeCudaSession:
         if phase == "backward" and not self._in_backward:
             self.know.backward_starts.append(next_seq())
         self._in_backward = phase == "backward"
-        module = self.modules.current
+        module = self.modules.module
         rec = AllocRecord(op, module, phase, "cuda:0", key, nbytes,
                           str(t.dtype).replace("torch.", "") if t is not None else "uint8",
                           tuple(t.shape) if t is not None else (nbytes,))
@@ -270,7 +236,7 @@ class FakeCudaSession:
                     rec.add_role("optimizer_state")
 
     def _learn_model_state(self) -> None:
-        for root in getattr(self.modules, "roots", []):
+        for root in self.modules.roots:
             for name, p in list(root.named_parameters()) + list(root.named_buffers()):
                 self._mark(p, self.know.model_state, ("parameter", name))
                 self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)

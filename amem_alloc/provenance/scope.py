@@ -2,7 +2,10 @@
 
 Module hooks: a pre-hook pushes the module's path, a post-hook (always_call, so an exception in
 forward does not leave the stack wrong) pops it. The root's pre-hook also records the tensors
-passed to the model: the profiler's "input" category.
+passed to the model: the profiler's "input" category. ModuleScope is the one module tracker: the
+Tracer hooks its model's modules (ModuleScope(model, on_inputs)); prediction, which never sees the
+model, hooks every module through torch's global hooks (ModuleScope.every_module()), naming each
+by its path under the first module seen running that contains it.
 
 Phase, from cheapest evidence first:
     backward   the autograd engine is running a graph task (torch._C._current_graph_task_id)
@@ -12,6 +15,8 @@ Phase, from cheapest evidence first:
     other      everything else (data preparation, zero_grad, ops under no_grad outside the model)
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -41,21 +46,37 @@ def tensors_in(values):
 
 
 class ModuleScope:
-    """The module stack of one traced model, kept by forward hooks."""
+    """The module stack (qualified paths, innermost last) and autocast state, kept by forward hooks:
+    of one model's modules, or of every module (every_module())."""
 
-    def __init__(self, model, on_inputs):
+    def __init__(self, model, on_inputs=None, hook_every_module: bool = False):
         self.model = model
         self.stack: list[str] = []
         self.autocast: list[bool] = []
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its path
+        self.roots: list = []  # every_module: the outermost modules seen running, in order
         self._on_inputs = on_inputs  # called with the root's input tensors
+        self._every_module = hook_every_module
         self._handles = []
+
+    @classmethod
+    def every_module(cls) -> "ModuleScope":
+        """The module running now in any model (torch's global module hooks)."""
+        return cls(None, hook_every_module=True)
 
     # ---- hooks
     def install(self) -> None:
+        if self._every_module:
+            from torch.nn.modules import module as m
+
+            self._handles = [m.register_module_forward_pre_hook(self._pre),
+                             m.register_module_forward_hook(self._post, always_call=True)]
+            return
         if self.model is None:
             return
         for name, module in self.model.named_modules():
-            self._handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+            self.names[module] = name
+            self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post, always_call=True))
 
     def remove(self) -> None:
@@ -63,13 +84,19 @@ class ModuleScope:
             handle.remove()
         self._handles.clear()
 
-    def _pre(self, name):
-        def hook(module, args, kwargs):
-            if name == "" and not self.stack:  # the model itself, called from outside: its inputs
-                self._on_inputs(list(tensors_in(args)) + list(tensors_in(kwargs.values())))
-            self.stack.append(name)
-            self.autocast.append(_autocast_on())
-        return hook
+    def _path(self, module) -> str:
+        if module not in self.names:  # every_module: a module outside every root seen so far is a root
+            for name, sub in module.named_modules():
+                self.names.setdefault(sub, name)
+            self.roots.append(module)
+        return self.names[module]
+
+    def _pre(self, module, args, kwargs=None):
+        name = self._path(module)
+        if name == "" and not self.stack and self._on_inputs is not None:  # the model, called from outside
+            self._on_inputs(list(tensors_in(args)) + list(tensors_in((kwargs or {}).values())))
+        self.stack.append(name)
+        self.autocast.append(_autocast_on())
 
     def _post(self, module, args, output):
         if self.stack:
