@@ -9,6 +9,9 @@ import is still a dependency) becomes an edge between *units*: a sub-package (am
   version.py, a leaf); importing a sibling module through `from .. import x` is fine;
 * the layers of docs/architecture.md: nothing imports cli/ (the commands are on top), and the
   units drawn as leaves import no other unit.
+* one home per concept, as the page says: pages are built in report/, modules are tracked by
+  provenance/scope.py, policies are evaluated in replay/ (each with the one file named that is
+  still to move).
 """
 from __future__ import annotations
 
@@ -119,3 +122,40 @@ def test_architecture_page_names_every_package():
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     missing = [p for p in packages if f"{p}/" not in page]
     assert not missing, f"docs/architecture.md does not say what these packages own: {missing}"
+
+
+# ---------------------------------------------------------------------------- one home per concept
+def _relative(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent))
+
+
+def _outside(folder: str):
+    return (p for p in PACKAGE.rglob("*.py") if not _relative(p).startswith(f"amem_alloc/{folder}/"))
+
+
+def test_report_builds_every_page():
+    """Outside report/, nothing reads report/html.py's page parts: the commands hand report/ data."""
+    still_outside = {"amem_alloc/predict/outcome.py"}  # render_report: to move into report/
+    offenders = {_relative(p) for p in _outside("report") for target, names in _imports(p)
+                 if target == "amem_alloc.report.html" or (target == "amem_alloc.report" and "html" in names)}
+    assert offenders <= still_outside, f"pages built outside report/: {sorted(offenders - still_outside)}"
+
+
+def test_one_module_tracker():
+    """Only provenance/scope.py's ModuleScope hooks modules' forward (the Tracer and prediction share it)."""
+    hooks = ("register_module_forward_pre_hook", "register_module_forward_hook", "register_forward_pre_hook",
+             "register_forward_hook")
+    offenders = [_relative(p) for p in PACKAGE.rglob("*.py") if _relative(p) != "amem_alloc/provenance/scope.py"
+                 and any(h in p.read_text(encoding="utf-8") for h in hooks)]
+    assert not offenders, f"module hooks outside provenance/scope.py: {offenders}"
+
+
+def test_policies_are_evaluated_in_replay():
+    """replay/evaluation.py evaluates a program under several policies and names the table's cells;
+    no module outside replay/ searches a minimum capacity or lays out a policy table of its own."""
+    still_outside = {"amem_alloc/predict/outcome.py"}  # to switch to evaluation.evaluate
+    own = {"min_capacity", "policy_row", "PolicyRow", "format_table"}
+    offenders = {_relative(p) for p in _outside("replay")
+                 for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in own}
+    assert offenders <= still_outside, f"per-policy evaluation outside replay/: {sorted(offenders - still_outside)}"
