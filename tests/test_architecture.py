@@ -142,10 +142,12 @@ def test_report_builds_every_page():
 
 
 def test_one_module_tracker():
-    """Only provenance/scope.py's ModuleScope hooks modules' forward (the Tracer and prediction share it)."""
+    """Only provenance/scope.py's ModuleScope tracks which module runs (the Tracer and prediction share
+    it); the what-if checkpointing hooks a model's first forward to wrap its blocks, which is not tracking."""
     hooks = ("register_module_forward_pre_hook", "register_module_forward_hook", "register_forward_pre_hook",
              "register_forward_hook")
-    offenders = [_relative(p) for p in PACKAGE.rglob("*.py") if _relative(p) != "amem_alloc/provenance/scope.py"
+    allowed = {"amem_alloc/provenance/scope.py", "amem_alloc/predict/changes.py"}
+    offenders = [_relative(p) for p in PACKAGE.rglob("*.py") if _relative(p) not in allowed
                  and any(h in p.read_text(encoding="utf-8") for h in hooks)]
     assert not offenders, f"module hooks outside provenance/scope.py: {offenders}"
 
