@@ -197,8 +197,6 @@ class CachingAllocator {
   void release_freeable_private_pools();
   void drop_failed_captures();
   void insert_deferred_events();
-  void note_reserved_increase(PoolKind kind, size_t bytes);
-  void note_reserved_decrease(PoolKind kind, size_t bytes);
   void note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream);
   Ledger ledger(PoolKind kind) { return Ledger(stats_, kind, options_.max_split_size); }
   Block* find_block_at(uintptr_t address) const;

@@ -117,9 +117,7 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
   merge_into(block, block->prev, pool, books);
   merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry
-  stats_.num_device_alloc += 1;
-  stats_.num_device_map += 1;
-  note_reserved_increase(pool.kind, bytes);
+  books.pages_mapped(bytes);
   note_segment_event(TraceAction::k_segment_map, block->address, bytes, block->stream);
   return true;
 }
@@ -145,9 +143,7 @@ void CachingAllocator::unmap_block(Block* block) {
   merge_into(block, block->next, pool, books);
   block->fences.clear();  // the device was synchronized before any unmap
   pool.unmapped.insert(block);
-  stats_.num_device_free += 1;
-  stats_.num_device_unmap += 1;
-  note_reserved_decrease(pool.kind, end - start);
+  books.pages_unmapped(end - start);
   note_segment_event(TraceAction::k_segment_unmap, start, end - start, block->stream);
   if (block->prev == nullptr && block->next == nullptr) release_expandable_segment(block);
 }
