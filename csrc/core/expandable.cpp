@@ -21,8 +21,12 @@
 // is needed, across streams and pools, instead of staying mapped in a hole.
 // Bounds on device calls: it runs only when the mapping would raise reserved
 // memory above its peak, takes only holes of at least half the request, and
-// adds at most one unmap per kMapsPerReclaim maps. Unmapping memory the device
-// may still use is not allowed, so a reclaim synchronizes once.
+// adds at most one unmap per kMapsPerReclaim maps; with page_reclaim_min_mb, only
+// requests of at least that size reclaim (the large request that no hole fits:
+// a 512 MiB tensor beside a 510 MiB hole, small_train's pattern; smaller ones
+// find holes soon after and reclaiming for them raised the peak, as it did
+// 2.2% on lm_medium_ctx128_training, docs/policies.md). Unmapping memory the
+// device may still use is not allowed, so a reclaim synchronizes once.
 //
 // Accounting follows torch (docs/torch_policy.md §6): reserved bytes grow and
 // shrink by the pages mapped; each map is one device allocation and each unmap
@@ -82,7 +86,7 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
   const int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
     return nullptr;
-  if (options_.page_reclaim_age >= 0 && !capturing() &&
+  if (options_.page_reclaim_age >= 0 && rounded >= options_.page_reclaim_min_size && !capturing() &&
       reserved + static_cast<int64_t>(rounded) > stats_.reserved_bytes.peak())  // only to keep the peak down
     reclaim_idle_pages(rounded);
   Block* c = find_expandable_block(pool, stream, rounded);

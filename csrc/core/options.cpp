@@ -192,6 +192,13 @@ void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
   o.page_reclaim_age = static_cast<int64_t>(calls);
 }
 
+void parse_page_reclaim_min_mb(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t mib = parse_unsigned(key, text);
+  if (mib >= SIZE_MAX / kMiB) bad_value(key, text, doc_of(key));
+  o.page_reclaim_min_size = mib * kMiB;
+}
+
 // ---------------------------------------------------------------- printing each option
 // text_<name>: the value as AMEM_CONF writes it (parses back to the same value);
 // json_<name>: the value under the row's JSON key (sizes in bytes, -1 = unlimited / off).
@@ -254,6 +261,8 @@ std::string text_page_reclaim_age(const Options& o) {
   return o.page_reclaim_age < 0 ? "off" : std::to_string(o.page_reclaim_age);
 }
 std::string json_page_reclaim_age(const Options& o) { return std::to_string(o.page_reclaim_age); }
+std::string text_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size / kMiB); }
+std::string json_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size); }
 
 using ParseFn = void (*)(Options&, Tokens&, const std::string&);
 

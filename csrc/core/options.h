@@ -74,7 +74,11 @@ namespace amem {
     "integer allocator calls, or off (-1 in JSON): before an expandable segment maps "   \
     "pages that would raise reserved memory above its peak, unmap whole free pages idle " \
     "for at least this many calls, at most as many bytes as it maps and one unmap per "  \
-    "four maps (one device sync per reclaim) (amem)")
+    "four maps (one device sync per reclaim) (amem)")                                   \
+  X(page_reclaim_min_mb, size_t, page_reclaim_min_size, 0, "page_reclaim_min_size", "0",   \
+    "integer MiB: page reclaim (page_reclaim_age) runs only before mapping for a request " \
+    "of at least this size: a large request that no hole fits, where unmapping the "     \
+    "holes saves the most per device sync; smaller requests map as without reclaim (amem)")
 
 struct OptionRow {
   const char* name;

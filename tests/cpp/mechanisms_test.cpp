@@ -136,6 +136,21 @@ TEST(PageReclaim, PagesUsedRecentlyStay) {
   EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(32 * kMiB));
 }
 
+TEST(PageReclaim, OnlyRequestsOfTheMinimumSizeReclaim) {
+  for (size_t request_mib : {12, 16}) {
+    auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,page_reclaim_min_mb:16,"
+                         "debug_checks:True");
+    uintptr_t x = alloc(*a, (request_mib - 2) * kMiB);
+    alloc(*a, 10 * kMiB);
+    release(*a, x);  // a hole 2 MiB short of the request
+    alloc(*a, request_mib * kMiB);
+    const bool reclaims = request_mib >= 16;
+    EXPECT_EQ(stat(*a, "num_device_unmap"), reclaims ? 1 : 0) << request_mib;
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.peak"),
+              static_cast<int64_t>((reclaims ? request_mib + 10 : 2 * request_mib + 8) * kMiB)) << request_mib;
+  }
+}
+
 TEST(PageReclaim, UnmapsStayBoundedByWhatIsMapped) {
   auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,debug_checks:True");
   std::vector<uintptr_t> live;
@@ -206,10 +221,13 @@ TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
   EXPECT_EQ(c.mappings + c.handles + c.ranges, 0u);
 }
 
+// What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
+constexpr const char* kAmemPolicy =
+    "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,page_reclaim_age:4,page_reclaim_min_mb:32";
+
 TEST_F(CudaMechanisms, TheAmemPolicyMapsTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
-  // What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
   {
-    auto a = make_cuda(0, "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10");
+    auto a = make_cuda(0, kAmemPolicy);
     fake_cuda_set_stream_busy(kS1, true);
     uintptr_t p = a->malloc(25 * kMiB, kS1);
     EXPECT_EQ(fake_cuda_counts().mappings, 3u) << "25 MiB in 10 MiB pages";
@@ -220,6 +238,27 @@ TEST_F(CudaMechanisms, TheAmemPolicyMapsTenMiBPagesAndHandsBlocksOverWithoutAHos
     EXPECT_EQ(fake_cuda_counts().used_bytes[0], 30 * kMiB) << "the freed pages serve kS2: nothing new mapped";
     EXPECT_TRUE(fake_cuda_waited(kS2, kS1));
     a->free(q);
+    a->check_valid();
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);
+}
+
+// A large request that no hole fits: the amem policy unmaps the idle hole's pages
+// (after a device sync) before mapping, so the device holds the request and not
+// the hole too; every driver call legal (TearDown), nothing left at the end.
+TEST_F(CudaMechanisms, TheAmemPolicyReclaimsAnIdleHoleForALargeRequest) {
+  {
+    auto a = make_cuda(0, kAmemPolicy);
+    uintptr_t x = a->malloc(60 * kMiB, 0);
+    uintptr_t y = a->malloc(20 * kMiB, 0);
+    a->free(x);  // a 60 MiB hole
+    for (int i = 0; i < 5; ++i) a->free(a->malloc(4096, 0));  // the hole ages past page_reclaim_age
+    uintptr_t z = a->malloc(64 * kMiB, 0);
+    EXPECT_EQ(stat(*a, "num_device_unmap"), 1);
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 20 * kMiB + 70 * kMiB + 2 * kMiB) << "y, z in 10 MiB pages, a small page";
+    a->free(y);
+    a->free(z);
     a->check_valid();
   }
   const FakeCudaCounts c = fake_cuda_counts();

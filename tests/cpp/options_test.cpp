@@ -214,6 +214,8 @@ TEST(Options, ToJsonNamesEveryField) {
   EXPECT_NE(amem.find("\"page_reclaim_age\":4"), std::string::npos) << amem;
   EXPECT_NE(amem.find("\"cross_stream_reuse\":\"handover\""), std::string::npos) << amem;
   EXPECT_NE(Options{}.to_json().find("\"page_reclaim_age\":-1"), std::string::npos);
+  EXPECT_EQ(Options::parse("page_reclaim_min_mb:32").page_reclaim_min_size, 32 * kMiB);
+  EXPECT_THROW(Options::parse("page_reclaim_min_mb:-1"), ConfigError);
 }
 
 // ---------------------------------------------------------------- errors
