@@ -25,11 +25,14 @@ POLICIES: dict[str, tuple[str, str]] = {
                   "best fit per stream, split and merge)"),
     "torch-expandable": ("expandable_segments:True", "PyTorch's allocator with expandable_segments:True: one "
                          "segment per stream and pool that grows in 2 MiB / 20 MiB pages"),
-    "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10", "amem's policy, what "
-             "amem_alloc.enable() uses: expandable segments whose large pool grows by 10 MiB pages, and a block "
-             "freed on one stream serves another at once (the consumer waits on the freeing stream's event, no "
-             "host sync); the combination that measured best on the shared traces and workloads "
-             "(docs/policies.md)"),
+    "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,page_reclaim_age:4,"
+             "page_reclaim_min_mb:32", "amem's policy, what amem_alloc.enable() uses: expandable segments whose "
+             "large pool grows by 10 MiB pages; a block freed on one stream serves another at once (the consumer "
+             "waits on the freeing stream's event, no host sync); and before a request of 32 MiB or more maps "
+             "new pages above the peak, idle free pages are unmapped first (one device sync); the combination "
+             "that measured best on the shared traces and workloads (docs/policies.md)"),
+    "amem-noreclaim": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10", "the amem policy "
+                       "before page reclaim (10 MiB pages and cross-stream handover)"),
     "amem-defaults": ("", "amem with its option defaults, which are torch's policy: the same decisions, plus "
                       "amem's accounting"),
     "amem-roundup4": ("roundup_power2_divisions:4", "amem rounding each request up to the next quarter of its "

@@ -21,10 +21,12 @@ Per case and policy (every name in amem_alloc/policies.py):
   (c) device calls: every counter named num_device_* in the core's stats (segment allocations /
       cudaMalloc, frees, page maps and unmaps where the core reports them), counted in the run of (a).
 
-Verdict (the bar amem's own policy is held to): on every case (a) and (b) at most
-torch-expandable's +0.5% and (c) at most 2x torch-expandable's; over the traces the geomean of
-(a) at most 1.03 and multistream_4dev (a) at most 1.15. Each policy other than torch and
-torch-expandable is judged against it.
+Verdict (the bar amem's own policy is held to): on every case (a) and (b) at most the better of
+torch and torch-expandable on that case +0.5% (a user is never better off turning amem off) and
+(c) at most 2x torch-expandable's; over the traces the geomean of (a) at most 1.02 and
+multistream_4dev (a) at most 1.05. Each policy other than torch and torch-expandable is judged
+against it. A case amem's policy still misses is listed in KNOWN_MISSES with its measured figure:
+it stays a miss in the verdict, marked as known.
 
 CPU recordings: a workload runs on the CPU under torch's profiler with profile_memory=True; its
 allocations are paired with their frees by address and each gets the stream that was current
@@ -65,12 +67,18 @@ BEGIN = "<!-- BEGIN fragmentation benchmark: written by `python benchmarks/bench
 END = "<!-- END fragmentation benchmark -->"
 MiB = 1 << 20
 RESOLUTION = MiB                 # the binary search stops when its bounds are this close
-REFERENCE = "torch-expandable"   # what the bar compares against
-NATIVE = ("torch", "torch-expandable")
-SLACK = 1.005                    # (a) and (b) at most torch-expandable's +0.5%
+REFERENCE = "torch-expandable"   # (c)'s reference, and the column the tables start from
+NATIVE = ("torch", "torch-expandable")  # (a) and (b): the better of the two, per case
+SLACK = 1.005                    # (a) and (b) at most the better native's +0.5%
 CALLS_FACTOR = 2.0               # (c) at most 2x torch-expandable's
-GEOMEAN_BAR = 1.03               # geomean of (a) over the traces
-MULTISTREAM_BAR = 1.15           # multistream_4dev (a)
+GEOMEAN_BAR = 1.02               # geomean of (a) over the traces
+MULTISTREAM_BAR = 1.05           # multistream_4dev (a)
+# (policy, case) -> the miss as measured; the verdict still counts it (marked "known").
+KNOWN_MISSES = {
+    ("amem", "workload:mlp"): "(b) 1.068 > torch's 1.059 +0.5% (measured 2026-11-24; the small MLP's "
+                              "program, where 10 MiB pages and 2 MiB small-pool pages cost 1 MiB of "
+                              "capacity more than torch's fixed segments)",
+}
 QUICK_TRACES = ("tiny_grad.pickle", "small_train.pickle")
 QUICK_WORKLOAD = ("serving", 1, 3)  # name, size, steps
 # Workloads run at size 2 where a CPU manages it in well under a minute: at size 1 most of them
@@ -313,13 +321,23 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def row_verdict(r: Result, ref: Result) -> tuple[bool, list[str]]:
-    """Whether one case meets the per-case bar against torch-expandable, and what misses."""
+def best_native(per_policy: dict[str, Result]) -> tuple[float, float | None]:
+    """(a) and (b) of the better of torch and torch-expandable on one case (each measure apart)."""
+    refs = [per_policy[n] for n in NATIVE if n in per_policy]
+    bs = [r.b for r in refs if r.b is not None]
+    return min(r.a for r in refs), (min(bs) if bs else None)
+
+
+def row_verdict(r: Result, per_policy: dict[str, Result]) -> tuple[bool, list[str]]:
+    """Whether one case meets the per-case bar: (a), (b) against the better of torch and
+    torch-expandable, (c) against torch-expandable; and what misses."""
+    best_a, best_b = best_native(per_policy)
     misses = []
-    if r.a > ref.a * SLACK:
-        misses.append(f"(a) {r.a:.3f} > {ref.a * SLACK:.3f}")
-    if r.b is not None and ref.b is not None and r.b > ref.b * SLACK:
-        misses.append(f"(b) {r.b:.3f} > {ref.b * SLACK:.3f}")
+    if r.a > best_a * SLACK:
+        misses.append(f"(a) {r.a:.3f} > {best_a * SLACK:.3f}")
+    if r.b is not None and best_b is not None and r.b > best_b * SLACK:
+        misses.append(f"(b) {r.b:.3f} > {best_b * SLACK:.3f}")
+    ref = per_policy[REFERENCE]
     if r.total_calls > CALLS_FACTOR * ref.total_calls:
         misses.append(f"(c) {r.total_calls} > {CALLS_FACTOR * ref.total_calls:.0f}")
     return not misses, misses
@@ -352,9 +370,10 @@ def summarize(cases: list[Case], results: dict[str, dict[str, Result]], names: l
         ms = results[multistream.name][n].a if multistream else None
         met, misses = 0, []
         for c in cases:
-            ok, why = row_verdict(results[c.name][n], results[c.name][REFERENCE])
+            ok, why = row_verdict(results[c.name][n], results[c.name])
             met += ok
-            misses += [f"{c.name}: {w}" for w in why]
+            known = " (known)" if (n, c.name) in KNOWN_MISSES else ""
+            misses += [f"{c.name}: {w}{known}" for w in why]
         verdict = "reference" if n == REFERENCE else "—"
         if n in NATIVE:
             misses = []
@@ -432,7 +451,8 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
         "workload recorded on the CPU (method: benchmarks/bench_fragmentation.py)",
         "- limit = the peak of live requested bytes; (a) peak reserved / limit; (b) smallest OOM-free "
         "device capacity / limit (binary search to 1 MiB); (c) device calls, " + calls_note(results),
-        f"- Bar for amem's policy: every case (a), (b) ≤ {REFERENCE} +0.5%, (c) ≤ 2× {REFERENCE}; "
+        "- Bar for amem's policy: every case (a), (b) ≤ the better of torch and torch-expandable +0.5%, "
+        f"(c) ≤ 2× {REFERENCE}; "
         f"geomean (a) over the traces ≤ {GEOMEAN_BAR}; multistream_4dev (a) ≤ {MULTISTREAM_BAR}",
         "",
         "| policy | geomean (a), traces | geomean (b), traces | multistream_4dev (a) | geomean (a), workloads "
@@ -452,16 +472,19 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
               "cudaFree" + ("" if maps_reported(results) else " (n/r: not reported by the core yet)"), "",
               "| policy | device calls |", "|---|---|"]
     lines += [f"| {n} | {_calls_cell(results, traces or cases, n)} |" for n in names]
-    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); ✓ within the per-case bar against "
-              f"{REFERENCE}, ✗ not.", "",
-              "| case | limit | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); best native: the better of torch and "
+              "torch-expandable per measure; ✓ within the per-case bar, ✗ not (✗ known: in KNOWN_MISSES).", "",
+              "| case | limit | best native (a) / (b) | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---|" * len(names)]
     for c in cases:
         cells = []
         for n in names:
             r = results[c.name][n]
-            mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name][REFERENCE])[0] else " ✗")
+            known = " known" if (n, c.name) in KNOWN_MISSES else ""
+            mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name])[0] else " ✗" + known)
             cells.append(f"{r.a:.3f} / {_f(r.b)} / {r.total_calls}{mark}")
-        lines.append(f"| {c.name} | {_gib(c.limit)} | " + " | ".join(cells) + " |")
+        best_a, best_b = best_native(results[c.name])
+        lines.append(f"| {c.name} | {_gib(c.limit)} | {best_a:.3f} / {_f(best_b)} | " + " | ".join(cells) + " |")
     lines += ["", "Where (a) goes: allocated (rounded) blocks at the reserved peak / limit + free bytes cached "
               "at that peak / limit (the second is fragmentation proper; the first is rounding, plus live "
               "bytes that peak at another time than reserved).", "",
@@ -484,8 +507,7 @@ def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verb
     """Measures every case (a few small ones with quick) and returns the section's text."""
     started = time.perf_counter()
     names = names or policy_names()
-    if REFERENCE not in names:
-        names = [REFERENCE] + names
+    names = [n for n in NATIVE if n not in names] + names  # the per-case bar reads both
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if verbose else (lambda m: None)
     cases = trace_cases(traces, QUICK_TRACES if quick else None) if traces.is_dir() else []
     if not cases:
