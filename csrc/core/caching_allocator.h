@@ -171,6 +171,11 @@ class CachingAllocator {
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
   size_t page_size(PoolKind kind) const { return kind == PoolKind::kSmall ? kSmallBuffer : options_.large_page_size; }
+  // Where the pages of `kind`'s expandable segments begin and end (Note [fine pages]).
+  PageLayout page_layout(PoolKind kind) const {
+    if (kind == PoolKind::kSmall || options_.fine_pages_size == 0) return PageLayout{page_size(kind)};
+    return PageLayout{page_size(kind), options_.fine_pages_size, kSmallBuffer};
+  }
   void reclaim_idle_pages(size_t wanted);
   std::vector<Block*> idle_pages(size_t min_bytes) const;
 

@@ -43,10 +43,16 @@ constexpr size_t kReclaimHoleShare = 2;  // reclaim holes of at least 1/this of 
 constexpr int64_t kMapsPerReclaim = 4;  // maps per unmap that page reclaim may add (its bound on device calls)
 constexpr size_t kMaxExpandableSpan = size_t{1} << 44;  // bytes (16 TiB) of addresses per segment
 
-size_t round_up(size_t v, size_t step) { return (v + step - 1) / step * step; }
-size_t round_down(size_t v, size_t step) { return v / step * step; }
-
 }  // namespace
+
+// Note [fine pages]: with fine_pages_mb, a large-pool segment's first
+// fine_pages_mb are mapped in 2 MiB pages and the rest in large_page_mb pages
+// (page_layout.h), so the page grows with the segment: a small program's one
+// segment rounds its growth to 2 MiB, as torch's small pool does, and a large
+// one maps large pages (few device calls, few physical allocations on a GPU).
+// The layout is fixed by the offset alone and handed to the backend when the
+// range is reserved, so the core's maps and unmaps and the driver's physical
+// pages agree on every boundary.
 
 // ================================================================ finding room
 
@@ -68,11 +74,14 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream,
 }
 
 Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size) {
-  const size_t page = page_size(pool.kind);
   size_t total = std::min(backend_->memory_info().total_bytes, kMaxExpandableSpan);
-  size_t span = round_up(total + total / 8, page);
+  // torch reserves 9/8 of the device; holes that page reclaim unmapped keep their
+  // addresses while the segment grows past them, so with reclaim: twice the device.
+  size_t addresses = options_.page_reclaim_age >= 0 ? 2 * total : total + total / 8;
+  const PageLayout layout = page_layout(pool.kind);
+  size_t span = layout.ceil(std::max(addresses, layout.fine_bytes));
   if (span < size) return nullptr;
-  uintptr_t address = backend_->reserve_address_range(span, page);
+  uintptr_t address = backend_->reserve_address_range(span, layout);
   if (address == 0) return nullptr;
   Block* block = segments_.create(pool, stream, address, span, true);
   block->mapped = false;
@@ -107,7 +116,8 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
 // bytes; the rest stays unmapped (torch: map_block).
 bool CachingAllocator::map_block(Block* block, size_t size) {
   BlockPool& pool = *block->pool;
-  const size_t bytes = std::min(round_up(size, page_size(pool.kind)), block->size);
+  const size_t offset = block->address - block->segment->address;  // a page boundary
+  const size_t bytes = std::min(page_layout(pool.kind).ceil(offset + size) - offset, block->size);
   if (!backend_->map_pages(block->address, bytes)) return false;
   pool.unmapped.erase(block);
   block->mapped = true;
@@ -131,9 +141,8 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
 void CachingAllocator::unmap_block(Block* block) {
   BlockPool& pool = *block->pool;
   const Segment* seg = block->segment;
-  const size_t page = page_size(pool.kind);
-  const uintptr_t start = seg->address + round_up(block->address - seg->address, page);
-  const uintptr_t end = seg->address + round_down(block->address + block->size - seg->address, page);
+  const uintptr_t start = seg->address + page_layout(pool.kind).ceil(block->address - seg->address);
+  const uintptr_t end = seg->address + page_layout(pool.kind).floor(block->address + block->size - seg->address);
   if (end <= start) return;
   pool.erase(block);
   if (start > block->address) pool.insert(segments_.insert_before(block, block->address, start - block->address));
@@ -160,11 +169,10 @@ std::vector<Block*> CachingAllocator::idle_pages(size_t min_bytes) const {
   std::vector<Block*> idle;
   const auto age = static_cast<uint64_t>(options_.page_reclaim_age);
   for (const BlockPool* pool : {&pools_.shared(PoolKind::kSmall), &pools_.shared(PoolKind::kLarge)}) {
-    const size_t page = page_size(pool->kind);
     for (const FreeEntry& e : pool->free_blocks) {
       const Block* b = e.block;
       const uintptr_t offset = b->address - b->segment->address;
-      const bool whole_page = round_up(offset, page) + page <= offset + b->size;
+      const bool whole_page = page_layout(pool->kind).ceil(offset) < page_layout(pool->kind).floor(offset + b->size);
       if (b->segment->expandable && whole_page && b->size >= min_bytes && clock_ - b->idle_since >= age)
         idle.push_back(e.block);
     }

@@ -179,6 +179,13 @@ void parse_large_page_mb(Options& o, Tokens& t, const std::string& key) {
   o.large_page_size = mib * kMiB;
 }
 
+void parse_fine_pages_mb(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t mib = parse_unsigned(key, text);
+  if (mib % 2 != 0 || mib >= (size_t{1} << 30)) bad_value(key, text, doc_of(key));
+  o.fine_pages_size = mib * kMiB;
+}
+
 void parse_small_pool(Options& o, Tokens& t, const std::string& key) { o.small_pool = parse_bool(t, key); }
 
 void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
@@ -261,6 +268,8 @@ std::string text_page_reclaim_age(const Options& o) {
   return o.page_reclaim_age < 0 ? "off" : std::to_string(o.page_reclaim_age);
 }
 std::string json_page_reclaim_age(const Options& o) { return std::to_string(o.page_reclaim_age); }
+std::string text_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size / kMiB); }
+std::string json_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size); }
 std::string text_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size / kMiB); }
 std::string json_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size); }
 

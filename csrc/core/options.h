@@ -66,6 +66,10 @@ namespace amem {
   X(large_page_mb, size_t, large_page_size, kLargeBuffer, "large_page_size", "20",       \
     "integer MiB, even, 2 to 20: the page by which expandable segments of the large pool " \
     "grow and shrink; torch maps 20 MiB (amem)")                                         \
+  X(fine_pages_mb, size_t, fine_pages_size, 0, "fine_pages_size", "0",                   \
+    "integer MiB, even: the first this many MiB of each large-pool expandable segment "  \
+    "map and unmap in 2 MiB pages, the rest in large_page_mb pages, so a segment grows " \
+    "finely while it is small and by large pages once it is large (amem)")              \
   X(small_pool, bool, small_pool, true, "small_pool", "True",                            \
     "True/False: False serves requests of 1 MiB and less from the large pool too, so "   \
     "expandable segments give them the large pool's page granularity instead of a "     \
