@@ -25,11 +25,18 @@ POLICIES: dict[str, tuple[str, str]] = {
                   "best fit per stream, split and merge)"),
     "torch-expandable": ("expandable_segments:True", "PyTorch's allocator with expandable_segments:True: one "
                          "segment per stream and pool that grows in 2 MiB / 20 MiB pages"),
-    "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10", "amem's policy, what "
-             "amem_alloc.enable() uses: expandable segments whose large pool grows by 10 MiB pages, and a block "
-             "freed on one stream serves another at once (the consumer waits on the freeing stream's event, no "
-             "host sync); the combination that measured best on the shared traces and workloads "
-             "(docs/policies.md)"),
+    "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,"
+             "page_reclaim_age:4,page_reclaim_min_mb:32", "amem's policy, what amem_alloc.enable() uses: "
+             "expandable segments whose large pool grows by 2 MiB pages over its first 128 MiB and by 10 MiB "
+             "pages after; a block freed on one stream serves another at once (the consumer waits on the freeing "
+             "stream's event, no host sync); and before a request of 32 MiB or more maps new pages above the "
+             "peak, idle free pages are unmapped first (one device sync); the combination that measured best on "
+             "the shared traces, the workloads and their predicted programs (docs/policies.md)"),
+    "amem-coarse": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,page_reclaim_age:4,"
+                    "page_reclaim_min_mb:32", "the amem policy before fine pages (10 MiB pages from a "
+                    "segment's start)"),
+    "amem-noreclaim": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10", "the amem policy "
+                       "before page reclaim (10 MiB pages and cross-stream handover)"),
     "amem-defaults": ("", "amem with its option defaults, which are torch's policy: the same decisions, plus "
                       "amem's accounting"),
     "amem-roundup4": ("roundup_power2_divisions:4", "amem rounding each request up to the next quarter of its "
@@ -47,6 +54,8 @@ POLICIES: dict[str, tuple[str, str]] = {
                     "and shrinks by 2 MiB pages instead of 20 MiB"),
     "amem-onepool": ("expandable_segments:True,large_page_mb:2,small_pool:False", "2 MiB pages, and small "
                      "requests share the large pool's pages instead of a separate 2 MiB-page pool"),
+    "amem-fine": ("expandable_segments:True,fine_pages_mb:128", "expandable segments whose large pool maps "
+                  "its first 128 MiB in 2 MiB pages and 20 MiB pages after (the page grows with the segment)"),
     "amem-reclaim": ("expandable_segments:True,page_reclaim_age:0", "expandable segments that unmap idle free "
                      "pages before mapping new ones"),
 }

@@ -3,8 +3,10 @@
     python benchmarks/bench_fragmentation.py            # every trace and workload; writes its RESULTS.md section
     python benchmarks/bench_fragmentation.py --quick    # smoke: two small traces, one short workload; writes nothing
 
-Cases: every device of every trace in ../shared/traces (the real GPU traces) and every bundled
-workload (amem_alloc/workloads) that a CPU can run (not llama7b), recorded once on the CPU. Each case is a replay program of
+Cases: every device of every trace in ../shared/traces (the real GPU traces), every bundled
+workload (amem_alloc/workloads) that a CPU can run (not llama7b), recorded once on the CPU, and
+every bundled workload predicted at size 1 on fake CUDA tensors (no compute), the program `amem
+compare` and `make demo` replay (predicted:gpt is the demo's). Each case is a replay program of
 requests only, replayed through the C++ core on the sim backend from an empty start: a trace
 that began mid-run keeps its live blocks (allocated first, in address order) but loses the
 prologue's temporaries that rebuild the native allocator's cached segments, and its cache
@@ -21,10 +23,12 @@ Per case and policy (every name in amem_alloc/policies.py):
   (c) device calls: every counter named num_device_* in the core's stats (segment allocations /
       cudaMalloc, frees, page maps and unmaps where the core reports them), counted in the run of (a).
 
-Verdict (the bar amem's own policy is held to): on every case (a) and (b) at most
-torch-expandable's +0.5% and (c) at most 2x torch-expandable's; over the traces the geomean of
-(a) at most 1.03 and multistream_4dev (a) at most 1.15. Each policy other than torch and
-torch-expandable is judged against it.
+Verdict (the bar amem's own policy is held to): on every case (a) and (b) at most the better of
+torch and torch-expandable on that case +0.5% (a user is never better off turning amem off) and
+(c) at most 2x torch-expandable's; over the traces the geomean of (a) at most 1.02 and
+multistream_4dev (a) at most 1.05. Each policy other than torch and torch-expandable is judged
+against it. A case amem's policy still misses is listed in KNOWN_MISSES with its measured figure:
+it stays a miss in the verdict, marked as known.
 
 CPU recordings: a workload runs on the CPU under torch's profiler with profile_memory=True; its
 allocations are paired with their frees by address and each gets the stream that was current
@@ -65,17 +69,36 @@ BEGIN = "<!-- BEGIN fragmentation benchmark: written by `python benchmarks/bench
 END = "<!-- END fragmentation benchmark -->"
 MiB = 1 << 20
 RESOLUTION = MiB                 # the binary search stops when its bounds are this close
-REFERENCE = "torch-expandable"   # what the bar compares against
-NATIVE = ("torch", "torch-expandable")
-SLACK = 1.005                    # (a) and (b) at most torch-expandable's +0.5%
+REFERENCE = "torch-expandable"   # (c)'s reference, and the column the tables start from
+NATIVE = ("torch", "torch-expandable")  # (a) and (b): the better of the two, per case
+SLACK = 1.005                    # (a) and (b) at most the better native's +0.5%
 CALLS_FACTOR = 2.0               # (c) at most 2x torch-expandable's
-GEOMEAN_BAR = 1.03               # geomean of (a) over the traces
-MULTISTREAM_BAR = 1.15           # multistream_4dev (a)
+GEOMEAN_BAR = 1.02               # geomean of (a) over the traces
+MULTISTREAM_BAR = 1.05           # multistream_4dev (a)
+# (policy, case) -> the miss as measured; the verdict still counts it (marked "known").
+KNOWN_MISSES = {
+    ("amem", "workload:mlp"): "(c) 42 > 26 device calls (measured 2026-11-24)",
+    ("amem", "workload:mlp-checkpoint"): "(c) 41 > 24 device calls (measured 2026-11-24)",
+    ("amem", "workload:fsdp"): "(c) 20 > 18 device calls (measured 2026-11-24)",
+    ("amem", "predicted:mlp"): "(c) 34 > 30 device calls (measured 2026-11-24)",
+    ("amem", "predicted:mlp-checkpoint"): "(c) 33 > 28 device calls (measured 2026-11-24)",
+}
+# Why those five: small programs (60-260 MiB) whose growth is many 4 MiB tensors; the first 128 MiB
+# of a segment map in 2 MiB pages (fine_pages_mb), so nearly every one of them maps once, where
+# torch-expandable's 20 MiB pages cover five. Their (a) and (b) meet the bar; without fine pages
+# (amem-coarse) the demo's GPT and four other predicted programs miss (a) by 5-23% instead.
 QUICK_TRACES = ("tiny_grad.pickle", "small_train.pickle")
 QUICK_WORKLOAD = ("serving", 1, 3)  # name, size, steps
 # Workloads run at size 2 where a CPU manages it in well under a minute: at size 1 most of them
 # peak at tens of MiB, where the 2 MiB small-pool segments alone decide the ratios.
 BENCH_SIZES = {"gpt": 2, "decode": 2, "fsdp": 2, "moe": 2, "pipeline": 2, "serving": 2}
+# Predicted cases (fake CUDA, no compute): every bundled workload at the size `amem compare`
+# and `make demo` use by default; the demo's own case is predicted:gpt.
+PREDICTED_SIZE = 1
+QUICK_PREDICTED = "gpt"
+# Workloads whose prediction fails today (left out, and said so in the report's case notes).
+NOT_PREDICTED = {"fsdp": "its prediction stops at tensor.record_stream on a fake stream (RuntimeError: unknown "
+                         "parameter type), as `amem compare --workload fsdp` does without a GPU"}
 # Workloads too big to run on a CPU (they exist for prediction, which runs nothing): left out.
 NOT_ON_CPU = ("llama7b",)
 
@@ -84,7 +107,7 @@ NOT_ON_CPU = ("llama7b",)
 @dataclass
 class Case:
     name: str           # "trace.pickle d0" or "workload:name"
-    kind: str           # "trace" or "workload"
+    kind: str           # "trace", "workload" (CPU recording) or "predicted" (fake CUDA)
     program: replay.Program
     note: str = ""
 
@@ -177,6 +200,46 @@ def program_from_profile(events: list[tuple[int, int, int, int]], switches: list
     return replay.Program(replay.pack(ops))
 
 
+def predict_workload(name: str, size: int = 1, steps: int | None = None) -> replay.Program:
+    """A bundled workload's allocations as `amem compare` and `make demo` record them without a
+    GPU: predicted on fake CUDA tensors (what CUDA's caching allocator would be asked for)."""
+    import torch
+
+    from amem_alloc import workloads
+    from amem_alloc.predict.api import predicting
+
+    torch.manual_seed(0)
+    with predicting(policies=[], analyse=False) as run:
+        workloads.get(name)(size, steps, "cuda", 0)
+    return run.live.program()
+
+
+def predicted_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:
+    """Every bundled workload predicted at PREDICTED_SIZE (the size `amem compare`, `make demo`
+    and tests/test_workloads.py predict), each in a fresh process, into `tmp`."""
+    from amem_alloc import workloads
+
+    names = [QUICK_PREDICTED] if quick else [n for n in workloads.WORKLOADS if n not in NOT_PREDICTED]
+    out = []
+    for name in names:
+        path = tmp / f"predicted-{name}-size{PREDICTED_SIZE}.npz"
+        reused = keep and path.exists()
+        if not reused:
+            _subprocess_record(["--predict", name, "--size", str(PREDICTED_SIZE), "--out", str(path)], name)
+        out.append(Case(f"predicted:{name}", "predicted", replay.Program.load(path),
+                        f"size {PREDICTED_SIZE}, default steps, predicted on fake CUDA"
+                        + (f", recording reused from {path}" if reused else "")))
+    return out
+
+
+def _subprocess_record(args: list[str], name: str) -> None:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"recording workload {name} failed:\n{proc.stderr[-3000:]}")
+
+
 def workload_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:
     """Each workload recorded in a fresh process (the profiler and torch's caches start clean),
     into `tmp`; with keep, a recording already there is used again (the workloads' code must not
@@ -189,13 +252,9 @@ def workload_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:
     for name, size, steps in todo:
         path = tmp / f"{name}-size{size}-steps{steps or 'default'}.npz"
         reused = keep and path.exists()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--record", name, "--size", str(size), "--out", str(path)]
-        if steps is not None:
-            cmd += ["--steps", str(steps)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = None if reused else subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-        if proc is not None and proc.returncode != 0:
-            raise RuntimeError(f"recording workload {name} failed:\n{proc.stderr[-3000:]}")
+        if not reused:
+            _subprocess_record(["--record", name, "--size", str(size), "--out", str(path)]
+                               + (["--steps", str(steps)] if steps is not None else []), name)
         program = replay.Program.load(path)
         n_streams = len(set(program.ops["stream"].tolist()))
         out.append(Case(f"workload:{name}", "workload", program,
@@ -313,13 +372,23 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def row_verdict(r: Result, ref: Result) -> tuple[bool, list[str]]:
-    """Whether one case meets the per-case bar against torch-expandable, and what misses."""
+def best_native(per_policy: dict[str, Result]) -> tuple[float, float | None]:
+    """(a) and (b) of the better of torch and torch-expandable on one case (each measure apart)."""
+    refs = [per_policy[n] for n in NATIVE if n in per_policy]
+    bs = [r.b for r in refs if r.b is not None]
+    return min(r.a for r in refs), (min(bs) if bs else None)
+
+
+def row_verdict(r: Result, per_policy: dict[str, Result]) -> tuple[bool, list[str]]:
+    """Whether one case meets the per-case bar: (a), (b) against the better of torch and
+    torch-expandable, (c) against torch-expandable; and what misses."""
+    best_a, best_b = best_native(per_policy)
     misses = []
-    if r.a > ref.a * SLACK:
-        misses.append(f"(a) {r.a:.3f} > {ref.a * SLACK:.3f}")
-    if r.b is not None and ref.b is not None and r.b > ref.b * SLACK:
-        misses.append(f"(b) {r.b:.3f} > {ref.b * SLACK:.3f}")
+    if r.a > best_a * SLACK:
+        misses.append(f"(a) {r.a:.3f} > {best_a * SLACK:.3f}")
+    if r.b is not None and best_b is not None and r.b > best_b * SLACK:
+        misses.append(f"(b) {r.b:.3f} > {best_b * SLACK:.3f}")
+    ref = per_policy[REFERENCE]
     if r.total_calls > CALLS_FACTOR * ref.total_calls:
         misses.append(f"(c) {r.total_calls} > {CALLS_FACTOR * ref.total_calls:.0f}")
     return not misses, misses
@@ -332,6 +401,7 @@ class Summary:
     geomean_b_traces: float
     geomean_a_workloads: float
     geomean_b_workloads: float
+    geomean_a_predicted: float
     multistream_a: float | None
     calls_traces: int
     rows_met: int
@@ -345,6 +415,7 @@ def summarize(cases: list[Case], results: dict[str, dict[str, Result]], names: l
     out = []
     traces = [c for c in cases if c.kind == "trace"]
     works = [c for c in cases if c.kind == "workload"]
+    predicted = [c for c in cases if c.kind == "predicted"]
     multistream = next((c for c in traces if c.name.startswith("multistream_4dev")), None)
     for n in names:
         ga = geomean([results[c.name][n].a for c in traces])
@@ -352,9 +423,10 @@ def summarize(cases: list[Case], results: dict[str, dict[str, Result]], names: l
         ms = results[multistream.name][n].a if multistream else None
         met, misses = 0, []
         for c in cases:
-            ok, why = row_verdict(results[c.name][n], results[c.name][REFERENCE])
+            ok, why = row_verdict(results[c.name][n], results[c.name])
             met += ok
-            misses += [f"{c.name}: {w}" for w in why]
+            known = " (known)" if (n, c.name) in KNOWN_MISSES else ""
+            misses += [f"{c.name}: {w}{known}" for w in why]
         verdict = "reference" if n == REFERENCE else "—"
         if n in NATIVE:
             misses = []
@@ -367,7 +439,8 @@ def summarize(cases: list[Case], results: dict[str, dict[str, Result]], names: l
             misses = whole + misses
             verdict = ("meets" if not misses else "misses") if judged else "not judged (--quick)"
         out.append(Summary(n, ga, gb, geomean([results[c.name][n].a for c in works]),
-                           geomean([results[c.name][n].b for c in works]), ms,
+                           geomean([results[c.name][n].b for c in works]),
+                           geomean([results[c.name][n].a for c in predicted]), ms,
                            sum(results[c.name][n].total_calls for c in traces), met, len(cases), verdict, misses))
     return out
 
@@ -429,19 +502,23 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
         f"- torch {info['torch']}, Python {info['python']}; code at {info['code']}",
         "- Cases: every device of every trace in `../shared/traces`, replayed from an empty start (live blocks "
         "at the start kept, the prologue's temporaries and the cache releases dropped), and every bundled "
-        "workload recorded on the CPU (method: benchmarks/bench_fragmentation.py)",
+        "workload recorded on the CPU, and every bundled workload predicted on fake CUDA at size "
+        f"{PREDICTED_SIZE} as `amem compare` and `make demo` record it (method: benchmarks/bench_fragmentation.py)",
         "- limit = the peak of live requested bytes; (a) peak reserved / limit; (b) smallest OOM-free "
         "device capacity / limit (binary search to 1 MiB); (c) device calls, " + calls_note(results),
-        f"- Bar for amem's policy: every case (a), (b) ≤ {REFERENCE} +0.5%, (c) ≤ 2× {REFERENCE}; "
+        "- Bar for amem's policy: every case (a), (b) ≤ the better of torch and torch-expandable +0.5%, "
+        f"(c) ≤ 2× {REFERENCE}; "
         f"geomean (a) over the traces ≤ {GEOMEAN_BAR}; multistream_4dev (a) ≤ {MULTISTREAM_BAR}",
         "",
         "| policy | geomean (a), traces | geomean (b), traces | multistream_4dev (a) | geomean (a), workloads "
-        "| geomean (b), workloads | device calls, traces | cases within the per-case bar | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| geomean (b), workloads | geomean (a), predicted | device calls, traces | cases within the per-case bar "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         lines.append(f"| {s.policy} | {_f(s.geomean_a_traces)} | {_f(s.geomean_b_traces)} | {_f(s.multistream_a)} "
-                     f"| {_f(s.geomean_a_workloads)} | {_f(s.geomean_b_workloads)} | {s.calls_traces:,} "
+                     f"| {_f(s.geomean_a_workloads)} | {_f(s.geomean_b_workloads)} | {_f(s.geomean_a_predicted)} "
+                     f"| {s.calls_traces:,} "
                      f"| {s.rows_met}/{s.rows} | {s.verdict} |")
     for s in summary:
         if s.misses:
@@ -452,16 +529,19 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
               "cudaFree" + ("" if maps_reported(results) else " (n/r: not reported by the core yet)"), "",
               "| policy | device calls |", "|---|---|"]
     lines += [f"| {n} | {_calls_cell(results, traces or cases, n)} |" for n in names]
-    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); ✓ within the per-case bar against "
-              f"{REFERENCE}, ✗ not.", "",
-              "| case | limit | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    lines += ["", "Per case: (a) / (b) / (c) device calls (all kinds); best native: the better of torch and "
+              "torch-expandable per measure; ✓ within the per-case bar, ✗ not (✗ known: in KNOWN_MISSES).", "",
+              "| case | limit | best native (a) / (b) | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---|" * len(names)]
     for c in cases:
         cells = []
         for n in names:
             r = results[c.name][n]
-            mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name][REFERENCE])[0] else " ✗")
+            known = " known" if (n, c.name) in KNOWN_MISSES else ""
+            mark = "" if n in NATIVE else (" ✓" if row_verdict(r, results[c.name])[0] else " ✗" + known)
             cells.append(f"{r.a:.3f} / {_f(r.b)} / {r.total_calls}{mark}")
-        lines.append(f"| {c.name} | {_gib(c.limit)} | " + " | ".join(cells) + " |")
+        best_a, best_b = best_native(results[c.name])
+        lines.append(f"| {c.name} | {_gib(c.limit)} | {best_a:.3f} / {_f(best_b)} | " + " | ".join(cells) + " |")
     lines += ["", "Where (a) goes: allocated (rounded) blocks at the reserved peak / limit + free bytes cached "
               "at that peak / limit (the second is fragmentation proper; the first is rounding, plus live "
               "bytes that peak at another time than reserved).", "",
@@ -471,6 +551,8 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
             f"{results[c.name][n].allocated_at_peak / c.limit:.3f} + {results[c.name][n].cached_free:.3f}"
             for n in names) + " |")
     lines += ["", "Cases: " + "; ".join(f"{c.name}: {c.note}" for c in cases if c.note) + "."]
+    if any(c.kind == "predicted" for c in cases):
+        lines += ["", "Not predicted: " + "; ".join(f"{n}: {why}" for n, why in NOT_PREDICTED.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -484,8 +566,7 @@ def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verb
     """Measures every case (a few small ones with quick) and returns the section's text."""
     started = time.perf_counter()
     names = names or policy_names()
-    if REFERENCE not in names:
-        names = [REFERENCE] + names
+    names = [n for n in NATIVE if n not in names] + names  # the per-case bar reads both
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if verbose else (lambda m: None)
     cases = trace_cases(traces, QUICK_TRACES if quick else None) if traces.is_dir() else []
     if not cases:
@@ -494,9 +575,11 @@ def run(quick: bool, names: list[str] | None = None, traces: Path = TRACES, verb
     if recordings:
         recordings.mkdir(parents=True, exist_ok=True)
         cases += workload_cases(quick, recordings, keep=True)
+        cases += predicted_cases(quick, recordings, keep=True)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             cases += workload_cases(quick, Path(tmp))
+            cases += predicted_cases(quick, Path(tmp))
 
     def progress(case: Case, per: dict[str, Result]) -> None:
         say(f"  {case.name:36} " + "  ".join(f"{n} {r.a:.3f}/{_f(r.b)}" for n, r in per.items()))
@@ -516,12 +599,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recordings", type=Path, help="keep the workload recordings in this folder and use "
                         "those already there (only while the workloads' code is unchanged)")
     parser.add_argument("--record", metavar="WORKLOAD", help=argparse.SUPPRESS)  # internal: one recording
+    parser.add_argument("--predict", metavar="WORKLOAD", help=argparse.SUPPRESS)  # internal: one prediction
     parser.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.record:
         record_workload(args.record, args.size, args.steps).save(args.out)
+        return 0
+    if args.predict:
+        predict_workload(args.predict, args.size, args.steps).save(args.out)
         return 0
     try:
         names = [p.name for p in policies.parse_list(args.policies)] if args.policies else None

@@ -34,10 +34,11 @@ def test_predict_answers_per_policy():
     assert torch_row.min_capacity == 170 * MiB                        # OOM frees the cached 60, retries
     assert torch_row.fits and torch_row.headroom == int(0.2 * (1 << 30)) - 230 * MiB < 0
     # One stream: cross-stream handover changes nothing. Both growing segments reuse the freed 60 MiB
-    # at their end and map the other 10 MiB in pages: one 20 MiB page for torch-expandable, one 10 MiB
-    # page for amem (large_page_mb:10).
+    # at their end and map the other 10 MiB in pages: one 20 MiB page for torch-expandable. amem maps
+    # a segment's first 128 MiB in 2 MiB pages and 10 MiB pages after (fine_pages_mb:128,
+    # large_page_mb:10): the 60 MiB block at 100 MiB maps up to 168 MiB, the 70 MiB one a page more.
     assert p.row("torch-expandable").peak_reserved == (100 + 60 + 20) * MiB
-    assert p.row("amem").peak_reserved == (100 + 60 + 10) * MiB
+    assert p.row("amem").peak_reserved == (128 + 40 + 10) * MiB
     assert p.row("amem-roundup4").peak_allocated > torch_row.peak_allocated
     text = p.format_text()
     assert "PREDICTION without a GPU" in text and "yes*" in text and "emptying its cache" in text

@@ -234,10 +234,10 @@ class CudaBackend final : public Backend {
   bool supports_expandable() const override { return pages_ != nullptr; }
   std::string why_not_expandable() const override { return no_pages_why_; }
 
-  uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) override {
+  uintptr_t reserve_address_range(size_t bytes, const PageLayout& layout) override {
     DeviceGuard guard(devices_, device_);
     RelaxedCapture relaxed(rt_);
-    return pages().reserve(bytes, page_bytes);
+    return pages().reserve(bytes, layout);
   }
   void release_address_range(uintptr_t address, size_t bytes) override {
     DeviceGuard guard(devices_, device_);

@@ -137,19 +137,22 @@ std::unique_ptr<CudaPages> CudaPages::open(int device, std::string* why) {
 
 // ---------------------------------------------------------------- ranges
 
-uintptr_t CudaPages::reserve(size_t bytes, size_t page_bytes) {
-  if (page_bytes == 0 || page_bytes % granularity_ != 0 || bytes % page_bytes != 0)
+uintptr_t CudaPages::reserve(size_t bytes, const PageLayout& layout) {
+  const bool fine_ok = layout.fine_bytes == 0 ||
+                       (layout.fine_page != 0 && layout.fine_page % granularity_ == 0 && layout.fine_bytes % layout.fine_page == 0);
+  if (layout.page == 0 || layout.page % granularity_ != 0 || !fine_ok || bytes < layout.fine_bytes || !layout.is_boundary(bytes))
     throw BackendError("amem cuda backend: cannot reserve " + std::to_string(bytes) + " bytes in pages of " +
-                       std::to_string(page_bytes) + ": the page must be a multiple of the device's granularity (" +
-                       std::to_string(granularity_) + " bytes) and divide the range");
+                       std::to_string(layout.page) + " (the first " + std::to_string(layout.fine_bytes) + " in pages of " +
+                       std::to_string(layout.fine_page) + "): a page must be a multiple of the device's granularity (" +
+                       std::to_string(granularity_) + " bytes) and the range end on a page boundary");
   cudrv::DevicePtr address = 0;
   const cudrv::Result result = driver_.address_reserve(&address, bytes, 0, 0, 0);
   if (result == cudrv::kErrorOutOfMemory) return 0;
   driver_.check(result, "cuMemAddressReserve");
   Range& range = ranges_[static_cast<uintptr_t>(address)];
   range.bytes = bytes;
-  range.page_bytes = page_bytes;
-  range.pages.assign(bytes / page_bytes, Page{});
+  range.layout = layout;
+  range.pages.assign(layout.index_of(bytes), Page{});
   return static_cast<uintptr_t>(address);
 }
 
@@ -158,58 +161,63 @@ void CudaPages::release(uintptr_t address, size_t bytes) {
   if (it == ranges_.end() || it->second.bytes != bytes)
     throw BackendError("amem cuda backend: release of a range it did not reserve");
   Range& range = it->second;
-  for (size_t i = 0; i < range.pages.size(); ++i)
-    if (range.pages[i].mapped) unmap_page(address + i * range.page_bytes, range.page_bytes, range.pages[i]);
+  for (size_t offset = 0, i = 0; offset < range.bytes; offset += range.layout.page_at(offset), ++i)
+    if (range.pages[i].mapped) unmap_page(address + offset, range.layout.page_at(offset), range.pages[i]);
   ranges_.erase(it);
   driver_.check(driver_.address_free(address, bytes), "cuMemAddressFree");
 }
 
-CudaPages::Range& CudaPages::pages_of(uintptr_t address, size_t bytes, size_t* first) {
+CudaPages::Range& CudaPages::pages_of(uintptr_t address, size_t bytes, size_t* offset) {
   auto it = ranges_.upper_bound(address);
   if (it == ranges_.begin()) throw BackendError("amem cuda backend: an address outside every reserved range");
   --it;
   Range& range = it->second;
-  const uintptr_t offset = address - it->first;
-  if (offset >= range.bytes || bytes > range.bytes - offset || bytes == 0 || offset % range.page_bytes != 0 ||
-      bytes % range.page_bytes != 0)
+  *offset = address - it->first;
+  if (*offset >= range.bytes || bytes > range.bytes - *offset || bytes == 0 || !range.layout.is_boundary(*offset) ||
+      !range.layout.is_boundary(*offset + bytes))
     throw BackendError("amem cuda backend: a map or unmap of part of a page, or past its range");
-  *first = offset / range.page_bytes;
   return range;
 }
 
 // ---------------------------------------------------------------- pages
 
 bool CudaPages::map(uintptr_t address, size_t bytes) {
-  size_t first = 0;
-  Range& range = pages_of(address, bytes, &first);
-  const size_t count = bytes / range.page_bytes;
+  size_t start = 0;
+  Range& range = pages_of(address, bytes, &start);
+  const size_t first = range.layout.index_of(start);
   cudrv::Result failure = cudrv::kSuccess;
-  size_t done = 0;  // pages this call has mapped
-  while (done < count) {
-    Page& page = range.pages[first + done];
+  size_t done = 0;  // bytes this call has mapped
+  for (size_t i = first; done < bytes; ++i) {
+    Page& page = range.pages[i];
     if (page.mapped) throw BackendError("amem cuda backend: a page mapped twice");
-    failure = map_page(address + done * range.page_bytes, range.page_bytes, page);
+    const size_t page_bytes = range.layout.page_at(start + done);
+    failure = map_page(address + done, page_bytes, page);
     if (failure != cudrv::kSuccess) break;  // that page holds nothing
-    ++done;
+    done += page_bytes;
   }
   if (failure == cudrv::kSuccess) {
     failure = driver_.set_access(address, bytes, readers_.data(), readers_.size());
     if (failure == cudrv::kSuccess) return true;
   }
-  for (size_t i = 0; i < done; ++i)  // undo this call's pages
-    unmap_page(address + i * range.page_bytes, range.page_bytes, range.pages[first + i]);
+  for (size_t undone = 0, i = first; undone < done; ++i) {  // undo this call's pages
+    const size_t page_bytes = range.layout.page_at(start + undone);
+    unmap_page(address + undone, page_bytes, range.pages[i]);
+    undone += page_bytes;
+  }
   if (failure == cudrv::kErrorOutOfMemory) return false;
   driver_.check(failure, "mapping device pages (cuMemCreate, cuMemMap, cuMemSetAccess)");
   return false;
 }
 
 void CudaPages::unmap(uintptr_t address, size_t bytes) {
-  size_t first = 0;
-  Range& range = pages_of(address, bytes, &first);
-  for (size_t i = 0; i < bytes / range.page_bytes; ++i) {
-    Page& page = range.pages[first + i];
+  size_t start = 0;
+  Range& range = pages_of(address, bytes, &start);
+  for (size_t done = 0, i = range.layout.index_of(start); done < bytes; ++i) {
+    Page& page = range.pages[i];
     if (!page.mapped) throw BackendError("amem cuda backend: unmap of a page that is not mapped");
-    unmap_page(address + i * range.page_bytes, range.page_bytes, page);
+    const size_t page_bytes = range.layout.page_at(start + done);
+    unmap_page(address + done, page_bytes, page);
+    done += page_bytes;
   }
 }
 

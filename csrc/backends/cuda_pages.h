@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cuda_driver_abi.h"
+#include "../core/page_layout.h"
 
 namespace amem {
 
@@ -50,7 +51,7 @@ class CudaPages {
   static std::unique_ptr<CudaPages> open(int device, std::string* why);
 
   // 0 when the device has no address space left.
-  uintptr_t reserve(size_t bytes, size_t page_bytes);
+  uintptr_t reserve(size_t bytes, const PageLayout& layout);
   // Unmaps whatever is still mapped, then gives the addresses back.
   void release(uintptr_t address, size_t bytes);
   // False (with nothing mapped) when the device is out of memory.
@@ -66,15 +67,15 @@ class CudaPages {
   };
   struct Range {
     size_t bytes = 0;
-    size_t page_bytes = 0;
-    std::vector<Page> pages;
+    PageLayout layout;        // page boundaries (page_layout.h)
+    std::vector<Page> pages;  // in address order
   };
 
   CudaPages(const CudaDriver& driver, int device, size_t granularity, std::vector<cudrv::AccessDesc> readers)
       : driver_(driver), device_(device), granularity_(granularity), readers_(std::move(readers)) {}
   // The range holding [address, address + bytes), which must be whole pages;
-  // sets `first` to the index of the page at `address`.
-  Range& pages_of(uintptr_t address, size_t bytes, size_t* first);
+  // sets `offset` to `address`'s offset in it.
+  Range& pages_of(uintptr_t address, size_t bytes, size_t* offset);
   cudrv::Result map_page(uintptr_t address, size_t page_bytes, Page& page);
   void unmap_page(uintptr_t address, size_t page_bytes, Page& page);
 

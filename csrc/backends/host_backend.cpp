@@ -31,7 +31,7 @@ class HostBackend final : public SimulatedBackend {
   // so a stray access to an unmapped page faults as it would on a device.
   bool supports_expandable() const override { return true; }
 
-  uintptr_t reserve_address_range(size_t bytes, size_t) override {
+  uintptr_t reserve_address_range(size_t bytes, const PageLayout&) override {
     void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? 0 : reinterpret_cast<uintptr_t>(p);
   }

@@ -46,7 +46,7 @@ class SimBackend final : public SimulatedBackend {
   // region above the segment space; mapping only counts bytes against the limit.
   bool supports_expandable() const override { return true; }
 
-  uintptr_t reserve_address_range(size_t bytes, size_t) override {
+  uintptr_t reserve_address_range(size_t bytes, const PageLayout&) override {
     size_t span = (bytes + kSimAlign - 1) / kSimAlign * kSimAlign;
     if (span > kReserveEnd - next_reserve_) return 0;
     uintptr_t address = next_reserve_;

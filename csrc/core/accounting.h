@@ -1,4 +1,4 @@
-// accounting.h — the one place the block counters change.
+// accounting.h — the one place the block and segment counters change.
 //
 // Design note
 // -----------
@@ -17,8 +17,19 @@
 // (`allocated`, `freed`) see a transition as torch's hand-written updates did:
 // splitting an already split free block shrinks inactive_split_bytes by the
 // part handed out, it does not free the old size and allocate the rest.
-// Segment counters (segment, reserved_bytes, oversize_segments) change where
-// segments and pages come and go (caching_allocator.cpp: note_segment_*).
+// Segment counters (segment, reserved_bytes, oversize_segments and the device
+// call counters) change through the same ledger, one call per device call:
+//
+//     ledger.segment_obtained(size)   // a plain segment from the backend
+//     ledger.segment_released(size)   // ... given back
+//     ledger.pages_mapped(bytes)      // pages mapped into an expandable segment
+//     ledger.pages_unmapped(bytes)    // ... unmapped from it
+//
+// A plain segment counts as one segment, its size in reserved bytes, and one
+// oversize segment when at least max_split_size; an expandable segment counts
+// its mapped bytes only (torch). These apply at once (a device call is never on
+// the hot path); the walker (validate.cpp) recomputes segment, reserved_bytes
+// and oversize_segments from the segments and compares.
 //
 // A block is active while it counts requested bytes: from malloc until it is
 // reusable again (free_block clears them), which covers blocks waiting on
@@ -84,6 +95,30 @@ class Ledger {
   AMEM_INLINE void add(const Block* b) { tally<S>(b, 1); }
   template <Shape S = Shape::kAny>
   AMEM_INLINE void remove(const Block* b) { tally<S>(b, -1); }
+  // ------------------------------------------------------------ segments and pages
+  void segment_obtained(size_t size) {
+    stats_.num_device_alloc += 1;
+    stats_.segment.increase(kind_, 1);
+    if (size >= max_split_size_) stats_.oversize_segments.increase(1);
+    reserve(size);
+  }
+  void segment_released(size_t size) {
+    stats_.num_device_free += 1;
+    stats_.segment.decrease(kind_, 1);
+    if (size >= max_split_size_) stats_.oversize_segments.decrease(1);
+    stats_.reserved_bytes.decrease(kind_, static_cast<int64_t>(size));
+  }
+  void pages_mapped(size_t bytes) {
+    stats_.num_device_alloc += 1;  // torch counts each map as a device allocation
+    stats_.num_device_map += 1;
+    reserve(bytes);
+  }
+  void pages_unmapped(size_t bytes) {
+    stats_.num_device_free += 1;
+    stats_.num_device_unmap += 1;
+    stats_.reserved_bytes.decrease(kind_, static_cast<int64_t>(bytes));
+  }
+
   // Applies the net changes, an increase or a decrease per counter that
   // changed, and starts afresh. A delta the shapes fix at compile time costs
   // nothing (zero) or posts without a test (its sign known).
@@ -96,6 +131,14 @@ class Ledger {
   }
 
  private:
+  // Reserved bytes grow; at a new peak, fragmentation is measured from there
+  // (Note [fragmentation at the peak], caching_allocator.cpp).
+  void reserve(size_t bytes) {
+    const int64_t old_peak = stats_.reserved_bytes.peak();
+    stats_.reserved_bytes.increase(kind_, static_cast<int64_t>(bytes));
+    if (stats_.reserved_bytes.current() > old_peak) stats_.allocated_at_reserved_peak = stats_.allocated_bytes.current();
+  }
+
   // The one definition of a block's footprint (the design note above).
   template <Shape S>
   AMEM_INLINE void tally(const Block* b, int64_t sign) {

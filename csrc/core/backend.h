@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "page_layout.h"
+
 namespace amem {
 
 using StreamId = uint64_t;  // a cudaStream_t's value; 0 is the default stream
@@ -71,10 +73,10 @@ class Backend {
   // Why not, for the error message, when supports_expandable() is false.
   virtual std::string why_not_expandable() const { return std::string("the ") + name() + " backend cannot map pages"; }
   // `bytes` of address space with no memory behind it, or 0 if none is left.
-  // The range is mapped and unmapped in whole pages of `page_bytes` (which
-  // divides `bytes`): a page is never split between two map_pages calls or
-  // unmapped in part.
-  virtual uintptr_t reserve_address_range(size_t bytes, size_t page_bytes) { return 0; }
+  // The range is mapped and unmapped in whole pages as `pages` lays them out
+  // (`bytes` ends on a page boundary): a page is never split between two
+  // map_pages calls or unmapped in part.
+  virtual uintptr_t reserve_address_range(size_t bytes, const PageLayout& pages) { return 0; }
   virtual void release_address_range(uintptr_t address, size_t bytes) {}
   // Backs [address, address + bytes) with memory; false when out of memory.
   virtual bool map_pages(uintptr_t address, size_t bytes) { return false; }

@@ -160,22 +160,8 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   Block* block = segments_.create(pool, stream, address, size, false);
   note_segment_event(TraceAction::k_segment_alloc, address, size, stream);
 
-  stats_.num_device_alloc += 1;
-  stats_.segment.increase(pool.kind, 1);
-  note_reserved_increase(pool.kind, size);
-  if (size >= options_.max_split_size) stats_.oversize_segments.increase(1);
+  ledger(pool.kind).segment_obtained(size);
   return block;
-}
-
-void CachingAllocator::note_reserved_increase(PoolKind kind, size_t bytes) {
-  const int64_t old_peak = stats_.reserved_bytes.peak();
-  stats_.reserved_bytes.increase(kind, static_cast<int64_t>(bytes));
-  if (stats_.reserved_bytes.current() > old_peak)  // a new peak: start measuring at it
-    stats_.allocated_at_reserved_peak = stats_.allocated_bytes.current();
-}
-
-void CachingAllocator::note_reserved_decrease(PoolKind kind, size_t bytes) {
-  stats_.reserved_bytes.decrease(kind, static_cast<int64_t>(bytes));
 }
 
 // Every segment event goes through here: the trace, and a replay's log.
@@ -380,10 +366,7 @@ void CachingAllocator::release_segment_of(Block* block) {
   note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
                      segment->stream);  // before the backend call, as torch records it
   backend_->release_segment(segment->address, segment->size);
-  stats_.num_device_free += 1;
-  stats_.segment.decrease(pool.kind, 1);
-  note_reserved_decrease(pool.kind, segment->size);
-  if (segment->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
+  ledger(pool.kind).segment_released(segment->size);
   pool.erase(block);
   segments_.destroy(block);
 }

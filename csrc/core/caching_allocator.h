@@ -171,6 +171,11 @@ class CachingAllocator {
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);
   size_t page_size(PoolKind kind) const { return kind == PoolKind::kSmall ? kSmallBuffer : options_.large_page_size; }
+  // Where the pages of `kind`'s expandable segments begin and end (Note [fine pages]).
+  PageLayout page_layout(PoolKind kind) const {
+    if (kind == PoolKind::kSmall || options_.fine_pages_size == 0) return PageLayout{page_size(kind)};
+    return PageLayout{page_size(kind), options_.fine_pages_size, kSmallBuffer};
+  }
   void reclaim_idle_pages(size_t wanted);
   std::vector<Block*> idle_pages(size_t min_bytes) const;
 
@@ -197,8 +202,6 @@ class CachingAllocator {
   void release_freeable_private_pools();
   void drop_failed_captures();
   void insert_deferred_events();
-  void note_reserved_increase(PoolKind kind, size_t bytes);
-  void note_reserved_decrease(PoolKind kind, size_t bytes);
   void note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream);
   Ledger ledger(PoolKind kind) { return Ledger(stats_, kind, options_.max_split_size); }
   Block* find_block_at(uintptr_t address) const;

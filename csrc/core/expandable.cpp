@@ -21,8 +21,12 @@
 // is needed, across streams and pools, instead of staying mapped in a hole.
 // Bounds on device calls: it runs only when the mapping would raise reserved
 // memory above its peak, takes only holes of at least half the request, and
-// adds at most one unmap per kMapsPerReclaim maps. Unmapping memory the device
-// may still use is not allowed, so a reclaim synchronizes once.
+// adds at most one unmap per kMapsPerReclaim maps; with page_reclaim_min_mb, only
+// requests of at least that size reclaim (the large request that no hole fits:
+// a 512 MiB tensor beside a 510 MiB hole, small_train's pattern; smaller ones
+// find holes soon after and reclaiming for them raised the peak, as it did
+// 2.2% on lm_medium_ctx128_training, docs/policies.md). Unmapping memory the
+// device may still use is not allowed, so a reclaim synchronizes once.
 //
 // Accounting follows torch (docs/torch_policy.md §6): reserved bytes grow and
 // shrink by the pages mapped; each map is one device allocation and each unmap
@@ -39,10 +43,16 @@ constexpr size_t kReclaimHoleShare = 2;  // reclaim holes of at least 1/this of 
 constexpr int64_t kMapsPerReclaim = 4;  // maps per unmap that page reclaim may add (its bound on device calls)
 constexpr size_t kMaxExpandableSpan = size_t{1} << 44;  // bytes (16 TiB) of addresses per segment
 
-size_t round_up(size_t v, size_t step) { return (v + step - 1) / step * step; }
-size_t round_down(size_t v, size_t step) { return v / step * step; }
-
 }  // namespace
+
+// Note [fine pages]: with fine_pages_mb, a large-pool segment's first
+// fine_pages_mb are mapped in 2 MiB pages and the rest in large_page_mb pages
+// (page_layout.h), so the page grows with the segment: a small program's one
+// segment rounds its growth to 2 MiB, as torch's small pool does, and a large
+// one maps large pages (few device calls, few physical allocations on a GPU).
+// The layout is fixed by the offset alone and handed to the backend when the
+// range is reserved, so the core's maps and unmaps and the driver's physical
+// pages agree on every boundary.
 
 // ================================================================ finding room
 
@@ -64,11 +74,14 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream,
 }
 
 Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size) {
-  const size_t page = page_size(pool.kind);
   size_t total = std::min(backend_->memory_info().total_bytes, kMaxExpandableSpan);
-  size_t span = round_up(total + total / 8, page);
+  // torch reserves 9/8 of the device; holes that page reclaim unmapped keep their
+  // addresses while the segment grows past them, so with reclaim: twice the device.
+  size_t addresses = options_.page_reclaim_age >= 0 ? 2 * total : total + total / 8;
+  const PageLayout layout = page_layout(pool.kind);
+  size_t span = layout.ceil(std::max(addresses, layout.fine_bytes));
   if (span < size) return nullptr;
-  uintptr_t address = backend_->reserve_address_range(span, page);
+  uintptr_t address = backend_->reserve_address_range(span, layout);
   if (address == 0) return nullptr;
   Block* block = segments_.create(pool, stream, address, span, true);
   block->mapped = false;
@@ -82,7 +95,7 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
   const int64_t reserved = stats_.reserved_bytes.current();
   if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
     return nullptr;
-  if (options_.page_reclaim_age >= 0 && !capturing() &&
+  if (options_.page_reclaim_age >= 0 && rounded >= options_.page_reclaim_min_size && !capturing() &&
       reserved + static_cast<int64_t>(rounded) > stats_.reserved_bytes.peak())  // only to keep the peak down
     reclaim_idle_pages(rounded);
   Block* c = find_expandable_block(pool, stream, rounded);
@@ -103,7 +116,8 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
 // bytes; the rest stays unmapped (torch: map_block).
 bool CachingAllocator::map_block(Block* block, size_t size) {
   BlockPool& pool = *block->pool;
-  const size_t bytes = std::min(round_up(size, page_size(pool.kind)), block->size);
+  const size_t offset = block->address - block->segment->address;  // a page boundary
+  const size_t bytes = std::min(page_layout(pool.kind).ceil(offset + size) - offset, block->size);
   if (!backend_->map_pages(block->address, bytes)) return false;
   pool.unmapped.erase(block);
   block->mapped = true;
@@ -117,9 +131,7 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
   merge_into(block, block->prev, pool, books);
   merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry
-  stats_.num_device_alloc += 1;
-  stats_.num_device_map += 1;
-  note_reserved_increase(pool.kind, bytes);
+  books.pages_mapped(bytes);
   note_segment_event(TraceAction::k_segment_map, block->address, bytes, block->stream);
   return true;
 }
@@ -129,9 +141,8 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
 void CachingAllocator::unmap_block(Block* block) {
   BlockPool& pool = *block->pool;
   const Segment* seg = block->segment;
-  const size_t page = page_size(pool.kind);
-  const uintptr_t start = seg->address + round_up(block->address - seg->address, page);
-  const uintptr_t end = seg->address + round_down(block->address + block->size - seg->address, page);
+  const uintptr_t start = seg->address + page_layout(pool.kind).ceil(block->address - seg->address);
+  const uintptr_t end = seg->address + page_layout(pool.kind).floor(block->address + block->size - seg->address);
   if (end <= start) return;
   pool.erase(block);
   if (start > block->address) pool.insert(segments_.insert_before(block, block->address, start - block->address));
@@ -145,9 +156,7 @@ void CachingAllocator::unmap_block(Block* block) {
   merge_into(block, block->next, pool, books);
   block->fences.clear();  // the device was synchronized before any unmap
   pool.unmapped.insert(block);
-  stats_.num_device_free += 1;
-  stats_.num_device_unmap += 1;
-  note_reserved_decrease(pool.kind, end - start);
+  books.pages_unmapped(end - start);
   note_segment_event(TraceAction::k_segment_unmap, start, end - start, block->stream);
   if (block->prev == nullptr && block->next == nullptr) release_expandable_segment(block);
 }
@@ -160,11 +169,10 @@ std::vector<Block*> CachingAllocator::idle_pages(size_t min_bytes) const {
   std::vector<Block*> idle;
   const auto age = static_cast<uint64_t>(options_.page_reclaim_age);
   for (const BlockPool* pool : {&pools_.shared(PoolKind::kSmall), &pools_.shared(PoolKind::kLarge)}) {
-    const size_t page = page_size(pool->kind);
     for (const FreeEntry& e : pool->free_blocks) {
       const Block* b = e.block;
       const uintptr_t offset = b->address - b->segment->address;
-      const bool whole_page = round_up(offset, page) + page <= offset + b->size;
+      const bool whole_page = page_layout(pool->kind).ceil(offset) < page_layout(pool->kind).floor(offset + b->size);
       if (b->segment->expandable && whole_page && b->size >= min_bytes && clock_ - b->idle_since >= age)
         idle.push_back(e.block);
     }

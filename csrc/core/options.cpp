@@ -179,6 +179,13 @@ void parse_large_page_mb(Options& o, Tokens& t, const std::string& key) {
   o.large_page_size = mib * kMiB;
 }
 
+void parse_fine_pages_mb(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t mib = parse_unsigned(key, text);
+  if (mib % 2 != 0 || mib >= (size_t{1} << 30)) bad_value(key, text, doc_of(key));
+  o.fine_pages_size = mib * kMiB;
+}
+
 void parse_small_pool(Options& o, Tokens& t, const std::string& key) { o.small_pool = parse_bool(t, key); }
 
 void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
@@ -192,39 +199,41 @@ void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
   o.page_reclaim_age = static_cast<int64_t>(calls);
 }
 
+void parse_page_reclaim_min_mb(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t mib = parse_unsigned(key, text);
+  if (mib >= SIZE_MAX / kMiB) bad_value(key, text, doc_of(key));
+  o.page_reclaim_min_size = mib * kMiB;
+}
+
+// ---------------------------------------------------------------- printing each option
+// text_<name>: the value as AMEM_CONF writes it (parses back to the same value);
+// json_<name>: the value under the row's JSON key (sizes in bytes, -1 = unlimited / off).
+
 const char* cross_stream_name(CrossStream c) {
   return c == CrossStream::kWait ? "wait" : c == CrossStream::kHandover ? "handover" : "off";
-}
-
-std::string format_age(int64_t age) { return age < 0 ? "off" : std::to_string(age); }
-
-using ParseFn = void (*)(Options&, Tokens&, const std::string&);
-
-ParseFn parser_for(const std::string& key) {
-#define AMEM_DISPATCH(name, def, doc) \
-  if (key == #name) return &parse_##name;
-  AMEM_OPTION_TABLE(AMEM_DISPATCH)
-#undef AMEM_DISPATCH
-  return nullptr;
-}
-
-std::string accepted_keys() {
-  std::string keys;
-  for (const auto& row : option_table()) keys += (keys.empty() ? "" : ", ") + std::string(row.name);
-  return keys;
 }
 
 std::string format_mib(size_t bytes) {
   return bytes == SIZE_MAX ? "unlimited" : std::to_string(bytes / kMiB);
 }
 
-std::string format_divisions(const Options& o) {
-  const auto& d = o.roundup_power2_divisions;
+std::string bool_text(bool v) { return v ? "True" : "False"; }
+std::string bool_json(bool v) { return v ? "true" : "false"; }
+std::string bytes_json(size_t bytes) { return bytes == SIZE_MAX ? "-1" : std::to_string(bytes); }
+
+std::string format_divisions(const Divisions& d) {
   bool uniform = std::all_of(d.begin(), d.end(), [&](size_t v) { return v == d[0]; });
   if (uniform) return std::to_string(d[0]);
   std::string out = "[";
   for (size_t i = 0; i < d.size(); ++i)
     out += (i ? "," : "") + std::to_string(size_t{1} << i) + ":" + std::to_string(d[i]);
+  return out + "]";
+}
+
+std::string divisions_json(const Divisions& d) {
+  std::string out = "[";
+  for (size_t i = 0; i < d.size(); ++i) out += (i ? "," : "") + std::to_string(d[i]);
   return out + "]";
 }
 
@@ -237,13 +246,56 @@ std::string format_double(double v) {
   return std::string(text, n > 0 ? static_cast<size_t>(n) : 0);
 }
 
+std::string text_max_split_size_mb(const Options& o) { return format_mib(o.max_split_size); }
+std::string json_max_split_size_mb(const Options& o) { return bytes_json(o.max_split_size); }
+std::string text_max_non_split_rounding_mb(const Options& o) { return format_mib(o.max_non_split_rounding_size); }
+std::string json_max_non_split_rounding_mb(const Options& o) { return std::to_string(o.max_non_split_rounding_size); }
+std::string text_roundup_power2_divisions(const Options& o) { return format_divisions(o.roundup_power2_divisions); }
+std::string json_roundup_power2_divisions(const Options& o) { return divisions_json(o.roundup_power2_divisions); }
+std::string text_garbage_collection_threshold(const Options& o) { return format_double(o.garbage_collection_threshold); }
+std::string json_garbage_collection_threshold(const Options& o) { return format_double(o.garbage_collection_threshold); }
+std::string text_expandable_segments(const Options& o) { return bool_text(o.expandable_segments); }
+std::string json_expandable_segments(const Options& o) { return bool_json(o.expandable_segments); }
+std::string text_debug_checks(const Options& o) { return bool_text(o.debug_checks); }
+std::string json_debug_checks(const Options& o) { return bool_json(o.debug_checks); }
+std::string text_cross_stream_reuse(const Options& o) { return cross_stream_name(o.cross_stream_reuse); }
+std::string json_cross_stream_reuse(const Options& o) { return std::string("\"") + cross_stream_name(o.cross_stream_reuse) + "\""; }
+std::string text_large_page_mb(const Options& o) { return std::to_string(o.large_page_size / kMiB); }
+std::string json_large_page_mb(const Options& o) { return std::to_string(o.large_page_size); }
+std::string text_small_pool(const Options& o) { return bool_text(o.small_pool); }
+std::string json_small_pool(const Options& o) { return bool_json(o.small_pool); }
+std::string text_page_reclaim_age(const Options& o) {
+  return o.page_reclaim_age < 0 ? "off" : std::to_string(o.page_reclaim_age);
+}
+std::string json_page_reclaim_age(const Options& o) { return std::to_string(o.page_reclaim_age); }
+std::string text_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size / kMiB); }
+std::string json_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size); }
+std::string text_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size / kMiB); }
+std::string json_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size); }
+
+using ParseFn = void (*)(Options&, Tokens&, const std::string&);
+
+ParseFn parser_for(const std::string& key) {
+#define AMEM_DISPATCH(name, type, field, initial, json, text, doc) \
+  if (key == #name) return &parse_##name;
+  AMEM_OPTION_TABLE(AMEM_DISPATCH)
+#undef AMEM_DISPATCH
+  return nullptr;
+}
+
+std::string accepted_keys() {
+  std::string keys;
+  for (const auto& row : option_table()) keys += (keys.empty() ? "" : ", ") + std::string(row.name);
+  return keys;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public
 
 const std::vector<OptionRow>& option_table() {
   static const std::vector<OptionRow> rows = {
-#define AMEM_ROW(name, def, doc) OptionRow{#name, def, doc},
+#define AMEM_ROW(name, type, field, initial, json, text, doc) OptionRow{#name, json, text, doc},
       AMEM_OPTION_TABLE(AMEM_ROW)
 #undef AMEM_ROW
   };
@@ -266,34 +318,21 @@ Options Options::parse(const std::string& conf) {
 }
 
 std::string Options::to_string() const {
-  return "max_split_size_mb:" + format_mib(max_split_size) +
-         ",max_non_split_rounding_mb:" + format_mib(max_non_split_rounding_size) +
-         ",roundup_power2_divisions:" + format_divisions(*this) +
-         ",garbage_collection_threshold:" + format_double(garbage_collection_threshold) +
-         ",expandable_segments:" + (expandable_segments ? "True" : "False") +
-         ",debug_checks:" + (debug_checks ? "True" : "False") +
-         ",cross_stream_reuse:" + cross_stream_name(cross_stream_reuse) +
-         ",large_page_mb:" + std::to_string(large_page_size / kMiB) +
-         ",small_pool:" + (small_pool ? "True" : "False") +
-         ",page_reclaim_age:" + format_age(page_reclaim_age);
+  std::string out;
+#define AMEM_TEXT(name, type, field, initial, json, text, doc) \
+  out += (out.empty() ? "" : ",") + std::string(#name ":") + text_##name(*this);
+  AMEM_OPTION_TABLE(AMEM_TEXT)
+#undef AMEM_TEXT
+  return out;
 }
 
 std::string Options::to_json() const {
-  std::string divisions = "[";
-  for (size_t i = 0; i < roundup_power2_divisions.size(); ++i)
-    divisions += (i ? "," : "") + std::to_string(roundup_power2_divisions[i]);
-  divisions += "]";
-  return std::string("{") + "\"max_split_size\":" +
-         (max_split_size == SIZE_MAX ? "-1" : std::to_string(max_split_size)) +
-         ",\"max_non_split_rounding_size\":" + std::to_string(max_non_split_rounding_size) +
-         ",\"roundup_power2_divisions\":" + divisions +
-         ",\"garbage_collection_threshold\":" + format_double(garbage_collection_threshold) +
-         ",\"expandable_segments\":" + (expandable_segments ? "true" : "false") +
-         ",\"debug_checks\":" + (debug_checks ? "true" : "false") +
-         ",\"cross_stream_reuse\":\"" + cross_stream_name(cross_stream_reuse) + "\"" +
-         ",\"large_page_size\":" + std::to_string(large_page_size) +
-         ",\"small_pool\":" + (small_pool ? "true" : "false") +
-         ",\"page_reclaim_age\":" + std::to_string(page_reclaim_age) + "}";
+  std::string out;
+#define AMEM_JSON(name, type, field, initial, json, text, doc) \
+  out += (out.empty() ? "{\"" : ",\"") + std::string(json "\":") + json_##name(*this);
+  AMEM_OPTION_TABLE(AMEM_JSON)
+#undef AMEM_JSON
+  return out + "}";
 }
 
 }  // namespace amem

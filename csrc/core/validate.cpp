@@ -18,7 +18,7 @@ struct ValidationCounts {  // blocks found, to compare with the indexes' sizes
 };
 
 struct ValidationTally {  // figures recomputed from the blocks, per pool kind
-  int64_t segments = 0, reserved = 0, allocations = 0, allocated = 0;
+  int64_t segments = 0, reserved = 0, oversize_segments = 0, allocations = 0, allocated = 0;
   int64_t active = 0, active_bytes = 0, requested = 0, split_free = 0, split_free_bytes = 0;
 };
 
@@ -74,6 +74,10 @@ void CachingAllocator::check_valid_locked() const {
   require(counts.allocated == allocated_.size(), "the address map holds blocks that are not allocated");
   compare(stats_.segment, tally, &ValidationTally::segments, "segment");
   compare(stats_.reserved_bytes, tally, &ValidationTally::reserved, "reserved_bytes");
+  const int64_t oversize = tally[0].oversize_segments + tally[1].oversize_segments;
+  require(stats_.oversize_segments.current == oversize,
+          "oversize_segments.current is " + std::to_string(stats_.oversize_segments.current) +
+              " but the segments add up to " + std::to_string(oversize));
   compare(stats_.allocation, tally, &ValidationTally::allocations, "allocation");
   compare(stats_.allocated_bytes, tally, &ValidationTally::allocated, "allocated_bytes");
   compare(stats_.active, tally, &ValidationTally::active, "active");
@@ -87,7 +91,10 @@ void CachingAllocator::check_valid_locked() const {
 // Expandable segments: reserved counts mapped bytes only, and neither the
 // segment nor its free blocks count as segment / inactive split (torch).
 void CachingAllocator::check_segment(const Segment& seg, ValidationTally& t, ValidationCounts& counts) const {
-  if (!seg.expandable) t.segments += 1, t.reserved += static_cast<int64_t>(seg.size);
+  if (!seg.expandable) {
+    t.segments += 1, t.reserved += static_cast<int64_t>(seg.size);
+    if (seg.size >= options_.max_split_size) t.oversize_segments += 1;
+  }
   const bool split = !seg.expandable && seg.first != nullptr && seg.first->next != nullptr;
   uintptr_t cursor = seg.address;
   const Block* prev = nullptr;

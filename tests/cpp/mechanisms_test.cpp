@@ -1,7 +1,8 @@
 // mechanisms_test.cpp — amem's own mechanisms, each on its own: cross-stream
 // reuse (wait and handover, on the sim backend and on the cuda backend over the
-// fake CUDA), the large pool's page size, one pool for every size, and
-// reclaiming idle pages before an expandable segment grows.
+// fake CUDA), the large pool's page size, fine pages at the front of a segment,
+// one pool for every size, and reclaiming idle pages before an expandable
+// segment grows.
 #include <gtest/gtest.h>
 
 #include "fake_cuda/fake_cuda.h"
@@ -14,6 +15,7 @@ using test::alloc;
 using test::make_cuda;
 using test::make_sim;
 using test::release;
+using test::segments;
 using test::stat;
 using test::streams_of;
 
@@ -136,6 +138,35 @@ TEST(PageReclaim, PagesUsedRecentlyStay) {
   EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(32 * kMiB));
 }
 
+TEST(PageReclaim, OnlyRequestsOfTheMinimumSizeReclaim) {
+  for (size_t request_mib : {12, 16}) {
+    auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,page_reclaim_min_mb:16,"
+                         "debug_checks:True");
+    uintptr_t x = alloc(*a, (request_mib - 2) * kMiB);
+    alloc(*a, 10 * kMiB);
+    release(*a, x);  // a hole 2 MiB short of the request
+    alloc(*a, request_mib * kMiB);
+    const bool reclaims = request_mib >= 16;
+    EXPECT_EQ(stat(*a, "num_device_unmap"), reclaims ? 1 : 0) << request_mib;
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.peak"),
+              static_cast<int64_t>((reclaims ? request_mib + 10 : 2 * request_mib + 8) * kMiB)) << request_mib;
+  }
+}
+
+// A reclaimed hole keeps its addresses while the segment grows past it: with
+// reclaim a segment reserves twice the device (not torch's 9/8), so growth
+// past the hole stays in the same segment.
+TEST(PageReclaim, ASegmentGrowsPastAReclaimedHole) {
+  auto a = make_sim(100 * kMiB, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,debug_checks:True");
+  uintptr_t x = alloc(*a, 60 * kMiB);
+  alloc(*a, 20 * kMiB);
+  release(*a, x);  // a 60 MiB hole, unmapped before the next request maps
+  uintptr_t z = alloc(*a, 64 * kMiB);
+  EXPECT_EQ(stat(*a, "num_device_unmap"), 1);
+  EXPECT_EQ(z, x + 80 * kMiB) << "past 9/8 of the device's 100 MiB: the same segment still";
+  EXPECT_EQ(segments(*a).size(), 1u);
+}
+
 TEST(PageReclaim, UnmapsStayBoundedByWhatIsMapped) {
   auto a = make_sim(0, "expandable_segments:True,large_page_mb:2,page_reclaim_age:0,debug_checks:True");
   std::vector<uintptr_t> live;
@@ -147,6 +178,51 @@ TEST(PageReclaim, UnmapsStayBoundedByWhatIsMapped) {
     }
   }
   EXPECT_LE(stat(*a, "num_device_unmap"), stat(*a, "num_device_map"));
+}
+
+// ================================================================ fine pages (Note [fine pages])
+
+TEST(FinePages, TheLayoutIsFinePagesThenLargePages) {
+  const PageLayout layout{10 * kMiB, 8 * kMiB, 2 * kMiB};
+  EXPECT_EQ(layout.ceil(0), 0u);
+  EXPECT_EQ(layout.ceil(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(layout.ceil(8 * kMiB), 8 * kMiB);
+  EXPECT_EQ(layout.ceil(9 * kMiB), 18 * kMiB);
+  EXPECT_EQ(layout.floor(7 * kMiB), 6 * kMiB);
+  EXPECT_EQ(layout.floor(17 * kMiB), 8 * kMiB);
+  EXPECT_EQ(layout.floor(29 * kMiB), 28 * kMiB);
+  EXPECT_EQ(layout.index_of(6 * kMiB), 3u);
+  EXPECT_EQ(layout.index_of(28 * kMiB), 6u);  // four fine pages, two large ones
+  EXPECT_EQ(layout.page_at(6 * kMiB), 2 * kMiB);
+  EXPECT_EQ(layout.page_at(8 * kMiB), 10 * kMiB);
+  const PageLayout plain{20 * kMiB};  // torch's: one page size
+  EXPECT_EQ(plain.ceil(1), 20 * kMiB);
+  EXPECT_EQ(plain.floor(39 * kMiB), 20 * kMiB);
+  EXPECT_EQ(plain.index_of(40 * kMiB), 2u);
+}
+
+TEST(FinePages, ASmallSegmentGrowsByTwoMiBAndALargeOneByLargePages) {
+  for (const char* fine : {"", ",fine_pages_mb:8"}) {
+    auto a = make_sim(0, std::string("expandable_segments:True,large_page_mb:10,debug_checks:True") + fine);
+    const bool on = *fine != '\0';
+    alloc(*a, 3 * kMiB);
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>((on ? 4 : 10) * kMiB)) << fine;
+    alloc(*a, 12 * kMiB);  // past the fine part: large pages
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>((on ? 18 : 20) * kMiB)) << fine;
+  }
+}
+
+TEST(FinePages, EmptyCacheUnmapsFineAndLargePagesAlike) {
+  auto a = make_sim(0, "expandable_segments:True,large_page_mb:10,fine_pages_mb:8,debug_checks:True");
+  uintptr_t x = alloc(*a, 3 * kMiB);
+  uintptr_t y = alloc(*a, 22 * kMiB);
+  release(*a, x);
+  a->empty_cache();  // x's first fine page only: the second holds y's start
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(26 * kMiB));
+  release(*a, y);
+  a->empty_cache();
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat(*a, "num_device_unmap"), 2);
 }
 
 // ================================================================ the cuda backend
@@ -206,21 +282,70 @@ TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
   EXPECT_EQ(c.mappings + c.handles + c.ranges, 0u);
 }
 
-TEST_F(CudaMechanisms, TheAmemPolicyMapsTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
-  // What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
+// What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
+constexpr const char* kAmemPolicy =
+    "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,page_reclaim_age:4,"
+    "page_reclaim_min_mb:32";
+
+TEST_F(CudaMechanisms, TheAmemPolicyMapsFineThenTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
   {
-    auto a = make_cuda(0, "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10");
+    auto a = make_cuda(0, kAmemPolicy);
     fake_cuda_set_stream_busy(kS1, true);
-    uintptr_t p = a->malloc(25 * kMiB, kS1);
-    EXPECT_EQ(fake_cuda_counts().mappings, 3u) << "25 MiB in 10 MiB pages";
-    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 30 * kMiB);
+    uintptr_t p = a->malloc(135 * kMiB, kS1);
+    EXPECT_EQ(fake_cuda_counts().mappings, 65u) << "128 MiB in 2 MiB pages, then one 10 MiB page";
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 138 * kMiB);
     EXPECT_EQ(fake_cuda_counts().mappings_without_access, 0u);
     a->free(p);
-    uintptr_t q = a->malloc(25 * kMiB, kS2);  // another stream, while kS1's work is still queued
-    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 30 * kMiB) << "the freed pages serve kS2: nothing new mapped";
+    uintptr_t q = a->malloc(135 * kMiB, kS2);  // another stream, while kS1's work is still queued
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 138 * kMiB) << "the freed pages serve kS2: nothing new mapped";
     EXPECT_TRUE(fake_cuda_waited(kS2, kS1));
     a->free(q);
     a->check_valid();
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);
+}
+
+// A large request that no hole fits: the amem policy unmaps the idle hole's pages
+// (after a device sync) before mapping, so the device holds the request and not
+// the hole too; every driver call legal (TearDown), nothing left at the end.
+TEST_F(CudaMechanisms, TheAmemPolicyReclaimsAnIdleHoleForALargeRequest) {
+  {
+    auto a = make_cuda(0, kAmemPolicy);
+    uintptr_t x = a->malloc(60 * kMiB, 0);
+    uintptr_t y = a->malloc(20 * kMiB, 0);
+    a->free(x);  // a 60 MiB hole
+    for (int i = 0; i < 5; ++i) a->free(a->malloc(4096, 0));  // the hole ages past page_reclaim_age
+    uintptr_t z = a->malloc(64 * kMiB, 0);
+    EXPECT_EQ(stat(*a, "num_device_unmap"), 1);
+    // y; z at 80 MiB: 48 MiB of fine pages up to 128 MiB, then two 10 MiB pages; a small page
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 20 * kMiB + 68 * kMiB + 2 * kMiB);
+    a->free(y);
+    a->free(z);
+    a->check_valid();
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);
+}
+
+// Fine pages through the driver: one physical allocation per layout page (2 MiB in
+// the fine part, 10 MiB after it), unmapped whole; every call legal, nothing left.
+TEST_F(CudaMechanisms, FinePagesAreOnePhysicalAllocationPerLayoutPage) {
+  {
+    auto a = make_cuda(0, "expandable_segments:True,large_page_mb:10,fine_pages_mb:8");
+    uintptr_t x = a->malloc(3 * kMiB, 0);
+    EXPECT_EQ(fake_cuda_counts().mappings, 2u) << "3 MiB in 2 MiB pages";
+    uintptr_t y = a->malloc(22 * kMiB, 0);  // 1 MiB left, two more fine pages, two 10 MiB pages
+    EXPECT_EQ(fake_cuda_counts().mappings, 6u);
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 28 * kMiB);
+    EXPECT_EQ(fake_cuda_counts().mappings_without_access, 0u);
+    a->free(x);
+    a->empty_cache();
+    EXPECT_EQ(fake_cuda_counts().mappings, 5u) << "x's first fine page only: the next holds y's start";
+    a->free(y);
+    a->empty_cache();
+    a->check_valid();
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 0u);
   }
   const FakeCudaCounts c = fake_cuda_counts();
   EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);

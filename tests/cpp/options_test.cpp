@@ -4,6 +4,7 @@
 // kind of bad input, naming the offending key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -11,8 +12,6 @@
 
 namespace amem {
 namespace {
-
-using Divisions = std::array<size_t, kRoundUpPowerOfTwoIntervals>;
 
 // what() of the ConfigError that parsing `conf` throws; "" when it parses.
 std::string config_error(const std::string& conf) {
@@ -41,7 +40,7 @@ Divisions filled(size_t v) {
 
 TEST(Options, TableListsEveryOptionOnce) {
   std::vector<std::string> names;
-#define AMEM_NAME(name, def, doc) names.push_back(#name);
+#define AMEM_NAME(name, type, field, initial, json, text, doc) names.push_back(#name);
   AMEM_OPTION_TABLE(AMEM_NAME)
 #undef AMEM_NAME
   ASSERT_EQ(option_table().size(), names.size());
@@ -189,11 +188,34 @@ TEST(Options, ToStringRoundTrips) {
   }
 }
 
+// to_json() writes one key per row, each the row's JSON key, in the table's order.
+TEST(Options, ToJsonWritesEachRowUnderItsKey) {
+  const std::string json = Options{}.to_json();
+  size_t last = 0;
+  for (const OptionRow& row : option_table()) {
+    const std::string key = "\"" + std::string(row.json_key) + "\":";
+    const size_t at = json.find(key);
+    ASSERT_NE(at, std::string::npos) << json << " lacks " << key;
+    EXPECT_EQ(json.find(key, at + 1), std::string::npos) << key << " twice in " << json;
+    EXPECT_GE(at, last) << key << " out of the table's order";
+    last = at;
+  }
+  EXPECT_EQ(std::count(json.begin(), json.end(), ':'), static_cast<long>(option_table().size())) << json;
+}
+
 TEST(Options, ToJsonNamesEveryField) {
   std::string json = Options::parse("max_split_size_mb:64,debug_checks:1").to_json();
   EXPECT_NE(json.find("\"max_split_size\":" + std::to_string(64 * kMiB)), std::string::npos);
   EXPECT_NE(json.find("\"debug_checks\":true"), std::string::npos);
   EXPECT_NE(Options{}.to_json().find("\"max_split_size\":-1"), std::string::npos);
+  // The amem options keep the keys snapshots already carry (bytes, -1 = off).
+  std::string amem = Options::parse("large_page_mb:10,page_reclaim_age:4,cross_stream_reuse:handover").to_json();
+  EXPECT_NE(amem.find("\"large_page_size\":" + std::to_string(10 * kMiB)), std::string::npos) << amem;
+  EXPECT_NE(amem.find("\"page_reclaim_age\":4"), std::string::npos) << amem;
+  EXPECT_NE(amem.find("\"cross_stream_reuse\":\"handover\""), std::string::npos) << amem;
+  EXPECT_NE(Options{}.to_json().find("\"page_reclaim_age\":-1"), std::string::npos);
+  EXPECT_EQ(Options::parse("page_reclaim_min_mb:32").page_reclaim_min_size, 32 * kMiB);
+  EXPECT_THROW(Options::parse("page_reclaim_min_mb:-1"), ConfigError);
 }
 
 // ---------------------------------------------------------------- errors
