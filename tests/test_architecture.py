@@ -155,9 +155,8 @@ def test_one_module_tracker():
 def test_policies_are_evaluated_in_replay():
     """replay/evaluation.py evaluates a program under several policies and names the table's cells;
     no module outside replay/ searches a minimum capacity or lays out a policy table of its own."""
-    still_outside = {"amem_alloc/predict/outcome.py"}  # to switch to evaluation.evaluate
     own = {"min_capacity", "policy_row", "PolicyRow", "format_table"}
     offenders = {_relative(p) for p in _outside("replay")
                  for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
                  if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in own}
-    assert offenders <= still_outside, f"per-policy evaluation outside replay/: {sorted(offenders - still_outside)}"
+    assert not offenders, f"per-policy evaluation outside replay/: {sorted(offenders)}"

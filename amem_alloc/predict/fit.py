@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..introspection import format_bytes
+from ..replay.evaluation import signed_bytes
 
 MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried"
 
@@ -119,8 +120,7 @@ def _policy_line(arg: str, p: PolicyFit) -> str:
     if p.largest is None:
         return f"{p.policy}: does not fit at any value tried"
     line = (f"{p.policy}: --{arg} {p.largest} (needs {format_bytes(p.needed)}; peak reserved "
-            f"{format_bytes(p.peak_reserved)}, headroom "
-            f"{format_bytes(p.headroom) if p.headroom >= 0 else '-' + format_bytes(-p.headroom)}"
+            f"{format_bytes(p.peak_reserved)}, headroom {signed_bytes(p.headroom)}"
             + (": fits only by emptying its cache when a cudaMalloc fails" if p.headroom < 0 else "") + ")")
     if p.first_failing is None:
         return line + f"; fits at every value tried, up to {p.largest}"

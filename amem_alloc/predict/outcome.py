@@ -7,14 +7,12 @@ Input is the recorded program (every allocation's requested bytes and stream, ev
 empty_cache, in order) and the engine's AllocInfo per allocation key. Everything here is a replay
 of that program through amem's C++ core on the sim backend:
 
-* peaks per policy: `replay.run` (the C++ loop) on an unlimited sim device;
-* min_capacity: the smallest device, in 2 MiB steps, on which the C++ loop finishes the program
-  with no failed allocation. A failed request on a limited device first frees the cache and
-  retries, as torch does, so this can be below the unlimited peak reserved. Binary search
-  between peak allocated (nothing smaller can work) and the unlimited peak reserved (which works
-  by construction) assumes that more memory never hurts, which holds for these policies;
-* fits: min_capacity <= the card's usable memory (total less the CUDA context, gpus.py);
-  headroom = usable - peak reserved (negative while it fits: the run survives by emptying its
+* per policy (replay/evaluation.py's `evaluate`, judged against the card's usable memory by the
+  smallest capacity): the peaks on an unlimited sim device, min_capacity (the smallest device, in
+  2 MiB steps, on which the C++ loop finishes the program with no failed allocation; a failed
+  request first frees the cache and retries, as torch does, so it can be below the unlimited peak
+  reserved), fits (min_capacity <= the card's usable memory: total less the CUDA context, gpus.py)
+  and headroom = usable - peak reserved (negative while it fits: the run survives by emptying its
   cache when a cudaMalloc fails, which costs time);
 * at_peak: the storages live when allocated bytes (each request rounded to torch's 512 B)
   were highest, summed by the engine's category, module, and op / autograd node;
@@ -32,61 +30,14 @@ from typing import Any, Iterable
 
 from .. import policies as policies_mod
 from .. import replay
+from ..replay.evaluation import PolicyRow, align, evaluate, format_table
 from .._C import CoreAllocator
 from ..introspection import format_bytes
 from ..snapshot import round_block
 from .gpus import Gpu
 
-MiB = 1 << 20
-STEP = 2 * MiB          # min_capacity's resolution: the small pool's segment size
 NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute); the figures are what "
         "each allocator policy does with the allocations CUDA would have received.")
-
-
-# ============================================================================ per policy
-@dataclass
-class PolicyRow:
-    policy: str
-    conf: str
-    description: str
-    peak_allocated: int
-    peak_reserved: int
-    min_capacity: int
-    fits: bool
-    headroom: int
-    fragmentation_at_peak: float
-    device_mallocs: int
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def _ok(program_bytes: bytes, conf: str, limit: int) -> bool:
-    return replay.replay_program(program_bytes, conf, 1, limit)["failed_allocs"] == 0
-
-
-def min_capacity(program: replay.Program, conf: str, peak_allocated: int, peak_reserved: int) -> int:
-    """The smallest device (a multiple of 2 MiB) the program runs on without a failed allocation."""
-    data = program.to_bytes()
-    lo = max(1, -(-peak_allocated // STEP))          # in STEP units; nothing below peak allocated works
-    hi = max(lo, -(-peak_reserved // STEP))
-    while not _ok(data, conf, hi * STEP):            # safety: should not happen (hi ran unlimited)
-        hi *= 2
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _ok(data, conf, mid * STEP):
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi * STEP
-
-
-def policy_row(program: replay.Program, policy: policies_mod.Policy, gpu: Gpu) -> PolicyRow:
-    run = replay.run(program, policy.conf, max_samples=0)
-    cap = min_capacity(program, policy.conf, run.peak_allocated, run.peak_reserved) if len(program) else 0
-    return PolicyRow(policy.name, policy.conf, policy.description, run.peak_allocated, run.peak_reserved, cap,
-                     cap <= gpu.usable, gpu.usable - run.peak_reserved, run.fragmentation_at_peak,
-                     run.device_mallocs)
 
 
 # ============================================================================ at the peak
@@ -227,7 +178,7 @@ class Prediction:
             "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
                     "usable_bytes": g.usable, "capability": list(g.capability),
                     "memory_source": g.memory_source, "context_source": g.context_source},
-            "policies": [r.to_dict() for r in self.rows],
+            "policies": [_row_json(r) for r in self.rows],
             "at_peak": self.at_peak.categories,
             "at_peak_allocated": self.at_peak.allocated,
             "at_peak_op": self.at_peak.op,
@@ -268,12 +219,17 @@ class Prediction:
         return format_text(self, top)
 
 
+def _row_json(row: PolicyRow) -> dict:
+    """A policy's row in predict's JSON: the row less its timeline (a list of samples, big, that predict does not use)."""
+    return {k: v for k, v in row.to_dict().items() if k != "timeline"}
+
+
 def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops: list[tuple],
             infos: dict[int, Any], markers: list, trace_conf: str = "", recording_s: float = 0.0,
             notes: list[dict] | None = None) -> Prediction:
     started = time.perf_counter()
     program = replay.Program(replay.pack(ops))
-    rows = [policy_row(program, p, gpu) for p in policies]
+    rows = evaluate(program, policies, gpu.usable, search_min_capacity=True, max_samples=0)
     peak = at_peak(ops, infos)
     run = over_run(ops, infos, list(markers))
     return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
@@ -282,14 +238,7 @@ def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops:
 
 
 # ============================================================================ text
-def _table(headers: list[str], body: list[list[str]]) -> list[str]:
-    rows = [headers] + body
-    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
-    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-
-
-def _signed(n: int) -> str:
-    return format_bytes(n) if n >= 0 else "-" + format_bytes(-n)
+POLICY_COLUMNS = ("policy", "peak allocated", "peak reserved", "min capacity", "fits", "headroom", "frag. at peak")
 
 
 def _share(part: int, whole: int) -> str:
@@ -308,15 +257,7 @@ def format_text(p: Prediction, top: int = 8) -> str:
                   "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
     if p.rows:
         lines += _verdict().text_lines(p)
-    body = []
-    for r in p.rows:
-        fits = "yes" if r.fits else "NO"
-        if r.fits and r.headroom < 0:
-            fits = "yes*"
-        body.append([r.policy, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
-                     format_bytes(r.min_capacity), fits, _signed(r.headroom), f"{r.fragmentation_at_peak:.1%}"])
-    lines += _table(["policy", "peak allocated", "peak reserved", "min capacity", "fits", "headroom",
-                     "frag. at peak"], body)
+    lines += format_table([r.to_dict() for r in p.rows], POLICY_COLUMNS)
     if any(r.fits and r.headroom < 0 for r in p.rows):
         lines.append("* fits only by emptying its cache when a cudaMalloc fails (torch retries), which costs time")
     best = min(p.rows, key=lambda r: (r.min_capacity, r.peak_reserved), default=None)
@@ -327,10 +268,9 @@ def format_text(p: Prediction, top: int = 8) -> str:
     lines += ["", f"At the peak ({format_bytes(a.allocated)} allocated{during}, after allocator call {a.op + 1} of "
                   f"{len(p.ops)}):"]
     most = p.over_run.category_peaks if p.over_run else {}
-    lines += ["  " + ln for ln in _table(["category", "bytes", "share", "largest in the run"],
-                                         [[k, format_bytes(a.categories.get(k, 0)), _share(a.categories.get(k, 0), a.allocated),
-                                           format_bytes(most[k]) if k in most else "-"]
-                                          for k in _categories(a.categories, most)])]
+    body = [[k, format_bytes(a.categories.get(k, 0)), _share(a.categories.get(k, 0), a.allocated),
+             format_bytes(most[k]) if k in most else "-"] for k in _categories(a.categories, most)]
+    lines += ["  " + ln for ln in align([["category", "bytes", "share", "largest in the run"]] + body)]
     lines += ["", "  by module:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.modules.items())[:top]]
     lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(a.ops.items())[:top]]
     lines += _markers_text(p, top)
@@ -355,7 +295,7 @@ def _what_if_json(p: Prediction) -> dict:
 def _what_if_text(p: Prediction) -> list[str]:
     from . import whatif
 
-    return whatif.format_text(p, p.what_if, _table, _signed)
+    return whatif.format_text(p, p.what_if)
 
 
 def _categories(at_peak_cats: dict[str, int], most: dict[str, int]) -> list[str]:

@@ -17,9 +17,10 @@ forward, the usual rule for dense layers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..introspection import format_bytes
+from ..replay.evaluation import align, signed_bytes
 
 # the changes, cheapest first where they cost nothing (changes.py applies them; torch loads with it)
 NAMES = ("grads=set-to-none", "optimizer=fused", "optimizer=for-loop", "checkpoint=blocks", "checkpoint=sqrt")
@@ -28,7 +29,7 @@ NAMES = ("grads=set-to-none", "optimizer=fused", "optimizer=for-loop", "checkpoi
 @dataclass
 class WhatIf:
     change: str
-    rows: list = field(default_factory=list)       # outcome.PolicyRow per policy; empty when it failed
+    rows: list = field(default_factory=list)       # replay/evaluation.PolicyRow per policy; empty when it failed
     notes: list[str] = field(default_factory=list)
     failed: str | None = None                       # one line: why the changed run could not be predicted
     applied: int = 0
@@ -110,8 +111,8 @@ def cost_text(w: WhatIf) -> str:
     return f"recomputes up to {_flops(w.recompute_flops)} over the predicted run ({stack}){pct}"
 
 
-def format_text(base: Any, results: list[WhatIf], table: Callable, signed: Callable) -> list[str]:
-    """The what-if lines of `amem predict`'s text; table and signed: outcome's table and signed bytes."""
+def format_text(base: Any, results: list[WhatIf]) -> list[str]:
+    """The what-if lines of `amem predict`'s text."""
     if not results:
         return []
     lines = ["", "What if (each change applied by amem and the code predicted again; saving against the "
@@ -124,9 +125,9 @@ def format_text(base: Any, results: list[WhatIf], table: Callable, signed: Calla
         for r in w.rows:
             b = base.row(r.policy)
             body.append([w.change, r.policy, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
-                         "yes" if r.fits else "NO", signed(b.peak_reserved - r.peak_reserved)])
-    lines += ["  " + ln for ln in table(["change", "policy", "peak allocated", "peak reserved", "fits",
-                                          "saving (reserved)"], body)]
+                         "yes" if r.fits else "NO", signed_bytes(b.peak_reserved - r.peak_reserved)])
+    headers = ["change", "policy", "peak allocated", "peak reserved", "fits", "saving (reserved)"]
+    lines += ["  " + ln for ln in align([headers] + body)]
     for w in results:
         extra = ([w.failed] if w.failed else []) + w.notes + ([cost_text(w)] if w.costs_compute and w.applied else [])
         lines += [f"  {w.change}: {e}" for e in extra]

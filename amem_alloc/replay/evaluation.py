@@ -156,7 +156,7 @@ def _fits(row: dict) -> str:
     return ("yes*" if row["headroom"] < 0 else "yes") if row["fits"] else "NO"
 
 
-def _signed_bytes(n: int | None) -> str:
+def signed_bytes(n: int | None) -> str:
     return "n/a" if n is None else format_bytes(n) if n >= 0 else "-" + format_bytes(-n)
 
 
@@ -168,7 +168,7 @@ COLUMNS: dict[str, Callable[[dict], str]] = {
     "peak reserved": lambda r: _bytes(r["peak_reserved"]),
     "min capacity": lambda r: _bytes(r.get("min_capacity")),
     "fits": _fits,
-    "headroom": lambda r: _signed_bytes(r.get("headroom")),
+    "headroom": lambda r: signed_bytes(r.get("headroom")),
     "frag. at peak": lambda r: _share(r["fragmentation_at_peak"]),
     "device mallocs": lambda r: str(r["device_mallocs"]),
     "device frees": lambda r: str(r["device_frees"]),
@@ -189,10 +189,14 @@ def cells(row: dict, columns: tuple[str, ...]) -> list[str]:
 def format_table(rows: Iterable[dict], columns: tuple[str, ...]) -> list[str]:
     """The rows (PolicyRow.to_dict(), or dicts with the same keys) as aligned text lines, headers first:
     the first column left-aligned, the figures right-aligned."""
-    body = [list(columns)] + [cells(r, columns) for r in rows]
-    widths = [max(len(r[i]) for r in body) for i in range(len(columns))]
+    return align([list(columns)] + [cells(r, columns) for r in rows])
+
+
+def align(rows: list[list[str]]) -> list[str]:
+    """Rows of cells (headers first) as text lines: the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-            for r in body]
+            for r in rows]
 
 
 def format_markdown(rows: Iterable[dict], columns: tuple[str, ...]) -> str:

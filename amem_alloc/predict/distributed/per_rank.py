@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ...introspection import format_bytes
-from ..outcome import NOTE, Prediction, _table
+from ...replay.evaluation import align
+from ..outcome import NOTE, Prediction
 from .launch import Launch
 
 RANK_FIELD = "{rank}"
@@ -102,4 +103,4 @@ def _rank_table(ranks: list[RankResult]) -> list[str]:
         fits = ",".join(r.policy for r in rows if r.fits) or "none"
         body.append([str(x.rank), "-" if x.same_as is None else str(x.same_as), format_bytes(rows[0].peak_allocated)]
                     + [format_bytes(r.peak_reserved) for r in rows] + [fits])
-    return _table(headers, body)
+    return align([headers] + body)
