@@ -10,8 +10,7 @@ import is still a dependency) becomes an edge between *units*: a sub-package (am
 * the layers of docs/architecture.md: nothing imports cli/ (the commands are on top), and the
   units drawn as leaves import no other unit.
 * one home per concept, as the page says: pages are built in report/, modules are tracked by
-  provenance/scope.py, policies are evaluated in replay/ (each with the one file named that is
-  still to move).
+  provenance/scope.py, policies are evaluated in replay/.
 """
 from __future__ import annotations
 
@@ -135,10 +134,10 @@ def _outside(folder: str):
 
 def test_report_builds_every_page():
     """Outside report/, nothing reads report/html.py's page parts: the commands hand report/ data."""
-    still_outside = {"amem_alloc/predict/outcome.py"}  # render_report: to move into report/
     offenders = {_relative(p) for p in _outside("report") for target, names in _imports(p)
                  if target == "amem_alloc.report.html" or (target == "amem_alloc.report" and "html" in names)}
-    assert offenders <= still_outside, f"pages built outside report/: {sorted(offenders - still_outside)}"
+    assert not offenders, f"pages built outside report/: {sorted(offenders)}"
+    assert "predict" not in _graph().get("report", set()), "report/ reads prediction objects: hand it their JSON"
 
 
 def test_one_module_tracker():

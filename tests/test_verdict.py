@@ -1,4 +1,4 @@
-"""The verdict at a glance (report/verdict.py), in `amem predict`'s text, JSON and report.
+"""The verdict at a glance (predict/verdict.py's data and text, report/verdict.py's panel), in `amem predict`'s text, JSON and report.
 
 * the bar's parts are what is live at the peak of allocated memory, grouped, and add up to it
   exactly; parameters and autocast's copies against first principles;
@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 
 import amem_alloc  # noqa: E402
 from amem_alloc.introspection import format_bytes  # noqa: E402
-from amem_alloc.report import verdict as verdict_mod  # noqa: E402
+from amem_alloc.predict import verdict as verdict_mod  # noqa: E402
+from amem_alloc.report import predict as predict_page  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 512, 4, 2048
 
@@ -93,11 +94,11 @@ def test_outside_any_module_is_broken_down(prediction):
 
 def test_paths_read_relative_to_the_script_and_libraries_by_package(tmp_path):
     base = str(tmp_path)
-    assert verdict_mod.display_path(os.path.join(base, "pkg", "model.py"), base) == os.path.join("pkg", "model.py")
+    assert predict_page.display_path(os.path.join(base, "pkg", "model.py"), base) == os.path.join("pkg", "model.py")
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    assert verdict_mod.display_path(os.path.join(site, "torch", "nn", "linear.py"), base) == "torch/nn/linear.py"
-    assert verdict_mod.display_path("/elsewhere/x.py", base) == "/elsewhere/x.py"
-    assert verdict_mod.script_folder("script sub/train.py --x 1") == os.path.abspath("sub")
+    assert predict_page.display_path(os.path.join(site, "torch", "nn", "linear.py"), base) == "torch/nn/linear.py"
+    assert predict_page.display_path("/elsewhere/x.py", base) == "/elsewhere/x.py"
+    assert predict_page.script_folder("script sub/train.py --x 1") == os.path.abspath("sub")
 
 
 def _panel(page: str) -> str:
@@ -114,7 +115,7 @@ def test_the_report_opens_with_the_verdict(prediction, tmp_path):
         assert format_bytes(row.peak_reserved) in panel
     widths = [float(w) for w in re.findall(r'<rect class="part"[^>]*width="([0-9.]+)"', panel)]
     assert len(widths) >= 4 * len(prediction.rows) and all(w > 0 for w in widths)
-    assert verdict_mod.REPLAY_ORDER in page and "no timestamps" not in page
+    assert predict_page.REPLAY_ORDER in page and "no timestamps" not in page
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="/usr/bin/chromium is absent")

@@ -5,8 +5,10 @@
     amem predict --gpu H100-80GB -- python train.py ...    # the CLI (amem_alloc/cli/predict.py)
 
 session.py runs code on fake CUDA tensors and records the allocation sequence; cuda_shims.py
-makes torch.cuda answer from the prediction; outcome.py replays the sequence per policy (peaks,
-smallest capacity, fits) and says what holds memory at the peak; gpus.py is the card table;
+makes torch.cuda answer from the prediction; outcome.py evaluates the sequence per policy
+(replay/evaluation.py: peaks, smallest capacity, fits), says what holds memory at the peak and
+writes the JSON, text and trace that report/predict.py draws its page from; verdict.py is the
+verdict's data and text; gpus.py is the card table;
 api.py and amem_alloc/cli/predict.py are the two ways in. See docs/predict.md. Submodules load on first use, so
 `amem --help` does not pay for numpy and torch.
 """

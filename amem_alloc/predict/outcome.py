@@ -1,5 +1,6 @@
 """The prediction's answer: per policy, peaks, the smallest capacity that runs, whether it fits;
-what holds memory at the peak; JSON, text, a torch-format trace and the HTML report.
+what holds memory at the peak; JSON, text and a torch-format trace (report/predict.py draws the
+HTML report from the JSON's data and the trace).
 
 Design note
 -----------
@@ -33,8 +34,11 @@ from .. import replay
 from ..replay.evaluation import PolicyRow, align, evaluate, format_table
 from .._C import CoreAllocator
 from ..introspection import format_bytes
+from ..report.predict import note_line
 from ..snapshot import round_block
 from .gpus import Gpu
+from .verdict import text_lines as verdict_text
+from .verdict import verdict
 
 NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute); the figures are what "
         "each allocator policy does with the allocations CUDA would have received.")
@@ -194,7 +198,7 @@ class Prediction:
             "notes": self.notes,
             "stopped_after": self.stopped_after,
             **_what_if_json(self),
-            "verdict": _verdict().verdict(self),
+            "verdict": verdict(self),
         }
 
     def write_json(self, path: str | Path) -> Path:
@@ -212,8 +216,9 @@ class Prediction:
 
     def write_report(self, path: str | Path) -> Path:
         from ..atomic_write import write_text
+        from ..report.predict import render
 
-        return write_text(path, render_report(self))
+        return write_text(path, render(self.to_dict(), self.snapshot()))
 
     def format_text(self, top: int = 8) -> str:
         return format_text(self, top)
@@ -256,7 +261,7 @@ def format_text(p: Prediction, top: int = 8) -> str:
         lines += ["No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
                   "(device=\"cuda\", .cuda(), .to(\"cuda\"))?", ""]
     if p.rows:
-        lines += _verdict().text_lines(p)
+        lines += verdict_text(verdict(p))
     lines += format_table([r.to_dict() for r in p.rows], POLICY_COLUMNS)
     if any(r.fits and r.headroom < 0 for r in p.rows):
         lines.append("* fits only by emptying its cache when a cudaMalloc fails (torch retries), which costs time")
@@ -278,12 +283,6 @@ def format_text(p: Prediction, top: int = 8) -> str:
     lines += _notes_text(p.notes)
     lines += _what_if_text(p)
     return "\n".join(lines)
-
-
-def _verdict() -> Any:
-    from ..report import verdict
-
-    return verdict
 
 
 def _what_if_json(p: Prediction) -> dict:
@@ -322,11 +321,7 @@ def _notes_text(notes: list[dict]) -> list[str]:
     if not notes:
         return []
     out = ["", f"What this prediction stood in for, estimated or did not model ({len(notes)}):"]
-    for n in notes:
-        times = f" x{n['count']}" if n["count"] > 1 else ""
-        size = f" ({format_bytes(n['bytes'])})" if n["bytes"] else ""
-        out.append(f"  {n['kind']}: {n['what']}{size} at {n['where']}{times}")
-    return out
+    return out + ["  " + note_line(n) for n in notes]
 
 
 # ============================================================================ the trace
@@ -403,39 +398,3 @@ def _attach_frames(snap: dict, infos: dict, order: list[int], final: dict[int, i
         for b in seg["blocks"]:
             if b["state"] != "inactive" and b["address"] in final:
                 b["frames"] = _frames(infos.get(final[b["address"]]))
-
-
-# ============================================================================ the report
-def render_report(p: Prediction) -> str:
-    from ..version import __version__
-    from ..report import html as report_html
-    from ..report.data import report_data
-    from ..snapshot import parse_snapshot
-
-    verdict = _verdict()
-    snap = parse_snapshot(verdict.readable_snapshot(p.snapshot(), verdict.script_folder(p.target)), "<prediction>")
-    data = verdict.label_replay_order(report_data(snap))
-    summary = {"note": NOTE, "gpu": f"{p.gpu.name} ({format_bytes(p.gpu.total_memory)}, usable "
-                                    f"{format_bytes(p.gpu.usable)})"}
-    for r in p.rows:
-        summary[f"policy {r.policy}"] = (f"peak allocated {format_bytes(r.peak_allocated)}, peak reserved "
-                                         f"{format_bytes(r.peak_reserved)}, min capacity "
-                                         f"{format_bytes(r.min_capacity)}, fits: {'yes' if r.fits else 'no'}")
-    if p.at_peak.phase:
-        summary["at peak: phase"] = p.at_peak.phase
-    for k, v in p.at_peak.categories.items():
-        summary[f"at peak: {k}"] = format_bytes(v)
-    for k, v in (p.over_run.category_peaks if p.over_run else {}).items():
-        summary[f"largest in the run: {k}"] = format_bytes(v)
-    for mk in (p.over_run.at_markers if p.over_run else []):
-        summary[f"at marker {mk['marker']} (call {mk['op']})"] = format_bytes(mk["allocated"])
-    for k, v in list(p.at_peak.modules.items())[:10]:
-        summary[f"at peak, module {k}"] = format_bytes(v)
-    if p.stopped_after:
-        summary["stopped"] = p.stopped_after
-    for i, n in enumerate(p.notes, 1):
-        summary[f"note {i}: {n['kind']}"] = _notes_text([n])[-1].strip()
-    body = [verdict.html_panel(p, _what_if_json(p).get("cheapest_change")), report_html.key_value_section("Prediction (no GPU)", "provenance", summary)]
-    body += [report_html.device_section(dev) for dev in data["devices"]]
-    title = f"Predicted memory: {p.target}"
-    return report_html.page(title, f"predicted without a GPU for {p.gpu.name}", "\n".join(body), data, __version__)

@@ -1,0 +1,115 @@
+"""`amem predict --report`'s page, built from the prediction's data.
+
+Design note
+-----------
+The data is JSON-able: the prediction's `to_dict()` (what `amem predict --json` writes: the card,
+the policies' rows, what is live at the peak, the markers, the notes, the verdict and the what-ifs)
+and its snapshot (torch's format, predict/outcome.py's `predicted_snapshot`). The page opens with
+the verdict panel (report/verdict.py), then the prediction's figures as key/value rows, then the
+snapshot report's device sections. The replay's clock is not the run's, so the snapshot's
+timestamps are dropped and the time axis is labelled replay order; frames' files are shown as
+display_path shows them (the script's own relative to its folder, libraries by package).
+"""
+from __future__ import annotations
+
+import os
+
+from ..introspection import format_bytes
+from ..version import __version__
+from . import html as report_html
+from .data import report_data
+from .verdict import html_panel
+
+REPLAY_ORDER = ("Predicted run: the x axis is replay order (the n-th allocator event of the predicted program), "
+                "not time.")
+
+
+def render(prediction: dict, snapshot: dict) -> str:
+    """The page for a prediction's to_dict() and its snapshot."""
+    from ..snapshot import parse_snapshot
+
+    snap = parse_snapshot(readable_snapshot(snapshot, script_folder(prediction["target"])), "<prediction>")
+    data = label_replay_order(report_data(snap))
+    what_if = {k: prediction[k] for k in ("what_if", "cheapest_change") if k in prediction}
+    body = [html_panel(prediction["verdict"], what_if),
+            report_html.key_value_section("Prediction (no GPU)", "provenance", summary(prediction))]
+    body += [report_html.device_section(dev) for dev in data["devices"]]
+    g = prediction["gpu"]
+    title = f"Predicted memory: {prediction['target']}"
+    return report_html.page(title, f"predicted without a GPU for {g['name']}", "\n".join(body), data, __version__)
+
+
+def summary(p: dict) -> dict[str, str]:
+    """The prediction's figures as the page's key/value rows."""
+    g = p["gpu"]
+    out = {"note": p["note"], "gpu": f"{g['name']} ({format_bytes(g['capacity_bytes'])}, usable "
+                                     f"{format_bytes(g['usable_bytes'])})"}
+    for r in p["policies"]:
+        out[f"policy {r['policy']}"] = (f"peak allocated {format_bytes(r['peak_allocated'])}, peak reserved "
+                                        f"{format_bytes(r['peak_reserved'])}, min capacity "
+                                        f"{format_bytes(r['min_capacity'])}, fits: {'yes' if r['fits'] else 'no'}")
+    if p["at_peak_phase"]:
+        out["at peak: phase"] = p["at_peak_phase"]
+    for k, v in p["at_peak"].items():
+        out[f"at peak: {k}"] = format_bytes(v)
+    for k, v in p["category_peaks"].items():
+        out[f"largest in the run: {k}"] = format_bytes(v)
+    for mk in p["at_markers"]:
+        out[f"at marker {mk['marker']} (call {mk['op']})"] = format_bytes(mk["allocated"])
+    for k, v in list(p["at_peak_modules"].items())[:10]:
+        out[f"at peak, module {k}"] = format_bytes(v)
+    if p["stopped_after"]:
+        out["stopped"] = p["stopped_after"]
+    for i, n in enumerate(p["notes"], 1):
+        out[f"note {i}: {n['kind']}"] = note_line(n)
+    return out
+
+
+def note_line(note: dict) -> str:
+    """One note (predict/notes.py's Note.as_dict()) in words: what, its bytes, where, how often.
+    The page and `amem predict`'s text say it the same way."""
+    times = f" x{note['count']}" if note["count"] > 1 else ""
+    size = f" ({format_bytes(note['bytes'])})" if note["bytes"] else ""
+    return f"{note['kind']}: {note['what']}{size} at {note['where']}{times}"
+
+
+# ============================================================================ the predicted run's trace, for reading
+def script_folder(target: str) -> str | None:
+    """The folder of a predicted script ("script train.py --x 1" -> its absolute folder)."""
+    parts = target.split()
+    if len(parts) >= 2 and parts[0] == "script" and parts[1].endswith(".py"):
+        return os.path.dirname(os.path.abspath(parts[1]))
+    return None
+
+
+def readable_snapshot(snap: dict, base: str | None) -> dict:
+    """The predicted snapshot for the report: no timestamps (the replay's clock is not the run's, so
+    the x axis counts events: replay order) and frames' files as display_path shows them."""
+    def frames(holder: dict) -> None:
+        for f in holder.get("frames") or []:
+            f["filename"] = display_path(str(f["filename"]), base)
+    for trace in snap.get("device_traces") or []:
+        for ev in trace:
+            ev.pop("time_us", None)
+            frames(ev)
+    for seg in snap.get("segments") or []:
+        for block in seg.get("blocks") or []:
+            frames(block)
+    return snap
+
+
+def display_path(filename: str, base: str | None) -> str:
+    """A frame's file as a reader wants it: relative to the script's folder when inside it, a library
+    file as package/path.py (site-packages dropped), anything else as it was."""
+    from ..code_files import short_path
+
+    if base and filename.startswith(base.rstrip(os.sep) + os.sep):
+        return os.path.relpath(filename, base)
+    return short_path(filename)
+
+
+def label_replay_order(data: dict) -> dict:
+    for dev in data.get("devices") or []:
+        notes = [n for n in dev.get("notes") or [] if "no timestamps" not in n]
+        dev["notes"] = [REPLAY_ORDER] + notes
+    return data
