@@ -1,8 +1,10 @@
 """Which code a stack frame's file belongs to: the user's own, a library's (site-packages, torch),
-the standard library's or amem's; and a library file's short name (package/path.py).
+the standard library's or amem's; a library file's short name (package/path.py); and a file as the
+user reads it (display_path: the script's own relative to its folder, libraries by package).
 
-Prediction notes name the user's line first and the library line below it; reports show library
-files by package. Both read these rules here, once.
+Prediction notes name the user's line first and the library line below it; a predicted
+allocation's frames are the user's and libraries' code up to amem's script runner; the prediction's
+text, JSON, trace and report show files with display_path. All read these rules here, once.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _AMEM_DIR = os.path.dirname(os.path.abspath(__file__))
 _STDLIB = (os.path.dirname(os.__file__),)
+_SCRIPT_RUNNER = os.path.join(_AMEM_DIR, "user_script.py")
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -46,3 +49,23 @@ def short_path(filename: str) -> str:
         if filename.startswith(root + os.sep):
             return filename[len(root) + 1:]
     return filename
+
+
+def display_path(filename: str, base: str | None) -> str:
+    """A frame's file as a reader wants it: relative to `base` (the script's folder) when inside it,
+    a library file as package/path.py (site-packages dropped), anything else as it was."""
+    if base and filename.startswith(base.rstrip(os.sep) + os.sep):
+        return os.path.relpath(filename, base)
+    return short_path(filename)
+
+
+def is_traced_file(filename: str) -> bool:
+    """Whether a frame's file shows among a predicted allocation's frames: the user's code and
+    libraries', never torch's, amem's or the standard library's."""
+    return not filename.startswith((_TORCH_DIR, _AMEM_DIR, *_STDLIB, "<frozen"))
+
+
+def is_script_runner(filename: str) -> bool:
+    """amem's script runner (user_script.py): the frames beyond it are amem's command line and the
+    `amem` console script that started it, never the user's code."""
+    return filename == _SCRIPT_RUNNER

@@ -142,10 +142,10 @@ def test_value_reads_get_stand_ins_listed_with_the_users_line(tmp_path):
     proc = amem("--json", js, "--", "python", script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("loss 0.00") == 3 and "positive" not in proc.stdout
-    notes = json.loads(js.read_text())["notes"]
-    assert {(n["kind"], n["where"], n["count"]) for n in notes} == {("stand-in", f"{script}:4", 3),
-                                                                    ("stand-in", f"{script}:6", 3)}
-    assert f"at {script}:6 x3" in proc.stdout
+    notes = json.loads(js.read_text())["notes"]   # the user's files relative to the script's folder
+    assert {(n["kind"], n["where"], n["count"]) for n in notes} == {("stand-in", "dd.py:4", 3),
+                                                                    ("stand-in", "dd.py:6", 3)}
+    assert "at dd.py:6 x3" in proc.stdout and f"at {script}" not in proc.stdout
 
 
 def test_a_script_is_stopped_after_its_steps_and_says_so(tmp_path):
@@ -192,13 +192,36 @@ def test_a_child_process_using_cuda_is_amems_limit_in_one_line(tmp_path, method)
     _one_line_error(amem("--", "python", script), 4, "a child process", "child.py:3", "cannot be predicted")
 
 
+def test_the_trace_names_the_users_files_relative_and_no_frame_of_amems(tmp_path):
+    """Started as the `amem` console script starts it (a launcher file outside amem_alloc/), the
+    trace's frames are the script's own, relative to its folder: not the launcher, not amem's."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("import torch\ndef make():\n    return torch.zeros(1024, device='cuda')\n")
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch\nsys.path.insert(0, sys.path[0])\nfrom pkg.model import make\n"
+                      "x = make()\ny = torch.ones(2048, device='cuda')\n")
+    launcher = tmp_path / "bin" / "amem"
+    launcher.parent.mkdir()
+    launcher.write_text("import sys\nfrom amem_alloc.cli import main\nsys.exit(main())\n")
+    trace, js = tmp_path / "t.pickle", tmp_path / "p.json"
+    proc = run_command([sys.executable, str(launcher), "predict", "--trace", str(trace), "--json", str(js), "--",
+                        "python", str(script)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from amem_alloc.snapshot import load_snapshot
+    events = [e for e in load_snapshot(trace)["device_traces"][0] if e["action"] == "alloc"]
+    files = {(f["filename"], f["line"]) for e in events for f in e["frames"]}
+    assert files == {("pkg/model.py", 3), ("train.py", 4), ("train.py", 5)}, files
+    largest = json.loads(js.read_text())["at_peak_largest"]
+    assert {x["where"] for x in largest} == {"pkg/model.py:3", "train.py:5"}
+
+
 def test_cuda_rng_state_is_a_stand_in(tmp_path):
     script = tmp_path / "rng.py"
     script.write_text("import torch\ns = torch.cuda.get_rng_state()\ntorch.cuda.set_rng_state(s)\n"
                       "x = torch.randn(4, device='cuda')\n")
     js = tmp_path / "p.json"
     assert amem("--json", js, "--", "python", script).returncode == 0
-    assert {n["where"] for n in json.loads(js.read_text())["notes"]} == {f"{script}:2", f"{script}:3"}
+    assert {n["where"] for n in json.loads(js.read_text())["notes"]} == {"rng.py:2", "rng.py:3"}
 
 
 def test_the_scripts_syntax_error_and_ctrl_c_keep_their_own_traceback(tmp_path):

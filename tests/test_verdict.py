@@ -19,7 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import amem_alloc  # noqa: E402
+from amem_alloc.code_files import display_path  # noqa: E402
 from amem_alloc.introspection import format_bytes  # noqa: E402
+from amem_alloc.predict.outcome import script_folder  # noqa: E402
 from amem_alloc.predict import verdict as verdict_mod  # noqa: E402
 from amem_alloc.report import predict as predict_page  # noqa: E402
 
@@ -94,11 +96,13 @@ def test_outside_any_module_is_broken_down(prediction):
 
 def test_paths_read_relative_to_the_script_and_libraries_by_package(tmp_path):
     base = str(tmp_path)
-    assert predict_page.display_path(os.path.join(base, "pkg", "model.py"), base) == os.path.join("pkg", "model.py")
+    assert display_path(os.path.join(base, "pkg", "model.py"), base) == os.path.join("pkg", "model.py")
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    assert predict_page.display_path(os.path.join(site, "torch", "nn", "linear.py"), base) == "torch/nn/linear.py"
-    assert predict_page.display_path("/elsewhere/x.py", base) == "/elsewhere/x.py"
-    assert predict_page.script_folder("script sub/train.py --x 1") == os.path.abspath("sub")
+    assert display_path(os.path.join(site, "torch", "nn", "linear.py"), base) == "torch/nn/linear.py"
+    assert display_path("/elsewhere/x.py", base) == "/elsewhere/x.py"
+    assert script_folder("script sub/train.py --x 1") == os.path.abspath("sub")
+    assert script_folder("rank 1 of 2: sub/train.py --x 1") == os.path.abspath("sub")
+    assert script_folder("step") is None and script_folder("workload mlp (size 1)") is None
 
 
 def _panel(page: str) -> str:

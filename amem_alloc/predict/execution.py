@@ -32,7 +32,6 @@ rules are in kernels/).
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import types
@@ -44,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ..code_files import is_script_runner, is_traced_file
 from . import autocast as autocast_rules
 from . import cuda_rules
 from . import known as known_mod
@@ -54,17 +54,17 @@ from .values import DataDependentError, is_fake
 __all__ = ["DataDependentError", "DeviceMode", "Recorder", "Storages", "is_fake", "user_frames"]
 
 META = torch.device("meta")
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP_DIRS = (_TORCH_DIR, _AMEM_DIR, os.path.dirname(os.__file__))
 
 
 def user_frames(limit: int = 6) -> tuple:
-    """(filename, line, function) of the caller's frames outside torch and amem, innermost first."""
+    """(filename, line, function) of the caller's frames outside torch, amem and the standard
+    library, innermost first, up to amem's script runner (code_files.py's rules)."""
     out, f = [], sys._getframe(1)
     while f is not None and len(out) < limit:
         name = f.f_code.co_filename
-        if not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen"):
+        if is_script_runner(name):
+            break
+        if is_traced_file(name):
             out.append((name, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return tuple(out)

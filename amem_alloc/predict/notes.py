@@ -10,7 +10,9 @@ beside the figures (text, JSON, report), never a silent approximation.
 
 `where` is the innermost frame of the user's own code (outside torch, amem, the standard library
 and site-packages), then the innermost library frame below it, if any: "train.py:42 (via
-transformers/trainer.py:2301)". Library paths are shortened to the package.
+transformers/trainer.py:2301)". Library paths are shortened to the package. The user's file is as
+Python names it (an absolute path, usually) while the script runs, so that an error names it
+exactly; the prediction's outputs show it relative to the script's folder (`displayed`).
 
 The notes of the session that is running now are reachable from anywhere in the engine through
 `record(...)`; outside a session it does nothing.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, is_user_file, short_path  # noqa: F401 (re-exported)
+from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, display_path, is_user_file, short_path  # noqa: F401 (re-exported)
 
 STAND_IN = "stand-in"          # a value read answered with a stand-in; the run went on
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
@@ -44,6 +46,16 @@ def call_site(skip: int = 1) -> str:
     if user and library:
         return f"{user} (via {library})"
     return user or library or "?"
+
+
+def displayed(where: str, base: str | None) -> str:
+    """call_site()'s text with its user's file as code_files.display_path shows it (relative to
+    `base`, the script's folder); the library line is already short."""
+    site, via, library = where.partition(" (via ")
+    filename, colon, line = site.rpartition(":")
+    if not colon or not line.isdigit():
+        return where
+    return f"{display_path(filename, base)}:{line}{via}{library}"
 
 
 @dataclass

@@ -24,6 +24,7 @@ of that program through amem's C++ core on the sim backend:
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,12 @@ from .. import policies as policies_mod
 from .. import replay
 from ..replay.evaluation import PolicyRow, align, evaluate, format_table
 from .._C import CoreAllocator
+from ..code_files import display_path
 from ..introspection import format_bytes
 from ..report.predict import note_line
 from ..snapshot import round_block
 from .gpus import Gpu
+from .notes import displayed
 from .verdict import text_lines as verdict_text
 from .verdict import verdict
 
@@ -61,7 +64,7 @@ def _sorted(d: dict[str, int]) -> dict[str, int]:
     return dict(sorted(d.items(), key=lambda kv: -kv[1]))
 
 
-def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
+def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10, base: str | None = None) -> AtPeak:
     sizes: dict[int, int] = {}
     allocated = peak = 0
     peak_op = -1
@@ -95,7 +98,7 @@ def at_peak(ops: list[tuple], infos: dict[int, Any], top: int = 10) -> AtPeak:
     largest = sorted(live.items(), key=lambda kv: -kv[1])[:top]
     phase = (getattr(infos.get(ops[peak_op][1]), "phase", "") or None) if peak_op >= 0 else None
     return AtPeak(peak_op, peak, _sorted(cats), _sorted(mods), _sorted(by_op),
-                  [_describe(k, n, infos.get(k)) for k, n in largest], live, phase)
+                  [_describe(k, n, infos.get(k), base) for k, n in largest], live, phase)
 
 
 @dataclass
@@ -142,9 +145,9 @@ def over_run(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, s
     return OverRun(_sorted(peaks), at_markers)
 
 
-def _describe(key: int, n: int, info: Any) -> dict:
+def _describe(key: int, n: int, info: Any, base: str | None) -> dict:
     frames = list(getattr(info, "frames", ()) or ())
-    where = f"{frames[0][0]}:{frames[0][1]}" if frames else None
+    where = f"{display_path(frames[0][0], base)}:{frames[0][1]}" if frames else None
     return {"bytes": n, "category": getattr(info, "category", None), "module": getattr(info, "module", None),
             "op": getattr(info, "op", None), "where": where}
 
@@ -166,6 +169,7 @@ class Prediction:
     what_if: list = field(default_factory=list)   # whatif.WhatIf per change asked for (whatif.py)
     autocast_keys: frozenset = frozenset()          # storages .to() made while autocast was on (report/verdict.py)
     over_run: OverRun | None = None     # each category's largest total, and the live bytes at each marker
+    script_folder: str | None = None    # the predicted script's folder: its files are shown relative to it
 
     @property
     def program(self) -> replay.Program:
@@ -207,7 +211,8 @@ class Prediction:
         return write_text(path, json.dumps(self.to_dict(), indent=1))
 
     def snapshot(self) -> dict:
-        return predicted_snapshot(self.ops, self.infos, self.trace_conf)
+        """The predicted run in torch's snapshot format, its frames' files as display_path shows them."""
+        return _display_frames(predicted_snapshot(self.ops, self.infos, self.trace_conf), self.script_folder)
 
     def write_trace(self, path: str | Path) -> Path:
         from ..snapshot import save_snapshot
@@ -235,11 +240,24 @@ def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops:
     started = time.perf_counter()
     program = replay.Program(replay.pack(ops))
     rows = evaluate(program, policies, gpu.usable, search_min_capacity=True, max_samples=0)
-    peak = at_peak(ops, infos)
+    base = script_folder(target)
+    peak = at_peak(ops, infos, base=base)
     run = over_run(ops, infos, list(markers))
+    shown = [dict(n, where=displayed(n["where"], base)) for n in notes or []]
     return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
-                      {"recording": recording_s, "analysis": time.perf_counter() - started}, list(notes or []),
-                      over_run=run)
+                      {"recording": recording_s, "analysis": time.perf_counter() - started}, shown,
+                      over_run=run, script_folder=base)
+
+
+def script_folder(target: str) -> str | None:
+    """The folder of a predicted script, from the prediction's target ("script train.py --x 1",
+    "rank 0 of 2: train.py --x 1"); None for a function or a workload."""
+    if target.startswith("rank "):
+        target = "script " + target.split(": ", 1)[-1]
+    parts = target.split()
+    if len(parts) >= 2 and parts[0] == "script" and parts[1].endswith(".py"):
+        return os.path.dirname(os.path.abspath(parts[1]))
+    return None
 
 
 # ============================================================================ text
@@ -376,6 +394,16 @@ def predicted_snapshot(ops: list[tuple], infos: dict[int, Any], conf: str = "", 
     snap = build_snapshot(alloc)
     _attach_frames(snap, infos, order, {a: k for k, a in live.items()})
     snap["allocator_settings"]["prediction"] = NOTE
+    return snap
+
+
+def _display_frames(snap: dict, base: str | None) -> dict:
+    """The snapshot's frames with their files as code_files.display_path shows them."""
+    holders = [ev for trace in snap.get("device_traces") or [] for ev in trace]
+    holders += [b for seg in snap.get("segments") or [] for b in seg.get("blocks") or []]
+    for holder in holders:
+        for f in holder.get("frames") or []:
+            f["filename"] = display_path(str(f["filename"]), base)
     return snap
 
 

@@ -4,15 +4,14 @@ Design note
 -----------
 The data is JSON-able: the prediction's `to_dict()` (what `amem predict --json` writes: the card,
 the policies' rows, what is live at the peak, the markers, the notes, the verdict and the what-ifs)
-and its snapshot (torch's format, predict/outcome.py's `predicted_snapshot`). The page opens with
+and its snapshot (torch's format, the prediction's `snapshot()`). The page opens with
 the verdict panel (report/verdict.py), then the prediction's figures as key/value rows, then the
 snapshot report's device sections. The replay's clock is not the run's, so the snapshot's
-timestamps are dropped and the time axis is labelled replay order; frames' files are shown as
-display_path shows them (the script's own relative to its folder, libraries by package).
+timestamps are dropped and the time axis is labelled replay order; its frames' files come as the
+prediction shows them (code_files.display_path: the script's own relative to its folder,
+libraries by package).
 """
 from __future__ import annotations
-
-import os
 
 from ..introspection import format_bytes
 from ..version import __version__
@@ -28,7 +27,7 @@ def render(prediction: dict, snapshot: dict) -> str:
     """The page for a prediction's to_dict() and its snapshot."""
     from ..snapshot import parse_snapshot
 
-    snap = parse_snapshot(readable_snapshot(snapshot, script_folder(prediction["target"])), "<prediction>")
+    snap = parse_snapshot(readable_snapshot(snapshot), "<prediction>")
     data = label_replay_order(report_data(snap))
     what_if = {k: prediction[k] for k in ("what_if", "cheapest_change") if k in prediction}
     body = [html_panel(prediction["verdict"], what_if),
@@ -74,38 +73,13 @@ def note_line(note: dict) -> str:
 
 
 # ============================================================================ the predicted run's trace, for reading
-def script_folder(target: str) -> str | None:
-    """The folder of a predicted script ("script train.py --x 1" -> its absolute folder)."""
-    parts = target.split()
-    if len(parts) >= 2 and parts[0] == "script" and parts[1].endswith(".py"):
-        return os.path.dirname(os.path.abspath(parts[1]))
-    return None
-
-
-def readable_snapshot(snap: dict, base: str | None) -> dict:
-    """The predicted snapshot for the report: no timestamps (the replay's clock is not the run's, so
-    the x axis counts events: replay order) and frames' files as display_path shows them."""
-    def frames(holder: dict) -> None:
-        for f in holder.get("frames") or []:
-            f["filename"] = display_path(str(f["filename"]), base)
+def readable_snapshot(snap: dict) -> dict:
+    """The predicted snapshot for the page: no timestamps (the replay's clock is not the run's, so
+    the x axis counts events: replay order)."""
     for trace in snap.get("device_traces") or []:
         for ev in trace:
             ev.pop("time_us", None)
-            frames(ev)
-    for seg in snap.get("segments") or []:
-        for block in seg.get("blocks") or []:
-            frames(block)
     return snap
-
-
-def display_path(filename: str, base: str | None) -> str:
-    """A frame's file as a reader wants it: relative to the script's folder when inside it, a library
-    file as package/path.py (site-packages dropped), anything else as it was."""
-    from ..code_files import short_path
-
-    if base and filename.startswith(base.rstrip(os.sep) + os.sep):
-        return os.path.relpath(filename, base)
-    return short_path(filename)
 
 
 def label_replay_order(data: dict) -> dict:
