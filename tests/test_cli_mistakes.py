@@ -179,3 +179,15 @@ def test_ctrl_c_during_compare_is_one_line_and_status_130(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "amem compare: interrupted" in err
+
+
+def test_one_line_is_the_first_line_with_one_command_prefix():
+    """cli/parser.one_line is every command's line, amem predict's failures included: the command
+    once, never twice, and a user's file whose name starts with "amem" still gets it."""
+    from amem_alloc.cli.parser import one_line
+
+    assert one_line(ValueError("amem: bad value"), "amem replay") == "amem: bad value"
+    assert one_line(ValueError("amem predict: stopped"), "amem predict") == "amem predict: stopped"
+    assert one_line(RuntimeError("amem_train.py:3: .item()\n  more"), "amem predict") == \
+        "amem predict: amem_train.py:3: .item()"
+    assert one_line(FileNotFoundError(2, "No such file or directory", "x.pt")) == "amem: x.pt: No such file or directory"

@@ -22,13 +22,15 @@ class Parser(argparse.ArgumentParser):
 
 
 def one_line(err: BaseException, command: str = "amem") -> str:
-    """The single line amem prints for one of its own errors."""
+    """The single line amem prints for one of its own errors (every command's, and a prediction that
+    stops: cli/predict_exits.py): its first line, prefixed with the command unless the message names
+    amem already ("amem: ...", "amem predict: ...")."""
     if isinstance(err, OSError) and err.filename is not None:
         text = f"{err.filename}: {err.strerror or err}"
     else:
         text = str(err).strip() or type(err).__name__
     text = " ".join(text.split("\n")[0].split()) if "\n" in text else text
-    return text if text.startswith("amem") else f"{command}: {text}"
+    return text if text.startswith(("amem:", "amem ")) else f"{command}: {text}"
 
 
 # ---------------------------------------------------------------------------- numbers (argparse types)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from . import exit_status
+from .parser import one_line
 
 
 def failures() -> tuple[type[BaseException], ...]:
@@ -23,11 +24,6 @@ def failures() -> tuple[type[BaseException], ...]:
     from ..predict import script as script_mod
 
     return (user_script.ScriptFailed, script_mod.PredictionTimeout, api.DataDependentError, api.NotModelledError)
-
-
-def one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return "amem predict: " + text
 
 
 def status_of(failure: BaseException, child_reports: list[dict] = ()) -> int:
@@ -48,7 +44,7 @@ def status_of(failure: BaseException, child_reports: list[dict] = ()) -> int:
               file=sys.stderr)
         return exit_status.TIMEOUT
     if isinstance(failure, api.DataDependentError):
-        print(one_line(failure), file=sys.stderr)
+        print(one_line(failure, "amem predict"), file=sys.stderr)
         return exit_status.DATA_DEPENDENT
     print(f"amem predict: {failure}; this run cannot be predicted", file=sys.stderr)
     return exit_status.NOT_MODELLED
