@@ -70,11 +70,6 @@ class Note:
         return {"kind": self.kind, "what": self.what, "where": self.where, "count": self.count,
                 "bytes": self.nbytes}
 
-    def line(self) -> str:
-        times = f" ×{self.count}" if self.count > 1 else ""
-        size = f" ({self.nbytes / 2**20:.1f} MiB)" if self.nbytes else ""
-        return f"{self.kind}: {self.what}{size} at {self.where}{times}"
-
 
 @dataclass
 class Notes:

@@ -167,7 +167,7 @@ class Prediction:
     notes: list[dict] = field(default_factory=list)   # notes.Note.as_dict(): stand-ins, estimates, not modelled
     stopped_after: str | None = None    # why the script was stopped early (script.py's step limit), in words
     what_if: list = field(default_factory=list)   # whatif.WhatIf per change asked for (whatif.py)
-    autocast_keys: frozenset = frozenset()          # storages .to() made while autocast was on (report/verdict.py)
+    autocast_keys: frozenset = frozenset()          # storages .to() made while autocast was on (predict/verdict.py)
     over_run: OverRun | None = None     # each category's largest total, and the live bytes at each marker
     script_folder: str | None = None    # the predicted script's folder: its files are shown relative to it
 
