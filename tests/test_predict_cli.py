@@ -31,6 +31,7 @@ def _one_line_error(proc, code, *needles):
 @pytest.mark.parametrize("args, needle", [
     (["--gpu", "H1000", "--workload", "mlp"], "unknown GPU 'H1000'"),
     (["--capacity-gb", "-3", "--workload", "mlp"], "capacity must be a positive number"),
+    (["--capacity-gb", "1e-12", "--workload", "mlp"], "capacity must be a positive number"),
     (["--gpu", "H100", "--capacity-gb", "3", "--workload", "mlp"], "not allowed with argument"),
     (["--policy", "torch,bogus", "--workload", "mlp"], "unknown policy 'bogus'"),
     (["--workload", "bert"], "invalid choice: 'bert'"),

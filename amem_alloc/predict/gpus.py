@@ -91,8 +91,8 @@ def get(name: str) -> Gpu:
 
 def custom(capacity_gb: float) -> Gpu:
     """A device of `capacity_gb` GiB that the caching allocator may use entirely (no context taken)."""
-    if isinstance(capacity_gb, bool) or not isinstance(capacity_gb, (int, float)) or not capacity_gb > 0 \
-            or capacity_gb > 1 << 20:
+    if isinstance(capacity_gb, bool) or not isinstance(capacity_gb, (int, float)) or not capacity_gb * GiB >= 1 \
+            or capacity_gb > 1 << 20:   # under one byte: no device to judge against (replay/evaluation.py)
         raise ValueError(f"capacity must be a positive number of GiB, got {capacity_gb!r}")
     total = int(capacity_gb * GiB)
     return Gpu(f"{capacity_gb:g}GB", f"a {capacity_gb:g} GiB device", total, (9, 0), 0, 132,
