@@ -168,6 +168,15 @@ def test_a_script_past_its_timeout_ends_with_one_line(tmp_path):
     _one_line_error(amem("--timeout", "2", "--", "python", script), 124, "--timeout 2 s", "forever.py:")
 
 
+def test_the_timeout_is_not_lost_when_its_first_raise_is(tmp_path):
+    """The deadline raises again while the script runs on: a raise swallowed once (a script's bare
+    except here; Python itself swallows one raised inside a weakref callback) does not make it hang."""
+    script = tmp_path / "swallows.py"
+    script.write_text("import torch\nx = torch.randn(8, device='cuda')\ntry:\n    while True:\n        x = x * 2\n"
+                      "except BaseException:\n    pass\nwhile True:\n    x = x * 2\n")
+    _one_line_error(amem("--timeout", "1", "--", "python", script), 124, "--timeout 1 s", "swallows.py:")
+
+
 @pytest.mark.parametrize("body, needle", [
     ("g = torch.cuda.CUDAGraph()", "CUDA graphs"),
     ("with torch.cuda.graph(None):\n    pass", "CUDA graph capture"),

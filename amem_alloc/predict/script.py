@@ -42,7 +42,9 @@ class PredictionTimeout(BaseException):
 
 
 class _Deadline:
-    """Raises PredictionTimeout in the main thread after `seconds` (SIGALRM; main thread only)."""
+    """Raises PredictionTimeout in the main thread after `seconds` (SIGALRM; main thread only), and
+    again every second after that until the script has stopped: one raise can be lost (Python
+    swallows an exception raised inside a weakref callback or a __del__, and a script may catch it)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -54,7 +56,7 @@ class _Deadline:
     def __enter__(self) -> "_Deadline":
         if self.armed:
             self.previous = signal.signal(signal.SIGALRM, self._fire)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds, 1.0)
         return self
 
     def __exit__(self, *exc: Any) -> None:
