@@ -140,6 +140,47 @@ def test_equal_ranks_are_recorded_each_and_analysed_once():
     assert result.worst.rank == 0 and result.to_dict()["ranks"][1]["same_as"] == 0
 
 
+UNEVEN = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+if rank == int(os.environ.get("FAIL_RANK", "-1")):
+    sys.exit(7)
+kept = torch.empty((rank + 1) << 24, dtype=torch.uint8, device="cuda")   # (rank + 1) x 16 MiB
+"""
+
+
+def _uneven(tmp_path, world: int, workers: int, env=None):
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN)
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        return predict_ranks(launch_mod.Launch(world, 1, None), [str(script)], "H100", "torch", steps=1,
+                             timeout=120, workers=workers)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path):
+    parallel = _uneven(tmp_path, 3, workers=2)
+    assert [(r.rank, r.same_as) for r in parallel.ranks] == [(0, None), (1, None), (2, None)]
+    for r in parallel.ranks:   # each rank's own allocation, in rank order
+        assert max(size for kind, _, size, _ in r.prediction.ops if kind == ALLOC) == (r.rank + 1) << 24
+    serial = _uneven(tmp_path, 3, workers=1)
+    assert [r.prediction.ops for r in serial.ranks] == [r.prediction.ops for r in parallel.ranks]
+    assert parallel.worst.rank == 2
+
+
+def test_a_rank_failing_in_a_worker_fails_the_prediction_with_its_status(tmp_path):
+    from amem_alloc.user_script import ScriptFailed
+
+    with pytest.raises(ScriptFailed) as failed:
+        _uneven(tmp_path, 3, workers=2, env={"FAIL_RANK": "1"})
+    assert failed.value.status == 7 and "exited with status 7" in str(failed.value)
+
+
 # ---------------------------------------------------------------------------- the command
 def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path):
     out = tmp_path / "p.json"
