@@ -83,13 +83,28 @@ def test_rank_environment_is_torchruns_and_is_restored():
 
 
 # ---------------------------------------------------------------------------- model state, first principles
-def test_fsdp2_model_state_per_rank_is_the_shard_of_params_and_adam_state():
+@pytest.fixture(scope="module")
+def fsdp2_rank0():
+    return _predict("dist_fsdp2.py", 4).rank(0).prediction
+
+
+def test_fsdp2_model_state_per_rank_is_the_shard_of_params_and_adam_state(fsdp2_rank0):
     world = 4
-    result = _predict("dist_fsdp2.py", world)
-    state = live_at_end(result.rank(0).prediction)
+    state = live_at_end(fsdp2_rank0)
     assert state.get("parameter") == PARAM_BYTES // world
     assert state.get("gradient") == PARAM_BYTES // world              # the reduce-scattered shard
     assert state.get("optimizer_state") == 2 * PARAM_BYTES // world   # exp_avg, exp_avg_sq (step on the CPU)
+
+
+def test_fsdp2_gathered_parameters_are_labelled_as_parameters(fsdp2_rank0):
+    p = fsdp2_rank0
+    gathered = [size for kind, key, size, _ in p.ops if kind == ALLOC and p.infos[key].category == "parameter (gathered)"]
+    # each is one whole parameter all-gathered from its 4 shards: a Linear's weight or its bias
+    assert sorted(set(gathered)) == [WIDTH * 4, WIDTH * WIDTH * 4]
+    # every unshard gathers both, in forward and again in backward (reshard_after_forward), 3 steps
+    assert gathered.count(WIDTH * 4) == gathered.count(WIDTH * WIDTH * 4) == LAYERS * 2 * 3
+    at_peak = {p.infos[k].category for k in p.at_peak.live if p.infos[k].op != "cublas_workspace"}
+    assert "parameter (gathered)" in at_peak and "workspace" not in at_peak
 
 
 @pytest.mark.slow

@@ -90,7 +90,10 @@ class Storages:
         return rec[1] if rec else None
 
     def key_of(self, t: torch.Tensor) -> int | None:
-        rec = self.by_id.get(id(t.untyped_storage()))
+        return self.key_of_storage(t.untyped_storage())
+
+    def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
+        rec = self.by_id.get(id(st))
         return rec[0] if rec else None
 
     def see(self, t: torch.Tensor, device: str, op: str) -> None:
