@@ -149,6 +149,23 @@ def test_ddp_model_state_is_params_grads_buckets_and_adam_state(grad_view):
     assert ddp_buckets(layer * LAYERS) == [WIDTH * 4 + WIDTH * WIDTH * 4, 3 * (WIDTH * 4 + WIDTH * WIDTH * 4)]
 
 
+@pytest.mark.parametrize("hook", ["allreduce", "fp16"])
+def test_a_scripts_own_ddp_comm_hook_is_the_one_that_runs(hook):
+    """torch's default_hooks registered by the script: amem's in-place hook stays out of the way,
+    and fp16_compress_hook's half-precision copy of each bucket (`buffer.to(float16)`, all-reduced)
+    is allocated, once per bucket per iteration: the first iteration's single bucket, then the two
+    rebuilt ones in iterations 2 and 3."""
+    prediction = _predict("dist_ddp.py", 2, env={"HOOK": hook}).rank(0).prediction
+    state = live_at_end(prediction)
+    assert state.get("parameter") == PARAM_BYTES and state.get("gradient") == 2 * PARAM_BYTES, state
+    layer = [WIDTH * WIDTH * 4, WIDTH * 4]
+    rebuilt = ddp_buckets(layer * LAYERS)
+    allocated = [size for kind, _, size, _ in prediction.ops if kind == ALLOC]
+    halves = {PARAM_BYTES // 2: 1, rebuilt[0] // 2: 2, rebuilt[1] // 2: 2}
+    expected = halves if hook == "fp16" else dict.fromkeys(halves, 0)
+    assert {h: allocated.count(h) for h in halves} == expected
+
+
 def test_equal_ranks_are_recorded_each_and_analysed_once():
     result = _predict("dist_fsdp2.py", 2, ranks=None)
     assert [(r.rank, r.same_as) for r in result.ranks] == [(0, None), (1, 0)]
