@@ -232,6 +232,14 @@ def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
     assert proc.returncode == 2 and "{rank}" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_fsdp1_is_refused_in_one_line_with_exit_4():
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
+                        str(MODELS / "dist_fsdp1.py")], timeout=300)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "FSDP1 (FullyShardedDataParallel, flat parameters) is not modelled" in proc.stderr
+    assert "dist_fsdp1.py:" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # ---------------------------------------------------------------------------- tensor parallelism
 TP_WIDTH, TP_HIDDEN = 1024, 4096   # tests/predict_models/dist_tp.py
 
