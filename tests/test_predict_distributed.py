@@ -178,7 +178,8 @@ dist.init_process_group("nccl")
 rank = dist.get_rank()
 if rank == int(os.environ.get("FAIL_RANK", "-1")):
     sys.exit(7)
-kept = torch.empty((rank + 1) << 24, dtype=torch.uint8, device="cuda")   # (rank + 1) x 16 MiB
+kept = torch.empty((rank + 1) << 26, dtype=torch.uint8, device="cuda")   # (rank + 1) x 64 MiB
+torch.nn.Linear(64, 64, device="cuda")(torch.randn(4, 64, device="cuda")).sum().backward()
 """
 
 
@@ -196,10 +197,11 @@ def _uneven(tmp_path, world: int, workers: int, env=None):
 
 
 def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path):
+    # rank 0 recorded here (backward included), ranks 1 and 2 in two workers forked after it
     parallel = _uneven(tmp_path, 3, workers=2)
     assert [(r.rank, r.same_as) for r in parallel.ranks] == [(0, None), (1, None), (2, None)]
     for r in parallel.ranks:   # each rank's own allocation, in rank order
-        assert max(size for kind, _, size, _ in r.prediction.ops if kind == ALLOC) == (r.rank + 1) << 24
+        assert max(size for kind, _, size, _ in r.prediction.ops if kind == ALLOC) == (r.rank + 1) << 26
     serial = _uneven(tmp_path, 3, workers=1)
     assert [r.prediction.ops for r in serial.ranks] == [r.prediction.ops for r in parallel.ranks]
     assert parallel.worst.rank == 2

@@ -59,13 +59,23 @@ _AMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_TORCH_DIR, _AMEM_DIR, os.path.dirname(os.__file__))
 
 
+_IS_USER_CODE: dict = {}   # code object -> whether its file is the user's (asked on every allocation)
+
+
+def _is_user_code(code) -> bool:
+    name = code.co_filename
+    user = _IS_USER_CODE[code] = not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
+    return user
+
+
 def user_frames(limit: int = 6) -> tuple:
     """(filename, line, function) of the caller's frames outside torch and amem, innermost first."""
-    out, f = [], sys._getframe(1)
+    out, f, known = [], sys._getframe(1), _IS_USER_CODE
     while f is not None and len(out) < limit:
-        name = f.f_code.co_filename
-        if not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen"):
-            out.append((name, f.f_lineno, f.f_code.co_name))
+        code = f.f_code
+        user = known.get(code)
+        if user if user is not None else _is_user_code(code):
+            out.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(out)
 

@@ -53,18 +53,6 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
     return run, done, time.perf_counter() - started
 
 
-def _import_once() -> None:
-    """What every rank's run imports, imported before the workers are forked, so that each does not
-    import it again: torch._dynamo (cuda_shims.py), the fake process group, and the parallelisms
-    prediction models (DDP, FSDP, DTensor and its device mesh)."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.device_mesh  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.distributed.tensor.parallel  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
                 timeout: float, strict: bool) -> Recording:
     """One rank's script run under prediction, as its Recording."""
@@ -87,7 +75,7 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
                                timeout=timeout, strict=strict)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}
-    for recording in record_all(launch.chosen(), record, workers, before_fork=_import_once):
+    for recording in record_all(launch.chosen(), record, workers):
         first = seen.get(recording.signature)
         if first is not None:
             results.append(RankResult(recording.rank, first.prediction, same_as=first.rank, steps=recording.steps,

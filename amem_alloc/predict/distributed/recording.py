@@ -7,11 +7,20 @@ A rank's recording (`Recording`) is what its analysis needs and nothing live: th
 markers), what each storage is (infos), the notes, the run's target and live policy, its
 signature (equal programs, equal signatures) and how long it took. Recording is most of a
 distributed prediction's time, and ranks are independent (each runs the whole script on its own
-fake world), so with W > 1 usable cores and several ranks, W worker processes are forked from
-this one after its imports (os.fork through multiprocessing's "fork" start method: nothing is
-imported or rebuilt again) and take the ranks one at a time; each sends its `Recording` back
-(pickled), and the ranks come out in rank order, as the serial loop gives them. Every chosen rank
-is still recorded; nothing is inferred from another rank.
+fake world). With W > 1 usable cores and more than two ranks, the first rank is recorded here,
+which builds once what every rank's run shares (the script's imports, torch's first-call caches:
+DTensor's sharding propagation cache alone is most of a first FSDP2 rank's time); then W worker
+processes are forked from this one (multiprocessing's "fork" start method: all of that is
+inherited, nothing is rebuilt) and take the other ranks one at a time, each sending its
+`Recording` back (pickled). The ranks come out in rank order, as the serial loop gives them, and
+every chosen rank is recorded; nothing is inferred from another rank. Before forking, the objects
+that exist are frozen out of the garbage collector (gc.freeze), so the workers' collections do
+not walk them.
+
+A worker computes its CPU tensors on one intra-op thread, as each process does under torchrun
+(OMP_NUM_THREADS=1), and as it must: the OpenMP thread team this process may have started does not
+survive fork, and a parallel CPU kernel in the child would wait for it forever (torch's DataLoader
+workers do the same).
 
 The workers are plain, non-daemonic processes (a script may start its own, e.g. a DataLoader's
 workers; ChildWatch in api.py guards those as in one process). A rank whose script fails in a
@@ -22,6 +31,7 @@ traceback the script printed was printed by the worker). A worker that dies with
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import pickle
@@ -68,18 +78,21 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def record_all(ranks: list[int], record: Callable[[int], Recording], workers: int | None = None,
-               before_fork: Callable[[], None] = lambda: None) -> Iterator[Recording]:
+def record_all(ranks: list[int], record: Callable[[int], Recording], workers: int | None = None) -> Iterator[Recording]:
     """Each rank's Recording, in rank order; `record(rank)` runs one rank. workers: processes to
-    record in (None: the usable cores; 1: this process, in turn); before_fork: run here once
-    before the workers are forked (imports every rank needs)."""
-    workers = min(usable_cores() if workers is None else workers, len(ranks))
-    if workers <= 1 or not _can_fork():
+    record in (None: the usable cores; 1: this process, in turn)."""
+    workers = usable_cores() if workers is None else workers
+    if workers <= 1 or len(ranks) <= 2 or not _can_fork():
         for rank in ranks:
             yield record(rank)
         return
-    before_fork()
-    yield from _Pool(ranks, record, workers).results()
+    yield record(ranks[0])   # here: what every rank shares is built once, and the workers inherit it
+    gc.collect()
+    gc.freeze()   # what exists now is never collected: the workers' collections skip it, its pages stay shared
+    try:
+        yield from _Pool(ranks[1:], record, min(workers, len(ranks) - 1)).results()
+    finally:
+        gc.unfreeze()
 
 
 def _can_fork() -> bool:
@@ -154,6 +167,9 @@ def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
 
 
 def _work(todo: Any, done: Any, record: Callable[[int], Recording]) -> None:
+    import torch
+
+    torch.set_num_threads(1)   # OpenMP's thread team does not survive fork (a parallel kernel would hang)
     while (rank := todo.get()) is not None:
         try:
             done.put((rank, "recorded", record(rank)))
