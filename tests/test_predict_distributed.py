@@ -215,6 +215,20 @@ def test_a_rank_failing_in_a_worker_fails_the_prediction_with_its_status(tmp_pat
     assert failed.value.status == 7 and "exited with status 7" in str(failed.value)
 
 
+def test_a_worker_that_dies_leaves_its_rank_to_be_recorded_here():
+    from amem_alloc.predict.distributed import recording
+
+    parent = os.getpid()
+
+    def record(rank):
+        if rank == 2 and os.getpid() != parent:
+            os._exit(1)   # the worker crashes without answering
+        return recording.Recording(rank, f"rank {rank}", [(ALLOC, 1, rank + 1, 0)], [], {}, "", [], 0, 0.0)
+
+    got = list(recording.record_all([0, 1, 2, 3], record, workers=2))
+    assert [(r.rank, r.ops[0][2]) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
 # ---------------------------------------------------------------------------- the command
 def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path):
     out = tmp_path / "p.json"
