@@ -127,8 +127,8 @@ def render(amem: dict, tracker: dict, config: str, world: int) -> str:
 EXPLANATION = """How the two breakdowns match (the same moment: backward of the second step, both sides):
 FSDPMemTracker's Temp + Reduce Scatter = amem's autograd_detail on the compute stream (gradients of
 activations, the recomputed block, the reduce-scatter input FSDP2 copies the gradients into);
-its Unsharded Param = amem's storages re-grown by `UntypedStorage.resize_` (FSDP2's all-gathered
-parameters; amem labels such storages "workspace"); Sharded Param + Buffer = amem's parameter;
+its Unsharded Param = amem's parameter (gathered) (FSDP2's all-gathered parameters: the storages
+FSDP2 refills with `UntypedStorage.resize_`); Sharded Param + Buffer = amem's parameter;
 All Gather and Sharded Grad = amem's all-gather buffer and reduce-scatter output on FSDP2's
 all-gather and reduce-scatter streams; OptState and Activation agree.
 The differences: the cuBLAS workspaces (32 MiB per cuBLAS handle on an H100: the forward thread's

@@ -83,13 +83,28 @@ def test_rank_environment_is_torchruns_and_is_restored():
 
 
 # ---------------------------------------------------------------------------- model state, first principles
-def test_fsdp2_model_state_per_rank_is_the_shard_of_params_and_adam_state():
+@pytest.fixture(scope="module")
+def fsdp2_rank0():
+    return _predict("dist_fsdp2.py", 4).rank(0).prediction
+
+
+def test_fsdp2_model_state_per_rank_is_the_shard_of_params_and_adam_state(fsdp2_rank0):
     world = 4
-    result = _predict("dist_fsdp2.py", world)
-    state = live_at_end(result.rank(0).prediction)
+    state = live_at_end(fsdp2_rank0)
     assert state.get("parameter") == PARAM_BYTES // world
     assert state.get("gradient") == PARAM_BYTES // world              # the reduce-scattered shard
     assert state.get("optimizer_state") == 2 * PARAM_BYTES // world   # exp_avg, exp_avg_sq (step on the CPU)
+
+
+def test_fsdp2_gathered_parameters_are_labelled_as_parameters(fsdp2_rank0):
+    p = fsdp2_rank0
+    gathered = [size for kind, key, size, _ in p.ops if kind == ALLOC and p.infos[key].category == "parameter (gathered)"]
+    # each is one whole parameter all-gathered from its 4 shards: a Linear's weight or its bias
+    assert sorted(set(gathered)) == [WIDTH * 4, WIDTH * WIDTH * 4]
+    # every unshard gathers both, in forward and again in backward (reshard_after_forward), 3 steps
+    assert gathered.count(WIDTH * 4) == gathered.count(WIDTH * WIDTH * 4) == LAYERS * 2 * 3
+    at_peak = {p.infos[k].category for k in p.at_peak.live if p.infos[k].op != "cublas_workspace"}
+    assert "parameter (gathered)" in at_peak and "workspace" not in at_peak
 
 
 @pytest.mark.slow
@@ -134,10 +149,84 @@ def test_ddp_model_state_is_params_grads_buckets_and_adam_state(grad_view):
     assert ddp_buckets(layer * LAYERS) == [WIDTH * 4 + WIDTH * WIDTH * 4, 3 * (WIDTH * 4 + WIDTH * WIDTH * 4)]
 
 
+@pytest.mark.parametrize("hook", ["allreduce", "fp16"])
+def test_a_scripts_own_ddp_comm_hook_is_the_one_that_runs(hook):
+    """torch's default_hooks registered by the script: amem's in-place hook stays out of the way,
+    and fp16_compress_hook's half-precision copy of each bucket (`buffer.to(float16)`, all-reduced)
+    is allocated, once per bucket per iteration: the first iteration's single bucket, then the two
+    rebuilt ones in iterations 2 and 3."""
+    prediction = _predict("dist_ddp.py", 2, env={"HOOK": hook}).rank(0).prediction
+    state = live_at_end(prediction)
+    assert state.get("parameter") == PARAM_BYTES and state.get("gradient") == 2 * PARAM_BYTES, state
+    layer = [WIDTH * WIDTH * 4, WIDTH * 4]
+    rebuilt = ddp_buckets(layer * LAYERS)
+    allocated = [size for kind, _, size, _ in prediction.ops if kind == ALLOC]
+    halves = {PARAM_BYTES // 2: 1, rebuilt[0] // 2: 2, rebuilt[1] // 2: 2}
+    expected = halves if hook == "fp16" else dict.fromkeys(halves, 0)
+    assert {h: allocated.count(h) for h in halves} == expected
+
+
 def test_equal_ranks_are_recorded_each_and_analysed_once():
     result = _predict("dist_fsdp2.py", 2, ranks=None)
     assert [(r.rank, r.same_as) for r in result.ranks] == [(0, None), (1, 0)]
     assert result.worst.rank == 0 and result.to_dict()["ranks"][1]["same_as"] == 0
+
+
+UNEVEN = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+if rank == int(os.environ.get("FAIL_RANK", "-1")):
+    sys.exit(7)
+kept = torch.empty((rank + 1) << 26, dtype=torch.uint8, device="cuda")   # (rank + 1) x 64 MiB
+torch.nn.Linear(64, 64, device="cuda")(torch.randn(4, 64, device="cuda")).sum().backward()
+"""
+
+
+def _uneven(tmp_path, world: int, workers: int, env=None):
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN)
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        return predict_ranks(launch_mod.Launch(world, 1, None), [str(script)], "H100", "torch", steps=1,
+                             timeout=120, workers=workers)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path):
+    # rank 0 recorded here (backward included), ranks 1 and 2 in two workers forked after it
+    parallel = _uneven(tmp_path, 3, workers=2)
+    assert [(r.rank, r.same_as) for r in parallel.ranks] == [(0, None), (1, None), (2, None)]
+    for r in parallel.ranks:   # each rank's own allocation, in rank order
+        assert max(size for kind, _, size, _ in r.prediction.ops if kind == ALLOC) == (r.rank + 1) << 26
+    serial = _uneven(tmp_path, 3, workers=1)
+    assert [r.prediction.ops for r in serial.ranks] == [r.prediction.ops for r in parallel.ranks]
+    assert parallel.worst.rank == 2
+
+
+def test_a_rank_failing_in_a_worker_fails_the_prediction_with_its_status(tmp_path):
+    from amem_alloc.user_script import ScriptFailed
+
+    with pytest.raises(ScriptFailed) as failed:
+        _uneven(tmp_path, 3, workers=2, env={"FAIL_RANK": "1"})
+    assert failed.value.status == 7 and "exited with status 7" in str(failed.value)
+
+
+def test_a_worker_that_dies_leaves_its_rank_to_be_recorded_here():
+    from amem_alloc.predict.distributed import recording
+
+    parent = os.getpid()
+
+    def record(rank):
+        if rank == 2 and os.getpid() != parent:
+            os._exit(1)   # the worker crashes without answering
+        return recording.Recording(rank, f"rank {rank}", [(ALLOC, 1, rank + 1, 0)], [], {}, "", [], 0, 0.0)
+
+    got = list(recording.record_all([0, 1, 2, 3], record, workers=2))
+    assert [(r.rank, r.ops[0][2]) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 # ---------------------------------------------------------------------------- the command
@@ -157,6 +246,14 @@ def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--trace",
                         str(tmp_path / "t.pickle"), "--", "python", str(MODELS / "dist_fsdp2.py")], timeout=120)
     assert proc.returncode == 2 and "{rank}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fsdp1_is_refused_in_one_line_with_exit_4():
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
+                        str(MODELS / "dist_fsdp1.py")], timeout=300)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "FSDP1 (FullyShardedDataParallel, flat parameters) is not modelled" in proc.stderr
+    assert "dist_fsdp1.py:" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ---------------------------------------------------------------------------- tensor parallelism

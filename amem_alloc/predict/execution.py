@@ -56,16 +56,29 @@ __all__ = ["DataDependentError", "DeviceMode", "Recorder", "Storages", "is_fake"
 META = torch.device("meta")
 
 
+_RUNNER, _TRACED, _SKIPPED = 0, 1, 2
+_CODE_KIND: dict = {}   # code object -> _RUNNER, _TRACED or _SKIPPED (asked on every allocation)
+
+
+def _code_kind(code) -> int:
+    name = code.co_filename
+    kind = _CODE_KIND[code] = _RUNNER if is_script_runner(name) else _TRACED if is_traced_file(name) else _SKIPPED
+    return kind
+
+
 def user_frames(limit: int = 6) -> tuple:
     """(filename, line, function) of the caller's frames outside torch, amem and the standard
     library, innermost first, up to amem's script runner (code_files.py's rules)."""
-    out, f = [], sys._getframe(1)
+    out, f, known = [], sys._getframe(1), _CODE_KIND
     while f is not None and len(out) < limit:
-        name = f.f_code.co_filename
-        if is_script_runner(name):
+        code = f.f_code
+        kind = known.get(code)
+        if kind is None:
+            kind = _code_kind(code)
+        if kind == _RUNNER:
             break
-        if is_traced_file(name):
-            out.append((name, f.f_lineno, f.f_code.co_name))
+        if kind == _TRACED:
+            out.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     return tuple(out)
 
@@ -90,7 +103,10 @@ class Storages:
         return rec[1] if rec else None
 
     def key_of(self, t: torch.Tensor) -> int | None:
-        rec = self.by_id.get(id(t.untyped_storage()))
+        return self.key_of_storage(t.untyped_storage())
+
+    def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
+        rec = self.by_id.get(id(st))
         return rec[0] if rec else None
 
     def see(self, t: torch.Tensor, device: str, op: str) -> None:

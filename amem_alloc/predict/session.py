@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import sys
 import weakref
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -64,6 +65,23 @@ class AllocationListener(Protocol):
     def on_alloc(self, key: int, stream: int, info: AllocInfo) -> None: ...
     def on_free(self, key: int) -> None: ...
     def on_marker(self, name: str) -> None: ...
+
+
+GATHERED_PARAMETER = "parameter (gathered)"   # FSDP's unsharded parameters (_unsharding)
+_UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
+
+
+def _unsharding(frame, depth: int = 3) -> bool:
+    """Whether a storage's resize_ comes from FSDP refilling an unsharded parameter: FSDP2's
+    `alloc_storage` (the all-gather output a parameter is a view of), FSDP1's `_alloc_storage`
+    (the padded flat parameter, through TypedStorage._resize_). torch regrows a freed storage
+    with resize_ for nothing else; the storage's earlier life (the first all-gather output, made
+    by torch.empty) was the same parameter and is labelled with it."""
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name in _UNSHARDING and "distributed" in frame.f_code.co_filename:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 _INHERITED = object()   # a patched class attribute that the class itself did not define
@@ -115,6 +133,7 @@ class FakeCudaSession:
         self.known = KnownValues()   # the real values of small fake tensors made from known data
         self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
+        self.gathered_params: set[int] = set()   # keys of FSDP's unsharded parameters (_unsharding)
         self._patches: list = []
         self._modes: list = []
         self._in_backward = False
@@ -273,6 +292,9 @@ class FakeCudaSession:
         out = {}
         for key, info in self.infos.items():
             rec = self.records.get(key)
+            if key in self.gathered_params:
+                out[key] = replace(info, category=GATHERED_PARAMETER)
+                continue
             if info.category == "workspace" or rec is None:
                 out[key] = info
                 continue
@@ -298,9 +320,12 @@ class FakeCudaSession:
         orig_resize = torch.UntypedStorage.resize_
 
         def resize_(storage, size):   # outside any op: FSDP frees and refills storages so
+            before = self.storages.key_of_storage(storage)
             out = orig_resize(storage, size)
             if storage.device.type == "meta":
                 self.storages.resized(storage, int(size))
+                if int(size) > 0 and _unsharding(sys._getframe(1)):
+                    self.gathered_params.update({before, self.storages.key_of_storage(storage)} - {None})
             return out
         self._set(torch.UntypedStorage, "resize_", resize_)
         orig_run = torch.autograd._engine_run_backward

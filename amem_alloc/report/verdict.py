@@ -16,7 +16,7 @@ from ..introspection import format_bytes
 from .html import esc
 
 GROUPS = (  # (label, colour, the Tracer's categories, the letter of the text bar)
-    ("parameters", "#4e79a7", ("parameter", "buffer"), "P"),
+    ("parameters", "#4e79a7", ("parameter", "parameter (gathered)", "buffer"), "P"),
     ("gradients", "#f28e2b", ("gradient",), "G"),
     ("optimizer state", "#e15759", ("optimizer_state",), "O"),
     ("activations", "#76b7b2", ("activation", "autograd_detail"), "A"),

@@ -17,6 +17,8 @@ above the Recorder, adds what ProcessGroupNCCL does beyond that
   `TORCH_NCCL_AVOID_RECORD_STREAMS=1` stashing instead — the same lifetime either way). Here each
   such tensor is recorded as used on the group's NCCL stream (stream_uses.py), so a free before
   the wait is held until `work.wait()` / `wait_tensor` makes the current stream wait for it.
+* A work's future holds the op's outputs, as NCCL's (`fut.value()[0]` is the reduced tensor: a
+  DDP comm hook such as torch's `allreduce_hook` reads it); the fake group's holds nothing.
 * The list forms flatten: `allgather` into a list of tensors gathers into one flat buffer of
   world x input bytes, then copies out; `reduce_scatter` of a list copies the inputs into one flat
   buffer of world x output bytes (`newLikeFlat`). The buffer lives for the call.
@@ -80,7 +82,7 @@ class CollectiveMode(TorchDispatchMode):
             stream = self.nccl_stream(self._group(func, args))
             for t in _tensors(args) + _tensors(out):
                 stream_uses.record(t, stream)
-        return out
+        return _with_valued_work(out)
 
     def waited(self) -> None:
         """The current stream waits for the NCCL streams: frees held for them complete."""
@@ -114,6 +116,21 @@ class CollectiveMode(TorchDispatchMode):
             return None
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         return self.session.storages.alloc_extra(nbytes, f"nccl_{func.__name__.split('.')[0]}_flat")
+
+
+def _with_valued_work(out: Any) -> Any:
+    """A c10d op's (outputs, work) with a work whose future holds the outputs, as NCCL's does
+    (ProcessGroupNCCL.cpp `collective()`: `future_->markCompleted(outputs)`); the fake group's
+    future holds None, and a DDP comm hook reads the reduced bucket from it
+    (`fut.value()[0]`, default_hooks.py)."""
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.ScriptObject)):
+        return out
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    outputs = out[0] if isinstance(out[0], (list, tuple)) else [out[0]]
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(list(outputs))
+    return out[0], _create_work_from_future(future).boxed()
 
 
 class WorkWaits:

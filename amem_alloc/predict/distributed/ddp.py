@@ -17,12 +17,14 @@ of the gradients lives beside the buckets). torch runs all of this; what predict
   `FakeGroupDDP` puts a subclass in `torch.distributed.Reducer` that runs the constructor and
   `_rebuild_buckets` with the parameters' device as the device its allocations name.
 * Its default communication hook (comm.cpp `AllReduceCommHook`) all-reduces each bucket in place
-  and reads the reduced tensor from the work's future; the fake group's future carries no value,
-  so the reducer stops ("expected the hook result is either a Tensor or a TensorList found
-  None"). Right after DDP's constructor a hook that allocates what the default one does — nothing:
-  the all-reduce runs in place on the bucket and divides it in place by the world size — and hands
-  the bucket back is registered. A script that registers its own comm hook then meets DDP's "can
-  only be called once" (not modelled).
+  and reads the reduced tensor from the work's future, which the fake group's C++ default path
+  leaves without a value ("expected the hook result is either a Tensor or a TensorList found
+  None"). At a DDP's first forward, if the script registered no hook of its own
+  (`register_comm_hook`, `_register_builtin_comm_hook`), a hook that allocates what the default
+  one does — nothing: the all-reduce runs in place on the bucket and divides it in place by the
+  world size — and hands the bucket back is registered. A script's own hook (torch's
+  `allreduce_hook`, `fp16_compress_hook` and its half-precision copy of the bucket, or the
+  script's) runs instead, reading the reduced tensor from the work's future (collectives.py).
 """
 from __future__ import annotations
 
@@ -99,20 +101,39 @@ class FakeGroupDDP:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.original_init, self.original_reducer = DDP.__init__, dist.Reducer
+        self.saved = [(DDP, name, DDP.__dict__[name]) for name in _WRAPPED]
+        self.original_reducer = dist.Reducer
         dist.Reducer = _reducer_class(dist.Reducer, self.session, self.waited)
         _annotate()
-        original = self.original_init
-
-        def init(ddp: Any, *args: Any, **kwargs: Any) -> None:
-            original(ddp, *args, **kwargs)
-            ddp.register_comm_hook(ddp.process_group, _allreduce_in_place)
-
-        DDP.__init__ = init
+        DDP.register_comm_hook = _noting_hook(DDP.register_comm_hook)
+        DDP._register_builtin_comm_hook = _noting_hook(DDP._register_builtin_comm_hook)
+        DDP.forward = _hooked_at_first_forward(DDP.forward)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
-        DDP.__init__, dist.Reducer = self.original_init, self.original_reducer
+        for owner, name, original in self.saved:
+            setattr(owner, name, original)
+        dist.Reducer = self.original_reducer
+
+
+_WRAPPED = ("register_comm_hook", "_register_builtin_comm_hook", "forward")
+
+
+def _noting_hook(register: Callable) -> Callable:
+    """DDP's register_comm_hook (or the built-in form), noting that the DDP has its hook."""
+    def wrapped(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+        result = register(ddp, *args, **kwargs)
+        ddp._amem_has_hook = True
+        return result
+    return wrapped
+
+
+def _hooked_at_first_forward(forward: Callable) -> Callable:
+    """DDP's forward; at the first, a DDP the script gave no comm hook gets the in-place one."""
+    def wrapped(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(ddp, "_amem_has_hook", False):
+            ddp.register_comm_hook(ddp.process_group, _allreduce_in_place)
+        return forward(ddp, *args, **kwargs)
+    return wrapped

@@ -5,7 +5,7 @@ Design note
 -----------
 torchrun (torch/distributed/run.py) starts `--nproc-per-node` processes on each of `--nnodes`
 nodes; rank r sees RANK=r, LOCAL_RANK=r % nproc, WORLD_SIZE=nnodes*nproc (environment.py).
-Prediction runs each rank's script in this process, one after the other, so only the options that
+Prediction runs each rank's script itself (ranks.py, recording.py), so only the options that
 decide the ranks' shape matter here; rendezvous, restarts and monitoring options are accepted and
 ignored. An elastic range (`--nnodes 1:4`) or `--nproc-per-node gpu|auto` has no fixed shape and
 is refused with one line.

@@ -30,6 +30,7 @@ class RankResult:
     prediction: Prediction
     same_as: int | None = None      # an earlier rank with an equal recorded program
     steps: int = 0
+    recording_s: float = 0.0       # the rank's recording, wall time (its own, equal or not)
 
 
 @dataclass

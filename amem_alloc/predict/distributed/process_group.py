@@ -18,6 +18,11 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 At the end of the rank every process group is destroyed, so the next rank starts from none.
+
+FSDP1 (`FullyShardedDataParallel`, flat parameters) is refused where the script makes one: its
+runtime compares the flat parameter's device with its compute device in its hooks, where the fake
+tensors show their real device (meta), so it stops with an AssertionError that says nothing of
+prediction. Making one raises NotModelledError (exit 4, one line) instead.
 """
 from __future__ import annotations
 
@@ -27,6 +32,14 @@ from .. import notes
 from .launch import Launch
 
 FAKE = "fake"
+
+
+FSDP1_REFUSED = ("FSDP1 (FullyShardedDataParallel, flat parameters) is not modelled under prediction; "
+                 "FSDP2's fully_shard is (torch.distributed.fsdp.fully_shard)")
+
+
+def _fsdp1_refused(module: Any, *args: Any, **kwargs: Any) -> None:
+    raise notes.NotModelledError(FSDP1_REFUSED)
 
 
 class FakeWorld:
@@ -66,6 +79,9 @@ class FakeWorld:
         self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
         self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self._set(torch, "meta", torch.cuda)
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        self._set(FullyShardedDataParallel, "__init__", _fsdp1_refused)
         return self
 
     def __exit__(self, *exc: Any) -> None:

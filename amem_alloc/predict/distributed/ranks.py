@@ -1,5 +1,5 @@
-"""Predicting every rank of a distributed job: each rank's script runs under prediction in turn,
-on torch's fake process group, and ranks whose recorded programs are equal are analysed once.
+"""Predicting every rank of a distributed job: each rank's script runs under prediction on torch's
+fake process group, and ranks whose recorded programs are equal are analysed once.
 
 Design note
 -----------
@@ -7,16 +7,17 @@ A rank's run is `api.predicting` (fake CUDA, the live allocator, torch.cuda's st
 `device_count` = processes per node) around, in this order: the rank's environment
 (environment.py), its fake world (process_group.py), NCCL's streams and lifetimes
 (collectives.py), then the user's script (script.py: steps and time limits, as for one process).
-Ranks run one after another in this process; every process group is destroyed between them.
+Every process group is destroyed at the end of a rank. The ranks are recorded in worker processes
+forked from this one where the machine has the cores, else one after another here
+(recording.py); either way each chosen rank's script runs and its program is recorded.
 
-Most ranks of a data-parallel job allocate the same sequence: their programs are compared (each
-op's kind, key, size, and its stream numbered by first use, since stream ids differ between runs)
-and a rank equal to an earlier one takes its analysis (`same_as`); only distinct programs go
-through the per-policy replay and min-capacity search.
+Most ranks of a data-parallel job allocate the same sequence: their programs are compared
+(recording.program_signature) and a rank equal to an earlier one takes its analysis (`same_as`);
+only distinct programs go through the per-policy replay and min-capacity search.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import time
 from typing import Any
 
@@ -28,27 +29,15 @@ from .environment import RankEnvironment
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
 from .process_group import FakeWorld
+from .recording import Recording, record_all
 
 
-def program_signature(ops: list[tuple], markers: list[tuple]) -> str:
-    """A digest of a recorded program that is equal for equal allocation sequences."""
-    streams: dict[int, int] = {}
-    h = hashlib.blake2b(digest_size=16)
-    for kind, key, size, stream in ops:
-        s = streams.setdefault(stream, len(streams)) if kind == 0 else 0
-        h.update(f"{kind},{key},{size},{s};".encode())
-    h.update(repr([m for m in markers]).encode())
-    return h.hexdigest()
-
-
-def _analyse(run: Any, seconds: float) -> Any:
-    """The per-policy analysis that `predicting` makes on exit (api.py), for a run made without it."""
+def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
+    """The per-policy analysis that `predicting` makes on exit (api.py), of one rank's recording."""
     from ..outcome import analyse
 
-    infos = dict(run.live.infos)
-    infos.update(getattr(run.session, "infos", None) or {})
-    return analyse(run.target, run.gpu, run.policies, run.live.ops, infos, run.live.markers,
-                   run.live_policy.conf, seconds, notes=run.session.notes.as_list())
+    return analyse(recording.target, gpu, policies, recording.ops, recording.infos, recording.markers,
+                   recording.trace_conf, recording.seconds, notes=recording.notes)
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
@@ -64,23 +53,38 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
     return run, done, time.perf_counter() - started
 
 
+def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
+                timeout: float, strict: bool) -> Recording:
+    """One rank's script run under prediction, as its Recording."""
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
+    infos = dict(run.live.infos)
+    infos.update(getattr(run.session, "infos", None) or {})  # the engine's final word on each storage
+    return Recording(rank, run.target, run.live.ops, list(run.live.markers), infos, run.live_policy.conf,
+                     run.session.notes.as_list(), done, seconds)
+
+
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
-                  timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False) -> RankPrediction:
-    """Every chosen rank recorded; each distinct program analysed once. Exceptions of a rank's
-    script (user_script.ScriptFailed, DataDependentError, NotModelledError, PredictionTimeout)
-    go on unchanged."""
+                  timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False,
+                  workers: int | None = None) -> RankPrediction:
+    """Every chosen rank recorded (in `workers` processes; None: the usable cores); each distinct
+    program analysed once. Exceptions of a rank's script (user_script.ScriptFailed,
+    DataDependentError, NotModelledError, PredictionTimeout) go on unchanged, the lowest failing
+    rank's."""
+    gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
+    record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
+                               timeout=timeout, strict=strict)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}
-    for rank in launch.chosen():
-        run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
-        signature = program_signature(run.live.ops, run.live.markers)
-        first = seen.get(signature)
+    for recording in record_all(launch.chosen(), record, workers):
+        first = seen.get(recording.signature)
         if first is not None:
-            results.append(RankResult(rank, first.prediction, same_as=first.rank, steps=done))
+            results.append(RankResult(recording.rank, first.prediction, same_as=first.rank, steps=recording.steps,
+                                      recording_s=recording.seconds))
             continue
-        prediction = _analyse(run, seconds)
-        prediction.stopped_after = script_mod.stopped_after_line(done, steps)
-        result = RankResult(rank, prediction, same_as=None, steps=done)
-        seen[signature] = result
+        prediction = _analyse(recording, gpu, policies)
+        prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps)
+        result = RankResult(recording.rank, prediction, same_as=None, steps=recording.steps,
+                            recording_s=recording.seconds)
+        seen[recording.signature] = result
         results.append(result)
     return RankPrediction(launch, results)

@@ -1,0 +1,195 @@
+"""One rank's recorded program, and every chosen rank recorded: in this process, or in forked
+worker processes when the machine has the cores.
+
+Design note
+-----------
+A rank's recording (`Recording`) is what its analysis needs and nothing live: the program (ops,
+markers), what each storage is (infos), the notes, the run's target and live policy, its
+signature (equal programs, equal signatures) and how long it took. Recording is most of a
+distributed prediction's time, and ranks are independent (each runs the whole script on its own
+fake world). With W > 1 usable cores and more than two ranks, the first rank is recorded here,
+which builds once what every rank's run shares (the script's imports, torch's first-call caches:
+DTensor's sharding propagation cache alone is most of a first FSDP2 rank's time); then W worker
+processes are forked from this one (multiprocessing's "fork" start method: all of that is
+inherited, nothing is rebuilt) and take the other ranks one at a time, each sending its
+`Recording` back (pickled). The ranks come out in rank order, as the serial loop gives them, and
+every chosen rank is recorded; nothing is inferred from another rank. Before forking, the objects
+that exist are frozen out of the garbage collector (gc.freeze), so the workers' collections do
+not walk them.
+
+A worker computes its CPU tensors on one intra-op thread, as each process does under torchrun
+(OMP_NUM_THREADS=1), and as it must: the OpenMP thread team this process may have started does not
+survive fork, and a parallel CPU kernel in the child would wait for it forever (torch's DataLoader
+workers do the same).
+
+The workers are plain, non-daemonic processes (a script may start its own, e.g. a DataLoader's
+workers; ChildWatch in api.py guards those as in one process). A rank whose script fails in a
+worker fails the prediction as it would in order: the lowest failing rank's exception is raised
+here once every rank below it is recorded (its attributes and message carried back; the
+traceback the script printed was printed by the worker). A worker that dies without answering
+(a crash, a kill) leaves its ranks to be recorded here, in this process.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import pickle
+import queue
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .launch import Launch
+
+_POLL_S = 1.0   # how often the parent checks that its workers are alive while it waits
+
+
+@dataclass
+class Recording:
+    rank: int
+    target: str
+    ops: list[tuple]
+    markers: list[tuple]
+    infos: dict[int, Any]
+    trace_conf: str
+    notes: list[dict]
+    steps: int          # optimizer steps the script made
+    seconds: float      # the rank's recording, wall time
+    signature: str = ""
+
+    def __post_init__(self) -> None:
+        self.signature = self.signature or program_signature(self.ops, self.markers)
+
+
+def program_signature(ops: list[tuple], markers: list[tuple]) -> str:
+    """A digest of a recorded program that is equal for equal allocation sequences (each op's kind,
+    key, size, and its stream numbered by first use, since stream ids differ between runs)."""
+    streams: dict[int, int] = {}
+    h = hashlib.blake2b(digest_size=16)
+    for kind, key, size, stream in ops:
+        s = streams.setdefault(stream, len(streams)) if kind == 0 else 0
+        h.update(f"{kind},{key},{size},{s};".encode())
+    h.update(repr(list(markers)).encode())
+    return h.hexdigest()
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def record_all(ranks: list[int], record: Callable[[int], Recording], workers: int | None = None) -> Iterator[Recording]:
+    """Each rank's Recording, in rank order; `record(rank)` runs one rank. workers: processes to
+    record in (None: the usable cores; 1: this process, in turn)."""
+    workers = usable_cores() if workers is None else workers
+    if workers <= 1 or len(ranks) <= 2 or not _can_fork():
+        for rank in ranks:
+            yield record(rank)
+        return
+    yield record(ranks[0])   # here: what every rank shares is built once, and the workers inherit it
+    gc.collect()
+    gc.freeze()   # what exists now is never collected: the workers' collections skip it, its pages stay shared
+    try:
+        yield from _Pool(ranks[1:], record, min(workers, len(ranks) - 1)).results()
+    finally:
+        gc.unfreeze()
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+# ============================================================================ the workers
+class _Pool:
+    """Forked workers taking ranks from a queue; their answers, in rank order."""
+
+    def __init__(self, ranks: list[int], record: Callable[[int], Recording], workers: int) -> None:
+        import multiprocessing
+
+        self.ranks, self.record = ranks, record
+        context = multiprocessing.get_context("fork")
+        self.todo, self.done = context.Queue(), context.Queue()
+        for rank in ranks:
+            self.todo.put(rank)
+        for _ in range(workers):
+            self.todo.put(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.processes = [context.Process(target=_work, args=(self.todo, self.done, record), daemon=False)
+                          for _ in range(workers)]
+        for p in self.processes:
+            p.start()
+
+    def results(self) -> Iterator[Recording]:
+        answers: dict[int, tuple[str, Any]] = {}
+        try:
+            for rank in self.ranks:
+                while rank not in answers:
+                    if not self._wait(answers):
+                        break
+                kind, value = answers.pop(rank) if rank in answers else ("here", None)
+                if kind == "failed":
+                    raise _rebuilt(value) if value is not None else _rerun_here(self.record, rank)
+                yield value if kind == "recorded" else self.record(rank)
+        finally:
+            self._stop()
+
+    def _wait(self, answers: dict[int, tuple[str, Any]]) -> bool:
+        """One answer into `answers`; False when no worker is left to give one."""
+        while True:
+            try:
+                rank, kind, value = self.done.get(timeout=_POLL_S)
+                answers[rank] = (kind, value)
+                return True
+            except queue.Empty:
+                if not any(p.is_alive() for p in self.processes):
+                    return False
+
+    def _stop(self) -> None:
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+        for p in self.processes:
+            p.join()
+        self.todo.cancel_join_thread()
+        self.done.cancel_join_thread()
+
+
+def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
+    """A failed rank whose exception could not be carried back: its failure, recorded here."""
+    try:
+        record(rank)
+    except BaseException as failure:  # noqa: BLE001 - handed on unchanged
+        return failure
+    return RuntimeError(f"rank {rank} failed in a worker process and not when recorded again")
+
+
+def _work(todo: Any, done: Any, record: Callable[[int], Recording]) -> None:
+    import torch
+
+    torch.set_num_threads(1)   # OpenMP's thread team does not survive fork (a parallel kernel would hang)
+    while (rank := todo.get()) is not None:
+        try:
+            done.put((rank, "recorded", record(rank)))
+        except BaseException as failure:  # noqa: BLE001 - carried to the parent, raised there
+            done.put((rank, "failed", _portable(failure)))
+            return
+
+
+def _portable(failure: BaseException) -> bytes | None:
+    """The exception's class, args and attributes, pickled (None if they cannot be)."""
+    try:
+        return pickle.dumps((type(failure), failure.args, dict(vars(failure))))
+    except Exception:  # noqa: BLE001 - the parent records the rank again instead
+        return None
+
+
+def _rebuilt(state: bytes) -> BaseException:
+    cls, args, attrs = pickle.loads(state)
+    failure = cls.__new__(cls)
+    failure.args = args
+    failure.__dict__.update(attrs)
+    return failure
+
