@@ -107,6 +107,17 @@ def test_fsdp2_gathered_parameters_are_labelled_as_parameters(fsdp2_rank0):
     assert "parameter (gathered)" in at_peak and "workspace" not in at_peak
 
 
+def test_fsdp2_cpu_offload_keeps_sharded_model_state_off_the_gpu():
+    """CPUOffloadPolicy: the sharded parameters, their gradients and AdamW's state live on the CPU;
+    only the gathered parameters (and the gradients on their way to the CPU) transit the GPU."""
+    p = _predict("dist_fsdp2_offload.py", 4).rank(0).prediction
+    assert live_at_end(p) == {}   # no parameter, gradient or optimizer-state bytes on the GPU
+    state = {"parameter", "gradient", "optimizer_state"}
+    assert not any(p.infos[key].category in state for kind, key, _, _ in p.ops if kind == ALLOC)
+    gathered = [size for kind, key, size, _ in p.ops if kind == ALLOC and p.infos[key].category == "parameter (gathered)"]
+    assert gathered.count(WIDTH * 4) == gathered.count(WIDTH * WIDTH * 4) == LAYERS * 2 * 3   # as without offload
+
+
 @pytest.mark.slow
 def test_fsdp2_model_state_shrinks_as_one_over_n():
     for world in (1, 2, 4, 8):
