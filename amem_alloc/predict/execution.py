@@ -19,9 +19,9 @@ allocation is recorded. A fake tensor brought back (`loss.cpu()`) is a fake CPU 
 no value either. Parameters are always fake (session.py): their values never decide what CUDA
 allocates, and a 7B model built on the CPU would need 28 GB of RAM.
 
-Which meta tensors are "CUDA" is kept beside them, per storage (`Storages`). A torch-function mode
-(`DeviceMode`) rewrites CUDA devices to meta on the way in and answers `tensor.device`, `is_cuda`,
-`get_device()` as the user's code expects; it applies CUDA's autocast policy (meta tensors have
+Which meta tensors are "CUDA" is kept beside them, per storage (`Storages`, storages.py). A
+torch-function mode (`DeviceMode`) rewrites CUDA devices to meta on the way in and answers
+`tensor.device`, `is_cuda`, `get_device()` as the user's code expects; it applies CUDA's autocast policy (meta tensors have
 no autocast kernels: see autocast.py) and answers reads of a fake tensor's value with a stand-in
 (values.py). A torch-dispatch mode (`Recorder`), below autograd, sees every aten op: each new
 storage of an op on fake tensors is an allocation (its nominal bytes: the allocator rounds), and
@@ -31,11 +31,8 @@ rules are in kernels/).
 """
 from __future__ import annotations
 
-import itertools
-import sys
 import threading
 import types
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -43,123 +40,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..code_files import is_script_runner, is_traced_file
 from . import autocast as autocast_rules
 from . import cuda_rules
 from . import known as known_mod
 from . import notes as notes_mod
 from . import values
+from .storages import Storages
 from .values import DataDependentError, is_fake
 
-__all__ = ["DataDependentError", "DeviceMode", "Recorder", "Storages", "is_fake", "user_frames"]
+__all__ = ["DataDependentError", "DeviceMode", "Recorder", "is_fake"]
 
 META = torch.device("meta")
-
-
-_RUNNER, _TRACED, _SKIPPED = 0, 1, 2
-_CODE_KIND: dict = {}   # code object -> _RUNNER, _TRACED or _SKIPPED (asked on every allocation)
-
-
-def _code_kind(code) -> int:
-    name = code.co_filename
-    kind = _CODE_KIND[code] = _RUNNER if is_script_runner(name) else _TRACED if is_traced_file(name) else _SKIPPED
-    return kind
-
-
-def user_frames(limit: int = 6) -> tuple:
-    """(filename, line, function) of the caller's frames outside torch, amem and the standard
-    library, innermost first, up to amem's script runner (code_files.py's rules)."""
-    out, f, known = [], sys._getframe(1), _CODE_KIND
-    while f is not None and len(out) < limit:
-        code = f.f_code
-        kind = known.get(code)
-        if kind is None:
-            kind = _code_kind(code)
-        if kind == _RUNNER:
-            break
-        if kind == _TRACED:
-            out.append((code.co_filename, f.f_lineno, code.co_name))
-        f = f.f_back
-    return tuple(out)
-
-
-# ============================================================================ which storages are CUDA
-class Storages:
-    """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one
-    Python object per storage while any tensor holds it, so a weak reference to it fires exactly
-    when the storage dies."""
-
-    def __init__(self, on_alloc: Callable, on_free: Callable):
-        self.by_id: dict[int, tuple[int, str, int]] = {}   # id -> (key, device, nbytes)
-        self.refs: dict[int, weakref.ref] = {}              # id -> the weak reference that reports the free
-        self.on_alloc, self.on_free = on_alloc, on_free
-        self.next_key = itertools.count(1).__next__
-        self.last_key = None   # the newest storage's key
-
-    def device_of(self, t: torch.Tensor) -> str | None:
-        if t.device.type != "meta":
-            return t.device.type
-        rec = self.by_id.get(id(t.untyped_storage()))
-        return rec[1] if rec else None
-
-    def key_of(self, t: torch.Tensor) -> int | None:
-        return self.key_of_storage(t.untyped_storage())
-
-    def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
-        rec = self.by_id.get(id(st))
-        return rec[0] if rec else None
-
-    def see(self, t: torch.Tensor, device: str, op: str) -> None:
-        st = t.untyped_storage()
-        sid, nbytes = id(st), st.nbytes()
-        rec = self.by_id.get(sid)
-        if rec is not None:
-            if nbytes > rec[2]:   # resize_ grew it: torch allocates a new block and frees the old
-                self._died(sid, rec[0], rec[1])
-                key, device = self._new(sid, device, nbytes, op, t)
-                self.refs[sid] = weakref.ref(st, lambda _, sid=sid, key=key, device=device: self._died(sid, key, device))
-            return
-        key, device = self._new(sid, device, nbytes, op, t)
-        self.refs[sid] = weakref.ref(st, lambda _, sid=sid, key=key, device=device: self._died(sid, key, device))
-
-    def _new(self, sid: int, device: str, nbytes: int, op: str, t: torch.Tensor) -> tuple[int, str]:
-        key = self.next_key()
-        self.last_key = key
-        self.by_id[sid] = (key, device, nbytes)
-        if device == "cuda" and nbytes > 0:   # torch's allocator records nothing for 0 bytes
-            self.on_alloc(key, nbytes, op, t)
-        return key, device
-
-    def _died(self, sid: int, key: int, device: str) -> None:
-        rec = self.by_id.get(sid)
-        if rec is not None and rec[0] == key:
-            del self.by_id[sid]
-            self.refs.pop(sid, None)
-            if device == "cuda" and rec[2] > 0:
-                self.on_free(key)
-
-    def resized(self, st, nbytes: int) -> None:
-        """UntypedStorage.resize_ on a fake storage (FSDP frees and refills its unsharded parameters
-        so, outside any op): to 0 the block is freed, to a larger size a new block is allocated."""
-        rec = self.by_id.get(id(st))
-        if rec is None or nbytes == rec[2]:
-            return
-        key, device, old = rec
-        if old > 0 and device == "cuda":
-            self.on_free(key)
-        self.by_id[id(st)] = (key, device, 0)
-        if nbytes > 0:
-            new = self.next_key()
-            self.by_id[id(st)] = (new, device, nbytes)
-            self.refs[id(st)] = weakref.ref(st, lambda _, sid=id(st), key=new, device=device: self._died(sid, key, device))
-            if device == "cuda":
-                self.on_alloc(new, nbytes, "resize_", None)
-
-    def alloc_extra(self, nbytes: int, op: str) -> int:
-        """An allocation a CUDA kernel or library makes that no tensor shows (a workspace)."""
-        key = self.next_key()
-        self.on_alloc(key, nbytes, op, None)
-        return key
 
 
 # ============================================================================ devices

@@ -45,7 +45,8 @@ from . import children
 from . import cuda_rules
 from . import notes as notes_mod
 from . import stream_uses
-from .execution import DataDependentError, DeviceMode, Recorder, Storages, is_fake, user_frames
+from .execution import DataDependentError, DeviceMode, Recorder, is_fake
+from .storages import Storages, user_frames
 from .known import KnownValues
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]

@@ -1,0 +1,129 @@
+"""Where each fake storage comes from and when it dies: the allocations and frees a prediction records.
+
+Design note
+-----------
+`Storages` keeps, per storage made inside a prediction, its key, device and size. Torch keeps one
+Python object per storage while any tensor holds it, so a weak reference to that object reports
+the free exactly when the storage dies; a storage grown by `resize_` is a new block (the old one
+freed), as CUDA's allocator sees it. `user_frames` is the call stack recorded with each allocation:
+the user's and libraries' frames, never torch's, amem's or the standard library's, and nothing
+beyond amem's script runner (code_files.py's rules), cached per code object since it is asked on
+every allocation.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+from typing import Callable
+
+import torch
+
+from ..code_files import is_script_runner, is_traced_file
+
+_RUNNER, _TRACED, _SKIPPED = 0, 1, 2
+_CODE_KIND: dict = {}   # code object -> _RUNNER, _TRACED or _SKIPPED (asked on every allocation)
+
+
+def _code_kind(code) -> int:
+    name = code.co_filename
+    kind = _CODE_KIND[code] = _RUNNER if is_script_runner(name) else _TRACED if is_traced_file(name) else _SKIPPED
+    return kind
+
+
+def user_frames(limit: int = 6) -> tuple:
+    """(filename, line, function) of the caller's frames outside torch, amem and the standard
+    library, innermost first, up to amem's script runner (code_files.py's rules)."""
+    out, f, known = [], sys._getframe(1), _CODE_KIND
+    while f is not None and len(out) < limit:
+        code = f.f_code
+        kind = known.get(code)
+        if kind is None:
+            kind = _code_kind(code)
+        if kind == _RUNNER:
+            break
+        if kind == _TRACED:
+            out.append((code.co_filename, f.f_lineno, code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+# ============================================================================ which storages are CUDA
+class Storages:
+    """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one
+    Python object per storage while any tensor holds it, so a weak reference to it fires exactly
+    when the storage dies."""
+
+    def __init__(self, on_alloc: Callable, on_free: Callable):
+        self.by_id: dict[int, tuple[int, str, int]] = {}   # id -> (key, device, nbytes)
+        self.refs: dict[int, weakref.ref] = {}              # id -> the weak reference that reports the free
+        self.on_alloc, self.on_free = on_alloc, on_free
+        self.next_key = itertools.count(1).__next__
+        self.last_key = None   # the newest storage's key
+
+    def device_of(self, t: torch.Tensor) -> str | None:
+        if t.device.type != "meta":
+            return t.device.type
+        rec = self.by_id.get(id(t.untyped_storage()))
+        return rec[1] if rec else None
+
+    def key_of(self, t: torch.Tensor) -> int | None:
+        return self.key_of_storage(t.untyped_storage())
+
+    def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
+        rec = self.by_id.get(id(st))
+        return rec[0] if rec else None
+
+    def see(self, t: torch.Tensor, device: str, op: str) -> None:
+        st = t.untyped_storage()
+        sid, nbytes = id(st), st.nbytes()
+        rec = self.by_id.get(sid)
+        if rec is not None:
+            if nbytes <= rec[2]:
+                return
+            self._died(sid, rec[0], rec[1])   # resize_ grew it: torch allocates a new block and frees the old
+        key, device = self._new(sid, device, nbytes, op, t)
+        self._watch(st, sid, key, device)
+
+    def _watch(self, st: torch.UntypedStorage, sid: int, key: int, device: str) -> None:
+        """The weak reference that reports the storage's free when torch drops it."""
+        self.refs[sid] = weakref.ref(st, lambda _, sid=sid, key=key, device=device: self._died(sid, key, device))
+
+    def _new(self, sid: int, device: str, nbytes: int, op: str, t: torch.Tensor) -> tuple[int, str]:
+        key = self.next_key()
+        self.last_key = key
+        self.by_id[sid] = (key, device, nbytes)
+        if device == "cuda" and nbytes > 0:   # torch's allocator records nothing for 0 bytes
+            self.on_alloc(key, nbytes, op, t)
+        return key, device
+
+    def _died(self, sid: int, key: int, device: str) -> None:
+        rec = self.by_id.get(sid)
+        if rec is not None and rec[0] == key:
+            del self.by_id[sid]
+            self.refs.pop(sid, None)
+            if device == "cuda" and rec[2] > 0:
+                self.on_free(key)
+
+    def resized(self, st, nbytes: int) -> None:
+        """UntypedStorage.resize_ on a fake storage (FSDP frees and refills its unsharded parameters
+        so, outside any op): to 0 the block is freed, to a larger size a new block is allocated."""
+        rec = self.by_id.get(id(st))
+        if rec is None or nbytes == rec[2]:
+            return
+        key, device, old = rec
+        if old > 0 and device == "cuda":
+            self.on_free(key)
+        self.by_id[id(st)] = (key, device, 0)
+        if nbytes > 0:
+            new = self.next_key()
+            self.by_id[id(st)] = (new, device, nbytes)
+            self._watch(st, id(st), new, device)
+            if device == "cuda":
+                self.on_alloc(new, nbytes, "resize_", None)
+
+    def alloc_extra(self, nbytes: int, op: str) -> int:
+        """An allocation a CUDA kernel or library makes that no tensor shows (a workspace)."""
+        key = self.next_key()
+        self.on_alloc(key, nbytes, op, None)
+        return key
