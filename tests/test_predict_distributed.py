@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -42,13 +43,8 @@ def live_at_end(prediction) -> dict[str, int]:
 
 def _predict(script: str, world: int, ranks=(0,), env=None):
     launch = launch_mod.Launch(world, 1, ranks)
-    saved = dict(os.environ)
-    os.environ.update(env or {})
-    try:
+    with mock.patch.dict(os.environ, env or {}):
         return predict_ranks(launch, [str(MODELS / script)], "H100", "torch", steps=5, timeout=300)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 # ---------------------------------------------------------------------------- the job's shape
@@ -110,7 +106,7 @@ def test_fsdp2_gathered_parameters_are_labelled_as_parameters(fsdp2_rank0):
 def test_fsdp2_cpu_offload_keeps_sharded_model_state_off_the_gpu():
     """CPUOffloadPolicy: the sharded parameters, their gradients and AdamW's state live on the CPU;
     only the gathered parameters (and the gradients on their way to the CPU) transit the GPU."""
-    p = _predict("dist_fsdp2_offload.py", 4).rank(0).prediction
+    p = _predict("dist_fsdp2.py", 4, env={"OFFLOAD": "1"}).rank(0).prediction
     assert live_at_end(p) == {}   # no parameter, gradient or optimizer-state bytes on the GPU
     state = {"parameter", "gradient", "optimizer_state"}
     assert not any(p.infos[key].category in state for kind, key, _, _ in p.ops if kind == ALLOC)
@@ -197,14 +193,9 @@ torch.nn.Linear(64, 64, device="cuda")(torch.randn(4, 64, device="cuda")).sum().
 def _uneven(tmp_path, world: int, workers: int, env=None):
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN)
-    saved = dict(os.environ)
-    os.environ.update(env or {})
-    try:
+    with mock.patch.dict(os.environ, env or {}):
         return predict_ranks(launch_mod.Launch(world, 1, None), [str(script)], "H100", "torch", steps=1,
                              timeout=120, workers=workers)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path):
