@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_process import run_child  # noqa: E402
 from results_file import cpu_model, replace_section  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -91,15 +90,9 @@ def torch_side(config: str, world: int) -> dict:
 
 
 def _child(side: str, config: str, world: int) -> dict:
-    args = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--config", config, "--world", str(world)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), str(HERE), os.environ.get("PYTHONPATH")) if p))
-    started = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"the {side} side failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["seconds"] = time.perf_counter() - started
-    return out
+    out, seconds = run_child(__file__, [side, "--config", config, "--world", str(world)], f"the {side} side",
+                             1800, (str(HERE),))
+    return {**out, "seconds": seconds}
 
 
 def render(amem: dict, tracker: dict, config: str, world: int) -> str:

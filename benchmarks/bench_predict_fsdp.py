@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_process import run_child  # noqa: E402
 from results_file import cpu_model, replace_section  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -61,17 +61,9 @@ def child(config: str, ranks: int, workers: int | None) -> dict:
 
 def measure(config: str, ranks: int, workers: int | None = None) -> dict:
     load = os.getloadavg()[0]
-    args = [sys.executable, str(Path(__file__).resolve()), "--child", "--config", config, "--ranks", str(ranks)]
-    args += ["--workers", str(workers)] if workers else []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    started = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=3600, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"the prediction failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["wall_child"] = time.perf_counter() - started
-    out["load"] = [load, os.getloadavg()[0]]
-    return out
+    args = ["--config", config, "--ranks", str(ranks)] + (["--workers", str(workers)] if workers else [])
+    out, wall = run_child(__file__, args, "the prediction", 3600)
+    return {**out, "wall_child": wall, "load": [load, os.getloadavg()[0]]}
 
 
 def render(r: dict) -> str:
