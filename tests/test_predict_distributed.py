@@ -250,6 +250,14 @@ def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
     assert proc.returncode == 2 and "{rank}" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("option", [["--steps", "-3"], ["--timeout", "-1"], ["--json", "/no/such/folder/p.json"]])
+def test_a_distributed_prediction_checks_the_run_options_as_one_process_does(option):
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", *option, "--",
+                        "python", str(MODELS / "dist_fsdp2.py")], timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and option[0].lstrip("-") in proc.stderr
+
+
 def test_fsdp1_is_refused_in_one_line_with_exit_4():
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
                         str(MODELS / "dist_fsdp1.py")], timeout=300)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from .. import policies as policies_mod
-from . import exit_status, parser
+from . import exit_status, parser, predict_options
 
 
 def _fail(message: str) -> None:
@@ -36,13 +35,7 @@ def _run_workload(run: Any, name: str, size: int, steps: int | None) -> None:
 def _check(args: argparse.Namespace, script: list[str] | None) -> None:
     if (args.workload is None) == (script is None):
         raise ValueError("give --workload NAME, or -- python script.py args... (one of the two)")
-    if args.size < 1 or (args.steps is not None and args.steps < (1 if args.workload else 0)):
-        raise ValueError("--size must be an integer >= 1, --steps >= 1 for a workload, >= 0 for a script")
-    if args.timeout is not None and not args.timeout >= 0:
-        raise ValueError("--timeout must be a number of seconds >= 0 (0: no limit)")
-    for path in (args.json, args.trace, args.report):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"{path}: its folder does not exist")
+    predict_options.check(args, workload=args.workload is not None)
 
 
 def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, policies: list) -> Any:
@@ -52,8 +45,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     from . import predict_exits
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
-    steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
-    timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
+    steps, timeout = predict_options.script_limits(args)
     run = api.predicting(gpu, policies=policies, target=target, strict=args.strict)
     try:
         with run:
@@ -87,18 +79,7 @@ def predict_command(args: argparse.Namespace) -> int:
         return result
     whatif.from_cli(args, script, result, lambda run: _run_workload(run, args.workload, args.size, args.steps))
     print(result.format_text())
-    written = []
-    try:
-        if args.json:
-            written.append(result.write_json(args.json))
-        if args.trace:
-            written.append(result.write_trace(args.trace))
-        if args.report:
-            written.append(result.write_report(args.report))
-    except OSError as err:  # atomic_write's WriteError names the path; nothing half-written is left there
-        raise ValueError(str(err) if err.filename else f"cannot write an output: {err.strerror or err}") from None
-    if written:
-        print("\nwrote " + ", ".join(str(p) for p in written))
+    predict_options.write_outputs(args, result.write_json, result.write_trace, result.write_report)
     return 0
 
 

@@ -4,14 +4,12 @@
     amem predict [options] -- torchrun --nproc-per-node N [--nnodes M] train.py ARGS
 
 cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
-Exit statuses are cli/predict.py's (its constants): 0 with a prediction, 2 for bad input, the
+Exit statuses are one process's (predict_exits.py): 0 with a prediction, 2 for bad input, the
 script's own status when it fails, 3, 4 and 124 as for one process; a failure names the rank.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
 from ..predict.distributed.launch import Launch, is_torchrun, make, parse_torchrun
@@ -54,30 +52,24 @@ def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
     return launch, script
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    for path in (args.json, args.trace, args.report):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"{path}: its folder does not exist")
-
-
 def predict_command(args: argparse.Namespace) -> int:
     from ..predict import api
-    from ..predict import script as script_mod
     from ..predict.distributed.ranks import predict_ranks
+    from . import predict_options
 
     launch, script = launch_and_script(args)
-    _check_outputs(args)
+    predict_options.check(args, workload=False)
     if args.trace and "{rank}" not in args.trace and len(launch.chosen()) > 1:
         raise ValueError(f"--trace {args.trace}: put {{rank}} in the path for one file per rank")
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
-    steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
-    timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
+    steps, timeout = predict_options.script_limits(args)
     result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
     if isinstance(result, int):
         return result
     print(result.format_text())
-    return _write(args, result)
+    predict_options.write_outputs(args, result.write_json, result.write_traces, result.write_report)
+    return 0
 
 
 def _failures(call: Any) -> Any:
@@ -88,19 +80,3 @@ def _failures(call: Any) -> Any:
         return call()
     except predict_exits.failures() as failure:
         return predict_exits.status_of(failure)
-
-
-def _write(args: argparse.Namespace, result: Any) -> int:
-    written: list[Any] = []
-    try:
-        if args.json:
-            written.append(result.write_json(args.json))
-        if args.trace:
-            written += result.write_traces(args.trace)
-        if args.report:
-            written += result.write_report(args.report)
-    except OSError as err:
-        raise ValueError(str(err) if err.filename else f"cannot write an output: {err.strerror or err}") from None
-    if written:
-        print("\nwrote " + ", ".join(str(p) for p in written))
-    return 0

@@ -27,15 +27,13 @@ def from_cli(args: Any, script: list[str] | None, base: Any, body_for_workload: 
     import sys
 
     from ..predict import api, trial, whatif_run
-    from ..predict import script as script_mod
+    from . import predict_options
 
     names = check_arguments(args)
     if not names:
         return
     if script:
-        steps = args.steps if args.steps is not None else script_mod.DEFAULT_STEPS
-        timeout = args.timeout if args.timeout is not None else script_mod.DEFAULT_TIMEOUT
-        body = trial.script_body(script, steps, timeout)
+        body = trial.script_body(script, *predict_options.script_limits(args))
     else:
         body = body_for_workload
     whatif_run.run_all(names, body, base, api.predicting, blocks=args.blocks, strict=args.strict,
