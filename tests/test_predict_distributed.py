@@ -258,6 +258,24 @@ def test_a_distributed_prediction_checks_the_run_options_as_one_process_does(opt
     assert len(proc.stderr.strip().splitlines()) == 1 and option[0].lstrip("-") in proc.stderr
 
 
+def test_pipeline_stages_hold_their_model_state_and_the_schedules_buffers():
+    """ScheduleGPipe over 2 ranks (tests/predict_models/dist_pipeline.py, full static metadata): each
+    rank holds its stage's parameters, gradients and AdamW state; beside them, at the last optimizer
+    step, the batch it fed, the example micro-batch, one receive buffer per micro-batch
+    (stage.py `_create_act_recv_info` on the last stage, `_create_grad_recv_info` on the first, both
+    `_make_tensor_from_meta`), and on the last stage the micro-batch outputs it keeps to merge
+    (`output_chunks`, cleared at the next step)."""
+    stage_bytes = 2 * (WIDTH * WIDTH + WIDTH) * 4
+    batch, micro, microbatches = 32 * WIDTH * 4, 8 * WIDTH * 4, 4
+    result = _predict("dist_pipeline.py", 2, ranks=(0, 1))
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
+            stage_bytes, stage_bytes, 2 * stage_bytes), rank
+        kept_outputs = microbatches * micro if rank == 1 else 0
+        assert state.get("activation") == batch + micro + microbatches * micro + kept_outputs, (rank, state)
+
+
 def test_fsdp1_is_refused_in_one_line_with_exit_4():
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
                         str(MODELS / "dist_fsdp1.py")], timeout=300)
