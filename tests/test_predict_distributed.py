@@ -18,6 +18,7 @@ from amem_alloc.predict.distributed import launch as launch_mod  # noqa: E402
 from amem_alloc.predict.distributed.environment import RankEnvironment  # noqa: E402
 from amem_alloc.predict.distributed.ranks import predict_ranks  # noqa: E402
 from amem_alloc.replay import ALLOC, FREE  # noqa: E402
+import program_figures as pf  # noqa: E402
 
 MODELS = Path(__file__).parent / "predict_models"
 WIDTH, LAYERS = 1024, 4
@@ -42,9 +43,13 @@ def live_at_end(prediction) -> dict[str, int]:
 
 
 def _predict(script: str, world: int, ranks=(0,), env=None):
+    return _predict_argv([str(MODELS / script)], world, ranks, env)
+
+
+def _predict_argv(argv: list[str], world: int, ranks=(0,), env=None):
     launch = launch_mod.Launch(world, 1, ranks)
     with mock.patch.dict(os.environ, env or {}):
-        return predict_ranks(launch, [str(MODELS / script)], "H100", "torch", steps=5, timeout=300)
+        return predict_ranks(launch, argv, "H100", "torch", steps=5, timeout=300)
 
 
 # ---------------------------------------------------------------------------- the job's shape
@@ -256,6 +261,26 @@ def test_a_distributed_prediction_checks_the_run_options_as_one_process_does(opt
                         "python", str(MODELS / "dist_fsdp2.py")], timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and option[0].lstrip("-") in proc.stderr
+
+
+def test_nanogpt_under_torchrun_holds_its_ddp_model_state_on_every_rank(tmp_path, monkeypatch):
+    """nanoGPT's own train.py (vendored unchanged) as `torchrun --nproc_per_node=2` runs it: its DDP
+    path (init_process_group("nccl"), DDP(device_ids=[local rank]), no_sync through
+    require_backward_grad_sync) on the fake group. At the last optimizer step each rank holds the
+    parameters, their .grad tensors and DDP's buckets (a second copy: gradient_as_bucket_view is
+    off), and fused AdamW's two states and step count per parameter, to the byte; rank 0 (the
+    master process: it evaluates) and rank 1 are different programs."""
+    monkeypatch.chdir(pf.nanogpt_workdir(tmp_path))
+    argv = ["train.py", "config/train_shakespeare_char.py", "--max_iters=2", "--eval_iters=1", "--eval_interval=1",
+            "--compile=False", "--gradient_accumulation_steps=2", "--batch_size=4", "--block_size=64"]
+    result = _predict_argv(argv, 2, ranks=(0, 1))
+    shapes = pf.nanogpt_param_shapes(n_layer=6, n_embd=384, vocab_size=65, block_size=64)
+    params = pf.storages(shapes)
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
+            params, 2 * params, 2 * params + 4 * len(shapes)), (rank, state)   # requested: 4 B per step count
+    assert result.rank(1).same_as is None
 
 
 def test_pipeline_stages_hold_their_model_state_and_the_schedules_buffers():
