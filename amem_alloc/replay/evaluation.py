@@ -192,10 +192,13 @@ def format_table(rows: Iterable[dict], columns: tuple[str, ...]) -> list[str]:
     return align([list(columns)] + [cells(r, columns) for r in rows])
 
 
-def align(rows: list[list[str]]) -> list[str]:
-    """Rows of cells (headers first) as text lines: the first column left-aligned, the rest right-aligned."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+def align(rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    """Rows of cells (headers first) as text lines: the first column left-aligned (and the last
+    `text_columns - 1`: words, not figures), the rest right-aligned."""
+    n = len(rows[0])
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    left = {0} | set(range(n - text_columns + 1, n))
+    return ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
             for r in rows]
 
 

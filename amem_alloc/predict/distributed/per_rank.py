@@ -101,7 +101,8 @@ def _rank_table(ranks: list[RankResult]) -> list[str]:
     body = []
     for x in ranks:
         rows = x.prediction.rows
-        fits = ",".join(r.policy for r in rows if r.fits) or "none"
+        fitting = [r.policy for r in rows if r.fits]
+        fits = "all" if len(fitting) == len(rows) else ", ".join(fitting) or "none"
         body.append([str(x.rank), "-" if x.same_as is None else str(x.same_as), format_bytes(rows[0].peak_allocated)]
                     + [format_bytes(r.peak_reserved) for r in rows] + [fits])
-    return align([headers] + body)
+    return align([headers] + body, text_columns=2)
