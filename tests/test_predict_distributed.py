@@ -283,6 +283,50 @@ def test_nanogpt_under_torchrun_holds_its_ddp_model_state_on_every_rank(tmp_path
     assert result.rank(1).same_as is None
 
 
+def _kib_events(prediction) -> list[str]:
+    """The program's allocations and frees as "+N"/"-N" (KiB), cuBLAS workspaces left out."""
+    sizes, events = {}, []
+    for kind, key, size, _ in prediction.ops:
+        if prediction.infos[key].op == "cublas_workspace":
+            continue
+        if kind == ALLOC:
+            sizes[key] = size
+        events.append(("+" if kind == ALLOC else "-") + str(sizes[key] // 1024))
+    return events
+
+
+def _between(events: list[str], start: str, end: str) -> list[str]:
+    return events[events.index(start) + 1:events.index(end)]
+
+
+@pytest.mark.parametrize("avoid_record_streams", ["0", "1"])
+def test_collectives_allocate_and_hold_as_nccl_does(avoid_record_streams):
+    """tests/predict_models/dist_collectives.py (4 ranks; each tensor's size in KiB names it, marks
+    of 901-913 KiB between steps): the rules of collectives.py, event by event, the same with
+    TORCH_NCCL_AVOID_RECORD_STREAMS=1 (stashing instead of recordStream: the same lifetimes)."""
+    prediction = _predict("dist_collectives.py", 4, env={"TORCH_NCCL_AVOID_RECORD_STREAMS": avoid_record_streams}
+                          ).rank(0).prediction
+    ev = _kib_events(prediction)
+    # synchronous all_reduce: nothing held, nothing allocated beyond the tensor
+    assert ev[:ev.index("+901")] == ["+11", "-11"]
+    # async all_reduce: the tensor outlives `del` while the work (its outputs) lives; after
+    # work.wait() and `del work` it is freed at once
+    assert _between(ev, "+901", "+903") == ["-901", "+13", "+902", "-902", "-13"]
+    # list-form all_gather: one flat buffer of world x 17 KiB for the call (newLikeFlat)
+    assert _between(ev, "-903", "+904") == ["+17"] * 5 + ["+68", "-68"] + ["-17"] * 5
+    # list-form reduce_scatter: one flat buffer of world x 19 KiB
+    assert _between(ev, "-904", "+905") == ["+19"] * 5 + ["+76", "-76"] + ["-19"] * 5
+    # functional all_gather: its output once (wait_tensor and the autograd wrapper return it, not
+    # a copy); the input held on the NCCL stream until wait_tensor
+    assert _between(ev, "-905", "+906") == ["+23", "+92", "+911", "-911", "-23", "-92"]
+    # broadcast and all_to_all_single: the script's own tensors only
+    assert _between(ev, "-906", "+907") == ["+29", "+29", "-29", "-29"]
+    # batch_isend_irecv: send and receive buffers held for NCCL until their works are waited
+    assert _between(ev, "-907", "+909") == ["+31", "+37", "+908", "-908", "-31", "-37"]
+    # a use that is over (waited) holds nothing, unless more was queued on the stream since
+    assert _between(ev, "-909", "+913") == ["+41", "+43", "+912", "-912", "-41", "-43"]
+
+
 def test_pipeline_stages_hold_their_model_state_and_the_schedules_buffers():
     """ScheduleGPipe over 2 ranks (tests/predict_models/dist_pipeline.py, full static metadata): each
     rank holds its stage's parameters, gradients and AdamW state; beside them, at the last optimizer

@@ -17,7 +17,13 @@ ends. A GPU runs behind the CPU, so a real block usually comes back no earlier t
 come back later (the allocator sees the event only at its next malloc after the GPU passed it).
 
 The collectives of amem_alloc/predict/distributed use the same mechanism for ProcessGroupNCCL's
-`recordStream` on the tensors handed to NCCL.
+`recordStream` on the tensors handed to NCCL. Their streams are *tracked*: every launch on them is
+reported (`launched`), so the program knows when such a stream has nothing queued. A storage used
+on a tracked stream that was synchronised with since, and has had nothing launched on it after,
+is freed at once (the allocator's event, recorded at the free, would complete immediately); one
+launch after the sync and the free waits for the next sync again. A script's own side streams
+are not tracked (their kernels are not seen as launches): a use of one lasts until a sync after
+the free, the conservative side.
 """
 from __future__ import annotations
 
@@ -36,6 +42,9 @@ class StreamUses:
         self.alloc_stream: dict[int, int] = {}             # key -> stream it was allocated on
         self.uses: dict[int, set[int]] = defaultdict(set)  # key -> other streams that used it
         self.held: dict[int, set[int]] = {}                # key -> streams its free still waits for
+        self.over: dict[int, set[int]] = defaultdict(set)  # key -> tracked streams synchronised since its use
+        self.tracked: set[int] = set()                     # streams whose launches are reported
+        self.queued: set[int] = set()                      # tracked streams with work since their last sync
 
     # ---------------------------------------------------------------- what torch tells
     def allocated(self, key: int, stream: int) -> None:
@@ -46,9 +55,14 @@ class StreamUses:
         if key is not None and stream != self.alloc_stream.get(key, stream):
             self.uses[key].add(stream)
 
+    def launched(self, stream: int) -> None:
+        """Work was queued on the tracked `stream` (a collective on an NCCL stream)."""
+        self.tracked.add(stream)
+        self.queued.add(stream)
+
     def free(self, key: int) -> None:
         """The storage died: freed now, or held until its streams are synchronised with."""
-        waits = self.uses.pop(key, None)
+        waits = self.uses.pop(key, set()) | (self.over.pop(key, set()) & self.queued)
         self.alloc_stream.pop(key, None)
         if waits:
             self.held[key] = set(waits)
@@ -56,7 +70,15 @@ class StreamUses:
             self.free_now(key)
 
     def synchronised(self, stream: int | None) -> None:
-        """Work queued on `stream` (None: every stream) is known done: frees waiting for it complete."""
+        """Work queued on `stream` (None: every stream) is known done: frees waiting for it complete,
+        and live storages' uses of tracked streams are over unless more is launched there."""
+        done = self.tracked if stream is None else {stream} & self.tracked
+        self.queued -= done
+        for key in [k for k, uses in self.uses.items() if uses & done]:
+            self.over[key] |= self.uses[key] & done
+            self.uses[key] -= done
+            if not self.uses[key]:
+                del self.uses[key]
         for key in [k for k, waits in self.held.items() if stream is None or stream in waits]:
             waits = self.held[key]
             waits.discard(stream) if stream is not None else waits.clear()
@@ -109,6 +131,12 @@ def record(tensor: Any, stream: int) -> None:
     """record_stream from inside amem (the collectives' NCCL stream), on the running session."""
     for uses in _active:
         uses.record(uses.session.storages.key_of(tensor), stream)
+
+
+def launched(stream: int) -> None:
+    """A collective was queued on the (tracked) NCCL `stream`, on the running session."""
+    for uses in _active:
+        uses.launched(stream)
 
 
 def current() -> StreamUses | None:

@@ -19,6 +19,11 @@ above the Recorder, adds what ProcessGroupNCCL does beyond that
   the wait is held until `work.wait()` / `wait_tensor` makes the current stream wait for it.
 * A work's future holds the op's outputs, as NCCL's (`fut.value()[0]` is the reduced tensor: a
   DDP comm hook such as torch's `allreduce_hook` reads it); the fake group's holds nothing.
+* Point-to-point ops (`send`, `recv_`: `isend`/`irecv`/`batch_isend_irecv`) always return a work
+  and keep their tensors for NCCL the same way until it is waited (`pointToPoint()`).
+* `wait_tensor` returns its input (torch/csrc/distributed/c10d/Functional.cpp), and
+  `_wrap_tensor_autograd` wraps its input in an AsyncCollectiveTensor: both are answered with the
+  input's storage here, where their meta kernels would make a new tensor (`empty_like`).
 * The list forms flatten: `allgather` into a list of tensors gathers into one flat buffer of
   world x input bytes, then copies out; `reduce_scatter` of a list copies the inputs into one flat
   buffer of world x output bytes (`newLikeFlat`). The buffer lives for the call.
@@ -37,6 +42,10 @@ from .. import stream_uses
 _c10d = torch.ops.c10d
 _functional = torch.ops._c10d_functional
 _LIST_FLATTENS = {_c10d.allgather_.default: "output", _c10d.reduce_scatter_.default: "input"}
+_POINT_TO_POINT = {_c10d.send.default, _c10d.recv_.default, _c10d.recv_any_source_.default}
+# torch/distributed/_functional_collectives.py: a custom op whose CUDA result wraps its input
+# (registered when that module is imported, so known by name)
+_WRAP_TENSOR_AUTOGRAD = "_c10d_functional::_wrap_tensor_autograd"
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -59,7 +68,9 @@ class CollectiveMode(TorchDispatchMode):
         self.collectives = 0
 
     def nccl_stream(self, group: Any) -> int:
-        name = group if isinstance(group, str) else getattr(group, "group_name", None) or id(group)
+        """The NCCL stream of `group` (a group name, a ProcessGroup or the ScriptObject c10d ops
+        receive): one per process group, as ProcessGroupNCCL keeps one per device."""
+        name = group if isinstance(group, str) else _group_name(group)
         if name not in self.streams:
             from ..cuda_shims import FakeStream
             self.streams[name] = FakeStream().stream_id
@@ -68,9 +79,11 @@ class CollectiveMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         namespace = func.namespace
-        if namespace == "_c10d_functional" and func is _functional.wait_tensor.default:
+        if func is _functional.wait_tensor.default:
             self.waited()   # the current stream waits for the collective
-            return func(*args, **kwargs)
+            return args[0]  # the tensor itself (Functional.cpp); the meta kernel makes a new one
+        if func._schema.name == _WRAP_TENSOR_AUTOGRAD:
+            return torch.ops.aten.alias.default(args[0])   # an AsyncCollectiveTensor around its input
         if namespace not in ("c10d", "_c10d_functional"):
             return func(*args, **kwargs)
         self.collectives += 1
@@ -80,6 +93,7 @@ class CollectiveMode(TorchDispatchMode):
             self.session.storages.on_free(flat)
         if self._is_async(func, args, kwargs):
             stream = self.nccl_stream(self._group(func, args))
+            stream_uses.launched(stream)
             for t in _tensors(args) + _tensors(out):
                 stream_uses.record(t, stream)
         return _with_valued_work(out)
@@ -91,12 +105,16 @@ class CollectiveMode(TorchDispatchMode):
 
     @staticmethod
     def _is_async(func, args, kwargs) -> bool:
+        """Whether the op's tensors stay in NCCL's hands after the call: every functional
+        collective, an op called with async_op=True, and point-to-point ops (send, recv_: they
+        take no async_op and always return a Work, waited by dist.send/recv at once and by the
+        script after isend/irecv/batch_isend_irecv)."""
         if func.namespace == "_c10d_functional":
             return True
         for i, a in enumerate(func._schema.arguments):
             if a.name == "async_op":
                 return bool(kwargs.get("async_op", args[i] if i < len(args) else a.default_value))
-        return False
+        return func in _POINT_TO_POINT
 
     @staticmethod
     def _group(func, args) -> Any:
@@ -116,6 +134,14 @@ class CollectiveMode(TorchDispatchMode):
             return None
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         return self.session.storages.alloc_extra(nbytes, f"nccl_{func.__name__.split('.')[0]}_flat")
+
+
+def _group_name(group: Any) -> Any:
+    if isinstance(group, torch.ScriptObject):
+        import torch.distributed as dist
+
+        group = dist.ProcessGroup.unbox(group)
+    return getattr(group, "group_name", None) or id(group)
 
 
 def _with_valued_work(out: Any) -> Any:
