@@ -327,6 +327,30 @@ def test_collectives_allocate_and_hold_as_nccl_does(avoid_record_streams):
     assert _between(ev, "-909", "+913") == ["+41", "+43", "+912", "-912", "-41", "-43"]
 
 
+def test_hf_trainer_with_fsdp2_holds_each_ranks_shard_of_the_model_state(monkeypatch):
+    """transformers' Trainer with `fsdp=True` (FSDP2 through accelerate, GPT-2 blocks wrapped) under
+    torchrun with 2 processes (tests/programs/hf_trainer.py --fsdp): each rank holds its shard of
+    every parameter (dim 0 split in 2, as fully_shard pads it), of their gradients and of fused
+    AdamW's two states (accelerate hands the optimizer the shards by matching data_ptr(), so fake
+    tensors need distinct addresses), plus a 4-byte step count per parameter."""
+    pytest.importorskip("transformers")
+    import math
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.chdir(Path(__file__).parent / "programs")
+    result = _predict_argv(["hf_trainer.py", "--bf16", "--fsdp"], 2, ranks=(0, 1))
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
+                                           bos_token_id=999, eos_token_id=999))
+    params = list(model.parameters())
+    shard = sum(math.ceil(p.shape[0] / 2) * math.prod(p.shape[1:]) * 4 for p in params)
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
+            shard, shard, 2 * shard + 4 * len(params)), (rank, state)
+
+
 def test_pipeline_stages_hold_their_model_state_and_the_schedules_buffers():
     """ScheduleGPipe over 2 ranks (tests/predict_models/dist_pipeline.py, full static metadata): each
     rank holds its stage's parameters, gradients and AdamW state; beside them, at the last optimizer

@@ -74,6 +74,22 @@ def test_cpu_tensors_are_fake_too_and_moving_them_allocates_on_cuda():
     assert [size for kind, _, size, _ in s.ops if kind == ALLOC] == [400]
 
 
+def test_fake_tensors_have_distinct_addresses_as_real_ones_do():
+    """data_ptr() of fake tensors (meta underneath, where it is 0 for all): distinct per live
+    storage, a view's is its storage's plus its offset, the storage's own data_ptr() agrees, and a
+    fake CPU parameter has one too (accelerate maps an optimizer's parameters to their FSDP shards
+    by data_ptr: with 0 for all, every parameter mapped to one)."""
+    with FakeCudaSession():
+        a, b = torch.empty(100, device="cuda"), torch.empty(100, device="cuda")
+        weight, bias = torch.nn.Linear(4, 4).parameters()   # fake CPU parameters
+        pointers = [a.data_ptr(), b.data_ptr(), weight.data_ptr(), bias.data_ptr()]
+        assert 0 not in pointers and len(set(pointers)) == 4
+        assert a[10:].data_ptr() == a.data_ptr() + 10 * 4
+        assert a.untyped_storage().data_ptr() == a.data_ptr() and a.view(10, 10).data_ptr() == a.data_ptr()
+        assert abs(a.data_ptr() - b.data_ptr()) >= 400   # blocks do not overlap
+    assert torch.empty(3, device="meta").data_ptr() == 0   # restored after the session
+
+
 def test_listeners_hear_every_alloc_free_and_marker_in_order():
     lst = Listener()
     s = FakeCudaSession()

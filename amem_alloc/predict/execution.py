@@ -185,6 +185,8 @@ class DeviceMode(TorchFunctionMode):
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
                                self.session.known.value(args[0]))
+        if func is torch.Tensor.data_ptr:
+            return self._data_ptr(func, args[0])
         if func is torch.Tensor.get_device:
             return _cuda_index() if self._type(args[0]) == "cuda" else -1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
@@ -195,6 +197,13 @@ class DeviceMode(TorchFunctionMode):
             if autocast_rules.active():                      # from nothing (a wrapped scalar)
                 return autocast_rules.call(func, name, args, kwargs, self)
             return cuda_rules.function(func, name, args, kwargs, self)
+
+    def _data_ptr(self, func, t: torch.Tensor) -> int:
+        """A fake tensor's address: its storage's fake address plus its offset (a meta tensor's own
+        data_ptr is 0 for all, and programs key tensors by it)."""
+        if t.device.type != "meta" or _wrapper_subclass(type(t)):
+            return func(t)
+        return self.storages.address(t.untyped_storage()) + t.storage_offset() * t.element_size()
 
     def opens(self, func) -> bool:
         """Whether `func` is a Python-level torch function whose body runs under this mode (see

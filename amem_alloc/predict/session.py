@@ -329,6 +329,11 @@ class FakeCudaSession:
                     self.gathered_params.update({before, self.storages.key_of_storage(storage)} - {None})
             return out
         self._set(torch.UntypedStorage, "resize_", resize_)
+        orig_data_ptr = torch.UntypedStorage.data_ptr
+
+        def data_ptr(storage):   # not a torch function: no mode sees it (transformers' id_tensor_storage asks)
+            return self.storages.address(storage) if storage.device.type == "meta" else orig_data_ptr(storage)
+        self._set(torch.UntypedStorage, "data_ptr", data_ptr)
         orig_run = torch.autograd._engine_run_backward
 
         def run_backward(*args, **kwargs):

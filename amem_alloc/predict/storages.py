@@ -5,7 +5,10 @@ Design note
 `Storages` keeps, per storage made inside a prediction, its key, device and size. Torch keeps one
 Python object per storage while any tensor holds it, so a weak reference to that object reports
 the free exactly when the storage dies; a storage grown by `resize_` is a new block (the old one
-freed), as CUDA's allocator sees it. `user_frames` is the call stack recorded with each allocation:
+freed), as CUDA's allocator sees it. A storage asked for its address (`data_ptr()`: programs key
+parameters by it, e.g. accelerate maps an optimizer's parameters to their FSDP shards so) gets a
+fake device address of its own, distinct from every other live storage's, as a CUDA pointer is.
+`user_frames` is the call stack recorded with each allocation:
 the user's and libraries' frames, never torch's, amem's or the standard library's, and nothing
 beyond amem's script runner (code_files.py's rules), cached per code object since it is asked on
 every allocation.
@@ -48,6 +51,10 @@ def user_frames(limit: int = 6) -> tuple:
     return tuple(out)
 
 
+FAKE_ADDRESS_BASE = 0x7F00_0000_0000   # where fake device addresses start (a CUDA-like range)
+ADDRESS_ALIGN = 512                     # CUDA's allocator aligns every block to 512 bytes
+
+
 # ============================================================================ which storages are CUDA
 class Storages:
     """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one
@@ -60,6 +67,8 @@ class Storages:
         self.on_alloc, self.on_free = on_alloc, on_free
         self.next_key = itertools.count(1).__next__
         self.last_key = None   # the newest storage's key
+        self.addresses: dict = {}   # key (or ("host", id) for fake CPU storages) -> fake address, once asked
+        self.next_address = FAKE_ADDRESS_BASE
 
     def device_of(self, t: torch.Tensor) -> str | None:
         if t.device.type != "meta":
@@ -73,6 +82,22 @@ class Storages:
     def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
         rec = self.by_id.get(id(st))
         return rec[0] if rec else None
+
+    def address(self, st: torch.UntypedStorage) -> int:
+        """A fake storage's address, fixed while it lives: a CUDA block's by its key (a storage
+        refilled by resize_ is a new block), a fake CPU one's (a parameter, a tensor brought back
+        from the device: meta storages the session does not track) by the storage object."""
+        rec = self.by_id.get(id(st))
+        if rec is not None and rec[1] == "cuda":
+            key = rec[0]
+        else:
+            key = ("host", id(st))
+            if key not in self.addresses:
+                weakref.finalize(st, self.addresses.pop, key, None)
+        if key not in self.addresses:
+            self.addresses[key] = self.next_address
+            self.next_address += -(-max(st.nbytes(), 1) // ADDRESS_ALIGN) * ADDRESS_ALIGN
+        return self.addresses[key]
 
     def see(self, t: torch.Tensor, device: str, op: str) -> None:
         st = t.untyped_storage()
@@ -102,6 +127,7 @@ class Storages:
         if rec is not None and rec[0] == key:
             del self.by_id[sid]
             self.refs.pop(sid, None)
+            self.addresses.pop(key, None)
             if device == "cuda" and rec[2] > 0:
                 self.on_free(key)
 

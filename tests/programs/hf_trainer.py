@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--fsdp", action="store_true", help="shard with FSDP (run it under torchrun)")
     args = parser.parse_args()
 
     config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads, vocab_size=args.vocab,
@@ -56,6 +57,8 @@ def main():
             dataloader_num_workers=args.workers,
             use_cpu=args.cpu,
             disable_tqdm=True,
+            fsdp=args.fsdp,
+            fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]} if args.fsdp else None,
         )
         trainer = Trainer(model=model, args=training_args, train_dataset=train)
         result = trainer.train()
