@@ -16,6 +16,15 @@ event recorded on it), or it or the device is synchronised (`synchronize`) — o
 ends. A GPU runs behind the CPU, so a real block usually comes back no earlier than that; it can
 come back later (the allocator sees the event only at its next malloc after the GPU passed it).
 
+Events mark a point in the program: each held free has its place in the order of frees, and an
+event remembers the place it was recorded at (`position`). Waiting for an event (`wait_event`)
+completes only the frees held before it, for its stream. A CPU that blocks on an event
+(`Event.synchronize`: FSDP1's `limit_all_gathers` rate limiter) completes the frees held before it
+for every stream: the device has reached that point, and the work queued on other streams before
+it (a reduce-scatter whose input waits for it) is taken as done — an assumption, not something
+the program observes; without it FSDP1's unsharded gradients, each freed for the post-backward
+stream and never waited for before the end of backward, would all be held at once.
+
 The collectives of amem_alloc/predict/distributed use the same mechanism for ProcessGroupNCCL's
 `recordStream` on the tensors handed to NCCL.
 """
@@ -36,6 +45,8 @@ class StreamUses:
         self.alloc_stream: dict[int, int] = {}             # key -> stream it was allocated on
         self.uses: dict[int, set[int]] = defaultdict(set)  # key -> other streams that used it
         self.held: dict[int, set[int]] = {}                # key -> streams its free still waits for
+        self.place: dict[int, int] = {}                    # key -> its free's place in the order of frees
+        self.position = 0                                  # how many frees have been held so far
 
     # ---------------------------------------------------------------- what torch tells
     def allocated(self, key: int, stream: int) -> None:
@@ -51,17 +62,20 @@ class StreamUses:
         waits = self.uses.pop(key, None)
         self.alloc_stream.pop(key, None)
         if waits:
-            self.held[key] = set(waits)
+            self.position += 1
+            self.held[key], self.place[key] = set(waits), self.position
         else:
             self.free_now(key)
 
-    def synchronised(self, stream: int | None) -> None:
-        """Work queued on `stream` (None: every stream) is known done: frees waiting for it complete."""
-        for key in [k for k, waits in self.held.items() if stream is None or stream in waits]:
+    def synchronised(self, stream: int | None, before: int | None = None) -> None:
+        """Work queued on `stream` (None: every stream) is known done, up to the free at place
+        `before` (None: up to now): frees waiting for it complete."""
+        for key in [k for k, waits in self.held.items() if (stream is None or stream in waits)
+                    and (before is None or self.place[k] <= before)]:
             waits = self.held[key]
             waits.discard(stream) if stream is not None else waits.clear()
             if not waits:
-                del self.held[key]
+                del self.held[key], self.place[key]
                 self.free_now(key)
 
     def pending(self) -> int:
@@ -99,10 +113,16 @@ def finish(uses: StreamUses) -> None:
         _active.remove(uses)
 
 
-def synchronised(stream: int | None) -> None:
-    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for."""
+def synchronised(stream: int | None, before: int | None = None) -> None:
+    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for,
+    up to an event's `position` (None: up to now)."""
     for uses in _active:
-        uses.synchronised(stream)
+        uses.synchronised(stream, before)
+
+
+def position() -> int | None:
+    """The running session's place in the order of held frees (an event recorded now keeps it)."""
+    return _active[-1].position if _active else None
 
 
 def record(tensor: Any, stream: int) -> None:
