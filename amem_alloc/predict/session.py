@@ -75,7 +75,8 @@ _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FS
 def _unsharding(frame, depth: int = 3) -> bool:
     """Whether a storage's resize_ comes from FSDP refilling an unsharded parameter: FSDP2's
     `alloc_storage` (the all-gather output a parameter is a view of), FSDP1's `_alloc_storage`
-    (the padded flat parameter, through TypedStorage._resize_). torch regrows a freed storage
+    (the padded flat parameter, and under MixedPrecision the low-precision copy of the shard it is
+    gathered from, through TypedStorage._resize_). torch regrows a freed storage
     with resize_ for nothing else; the storage's earlier life (the first all-gather output, made
     by torch.empty) was the same parameter and is labelled with it."""
     while frame is not None and depth > 0:
