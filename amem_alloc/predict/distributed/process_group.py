@@ -12,8 +12,8 @@ DeviceMesh, DTensor, DDP and FSDP then run their real code on it.
 
 Two answers a GPU machine gives are given too while the rank runs, restored after:
 * `torch._C._get_accelerator()` is CUDA (fully_shard's default mesh and torch.accelerator ask it);
-* `torch.meta` is `torch.cuda`: inside backward the engine's tensors show their real device
-  ("meta", session.py), and FSDP/DeviceMesh look up a device's module by its type name
+* `torch.meta` is `torch.cuda`: inside an op, and in saved-tensor unpack hooks, fake tensors show
+  their real device ("meta", execution.unspoofed), and FSDP/DeviceMesh look up a device's module by its type name
   (`getattr(torch, device.type)`) to reach its streams and events.
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
