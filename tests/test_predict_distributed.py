@@ -1,7 +1,8 @@
 """Distributed jobs under prediction (amem_alloc/predict/distributed): torchrun's shape and
-environment, torch's fake process group, DDP and FSDP2 model state per rank against first
-principles (bytes of parameters, optimizer state and DDP buckets), equal ranks analysed once, the
-per-rank outputs of `amem predict -- torchrun ...`."""
+environment, torch's fake process group, DDP, FSDP2 and FSDP1 model state per rank against first
+principles (bytes of parameters, optimizer state, DDP buckets, FSDP1's padded flat parameters),
+equal ranks analysed once, the per-rank outputs of `amem predict -- torchrun ...`."""
+import functools
 import json
 import os
 import sys
@@ -27,9 +28,13 @@ PARAM_BYTES = LAYERS * (WIDTH * WIDTH + WIDTH) * 4   # fp32 weights and biases o
 
 def live_at_end(prediction) -> dict[str, int]:
     """Requested bytes of the CUDA storages live at the last optimizer step's end, by category."""
+    return live_at(prediction, [i for i, name in prediction.markers if name == "step"][-1])
+
+
+def live_at(prediction, op: int) -> dict[str, int]:
+    """Requested bytes of the CUDA storages live before the program's op `op`, by category."""
     live = {}
-    last_step = [i for i, name in prediction.markers if name == "step"][-1]
-    for kind, key, size, _ in prediction.ops[:last_step]:
+    for kind, key, size, _ in prediction.ops[:op]:
         if kind == ALLOC:
             live[key] = size
         elif kind == FREE:
@@ -369,11 +374,111 @@ def test_pipeline_stages_hold_their_model_state_and_the_schedules_buffers():
         assert state.get("activation") == batch + micro + microbatches * micro + kept_outputs, (rank, state)
 
 
-def test_fsdp1_is_refused_in_one_line_with_exit_4():
+# ---------------------------------------------------------------------------- FSDP1 (flat parameters)
+F1_WIDTH, F1_HIDDEN, F1_LAYERS = 1000, 1001, 4   # tests/predict_models/dist_fsdp1.py
+F1_BLOCK = [F1_WIDTH * F1_HIDDEN, F1_HIDDEN, F1_HIDDEN * F1_WIDTH, F1_WIDTH]   # fc1 weight, bias; fc2 weight, bias
+F1_NORM = [F1_WIDTH, F1_WIDTH]                                                 # the root's LayerNorm
+F1_UNITS = {"transformer": [F1_BLOCK] * F1_LAYERS + [F1_NORM],                 # each block a unit
+            "size": [F1_BLOCK[:2], F1_BLOCK[2:]] * F1_LAYERS + [F1_NORM]}      # each Linear a unit
+
+
+def padded_flat_numel(numels: list[int], world: int, align: int = 0) -> int:
+    """Elements of FSDP1's padded unsharded flat parameter (torch/distributed/fsdp/_flat_param.py,
+    `_init_flat_param_and_metadata`, `_get_shard`): the parameters one after the other, each
+    starting at a 16-byte boundary under use_orig_params (`align` elements: 16 / the forward
+    dtype's size), the total padded to a multiple of the world size; a rank holds 1/world of it."""
+    total = 0
+    for numel in numels:
+        total += (-total) % align if align else 0
+        total += numel
+    return total + (-total) % world
+
+
+def fsdp1_shard_bytes(world: int, wrap: str = "transformer", align: int = 0) -> int:
+    return sum(padded_flat_numel(unit, world, align) // world for unit in F1_UNITS[wrap]) * 4
+
+
+def _gathered(prediction) -> list[tuple[int, int]]:
+    """(bytes, stream) of every allocation categorised as a gathered (unsharded) parameter."""
+    return [(size, stream) for kind, key, size, stream in prediction.ops
+            if kind == ALLOC and prediction.infos[key].category == "parameter (gathered)"]
+
+
+@functools.lru_cache(maxsize=None)
+def fsdp1_full_shard(world: int):
+    return _predict("dist_fsdp1.py", world).rank(0).prediction
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp1_model_state_per_rank_is_the_flat_parameters_shard(world):
+    """FULL_SHARD, transformer_auto_wrap_policy: each rank holds its shard of every padded flat
+    parameter, the gradient shard as much, AdamW twice as much; each unshard refills the padded
+    unsharded flat parameter (fp32) on FSDP1's unshard stream, live at the peak."""
+    p = fsdp1_full_shard(world)
+    shard = fsdp1_shard_bytes(world)
+    assert live_at_end(p) == {"parameter": shard, "gradient": shard, "optimizer_state": 2 * shard}
+    block = padded_flat_numel(F1_BLOCK, world) * 4
+    unshards = [stream for size, stream in _gathered(p) if size == block and stream != 0]
+    # every block is gathered in forward and again in backward (resharded after forward), 3 steps
+    assert len(unshards) == F1_LAYERS * 2 * 3 and len(set(unshards)) == 1
+    reduced = {stream for kind, key, size, stream in p.ops if kind == ALLOC and p.infos[key].category == "gradient"}
+    assert reduced and 0 not in reduced and not reduced & set(unshards)   # the post-backward stream's
+    # at the peak (backward of the first block): every shard and AdamW state, and two padded
+    # unsharded flat parameters, the block's and the root's (the root is not resharded after forward)
+    at_peak = live_at(p, p.at_peak.op + 1)
+    assert (at_peak["parameter"], at_peak["optimizer_state"]) == (shard, 2 * shard)
+    assert at_peak["parameter (gathered)"] == block + padded_flat_numel(F1_NORM, world) * 4
+
+
+def test_fsdp1_model_state_shrinks_as_one_over_n():
+    two, four = (sum(live_at_end(fsdp1_full_shard(world)).values()) for world in (2, 4))
+    assert two == 4 * fsdp1_shard_bytes(2) and four == 4 * fsdp1_shard_bytes(4)
+    assert abs(two / four - 2) < 1e-4
+
+
+def test_fsdp1_mixed_precision_gathers_bf16_with_orig_params_aligned():
+    """MixedPrecision(bf16) with use_orig_params: parameters aligned to 16 bytes of bf16 (8
+    elements) in the flat parameter; the fp32 shard, gradient and AdamW state are kept; each unshard
+    gathers a bf16 copy (half the padded flat parameter's fp32 bytes) from a bf16 copy of the shard."""
+    world = 4
+    p = _predict("dist_fsdp1.py", world, env={"MIXED": "1", "ORIG": "1"}).rank(0).prediction
+    shard = fsdp1_shard_bytes(world, align=8)
+    assert shard != fsdp1_shard_bytes(world)   # the alignment padding shows
+    # rank 0's shard of each unit lies inside its first parameter: AdamW's state is the whole shard
+    assert live_at_end(p) == {"parameter": shard, "gradient": shard, "optimizer_state": 2 * shard}
+    block = padded_flat_numel(F1_BLOCK, world, align=8)
+    sizes = {size for size, _ in _gathered(p)}
+    assert block * 2 in sizes and block // world * 2 in sizes and block * 4 not in sizes
+
+
+def test_fsdp1_size_policy_wraps_each_linear():
+    p = _predict("dist_fsdp1.py", 2, env={"WRAP": "size", "ORIG": "1"}).rank(0).prediction
+    shard = fsdp1_shard_bytes(2, wrap="size", align=4)
+    assert live_at_end(p) == {"parameter": shard, "gradient": shard, "optimizer_state": 2 * shard}
+
+
+@pytest.mark.parametrize("strategy", ["SHARD_GRAD_OP", "NO_SHARD"])
+def test_fsdp1_other_sharding_strategies(strategy):
+    """SHARD_GRAD_OP keeps each block gathered from forward to backward (one all-gather a step);
+    NO_SHARD keeps whole parameters, gradients and AdamW state on every rank and gathers nothing."""
+    world = 2
+    p = _predict("dist_fsdp1.py", world, env={"STRATEGY": strategy}).rank(0).prediction
+    if strategy == "NO_SHARD":
+        whole = sum(sum(unit) for unit in F1_UNITS["transformer"]) * 4
+        assert live_at_end(p) == {"parameter": whole, "gradient": whole, "optimizer_state": 2 * whole}
+        assert not [size for size, stream in _gathered(p) if stream != 0]
+        return
+    shard = fsdp1_shard_bytes(world)
+    assert live_at_end(p) == {"parameter": shard, "gradient": shard, "optimizer_state": 2 * shard}
+    block = padded_flat_numel(F1_BLOCK, world) * 4
+    assert len([size for size, stream in _gathered(p) if size == block and stream != 0]) == F1_LAYERS * 3
+
+
+def test_fsdp1_cpu_offload_is_refused_in_one_line_with_exit_4():
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
-                        str(MODELS / "dist_fsdp1.py")], timeout=300)
+                        str(MODELS / "dist_fsdp1.py")], env={"OFFLOAD": "1"}, timeout=300)
     assert proc.returncode == 4, proc.stderr[-2000:]
-    assert "FSDP1 (FullyShardedDataParallel, flat parameters) is not modelled" in proc.stderr
+    assert "FSDP1 (FullyShardedDataParallel) with CPUOffload(offload_params=True) is not modelled" in proc.stderr
     assert "dist_fsdp1.py:" in proc.stderr and "Traceback" not in proc.stderr
 
 

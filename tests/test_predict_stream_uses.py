@@ -58,6 +58,25 @@ def test_an_event_wait_and_the_end_of_the_run_release_held_frees():
     assert len(frees) == 2   # b's free completes when the prediction ends
 
 
+def test_an_event_completes_only_the_frees_held_before_it_was_recorded():
+    """wait_event: its stream's frees held before the event; Event.synchronize (the CPU blocks, as
+    FSDP1's limit_all_gathers rate limiter does): those of every stream held before it."""
+    with amem_alloc.predicting(policies="torch") as run:
+        side, other = torch.cuda.Stream(), torch.cuda.Stream()
+        a, b, c = (torch.empty(MiB, dtype=torch.uint8, device="cuda") for _ in range(3))
+        a.record_stream(side)
+        c.record_stream(other)
+        b.record_stream(side)
+        del a, c
+        event = side.record_event()
+        del b                                       # held after the event was recorded
+        torch.cuda.current_stream().wait_event(event)
+        after_wait = run.session.stream_uses.pending()       # a released; c (other stream), b held
+        event.synchronize()
+        after_sync = run.session.stream_uses.pending()       # c released too; b still held
+    assert (after_wait, after_sync) == (2, 1)
+
+
 def test_bundled_fsdp_workload_predicts():
     """It called record_stream with a torch.cuda.Stream stand-in ("unknown parameter type")."""
     run = amem_alloc.predicting(policies="torch")

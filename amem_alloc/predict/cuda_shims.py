@@ -223,16 +223,19 @@ class FakeEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
         self.stream: FakeStream | None = None
+        self.position: int | None = None   # the point of the program it marks (stream_uses.position)
 
     def record(self, stream: Any = None) -> None:
         self.stream = stream or current_stream()
+        self.position = stream_uses.position()
 
     def wait(self, stream: Any = None) -> None:
         if self.stream is not None:   # waiting for an event: its stream's work up to it is done
-            stream_uses.synchronised(self.stream.stream_id)
+            stream_uses.synchronised(self.stream.stream_id, self.position)
 
     def synchronize(self) -> None:
-        self.wait()
+        if self.stream is not None:   # the CPU waits for the device to reach it (see stream_uses.py)
+            stream_uses.synchronised(None, self.position)
 
     def query(self) -> bool:
         return True

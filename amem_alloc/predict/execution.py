@@ -48,7 +48,7 @@ from . import values
 from .storages import Storages
 from .values import DataDependentError, is_fake
 
-__all__ = ["DataDependentError", "DeviceMode", "Recorder", "is_fake"]
+__all__ = ["DataDependentError", "DeviceMode", "Recorder", "is_fake", "unspoofed"]
 
 META = torch.device("meta")
 
@@ -79,6 +79,22 @@ class _Implicit:
 
     def __exit__(self, *exc):
         _state.implicit.pop()
+
+
+class unspoofed:
+    """Context manager: in this thread, fake tensors answer their real device (meta) to device
+    queries, as they do inside an op. Saved-tensor unpack hooks run so (session.py): they see the
+    tensors as the pack hooks saw them in forward, from inside the op that saved them."""
+
+    def __enter__(self):
+        _state.unspoofed = getattr(_state, "unspoofed", 0) + 1
+
+    def __exit__(self, *exc):
+        _state.unspoofed -= 1
+
+
+def _spoofing() -> bool:
+    return not getattr(_state, "unspoofed", 0)
 
 
 class _Device:
@@ -151,10 +167,9 @@ class DeviceMode(TorchFunctionMode):
     """Real CPU, fake CUDA: CPU work runs for real; CUDA tensors are meta tensors that answer as CUDA;
     reading a fake tensor's value gets a stand-in (values.py)."""
 
-    def __init__(self, storages: Storages, session: Any, spoof: bool = True):
+    def __init__(self, storages: Storages, session: Any):
         super().__init__()
         self.storages, self.session = storages, session
-        self.spoof = spoof   # answer device queries as CUDA (off inside backward: see session.py)
         self._opening = None   # the Python-level function whose body _open has just started
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
@@ -180,7 +195,7 @@ class DeviceMode(TorchFunctionMode):
             self._opening = None
         getter = self.getters.get(getattr(func, "__self__", None))
         if getter is not None and getattr(func, "__name__", "") == "__get__":
-            return getter(args[0]) if self.spoof else func(*args, **kwargs)
+            return getter(args[0]) if _spoofing() else func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
@@ -348,6 +363,10 @@ class Recorder(TorchDispatchMode):
         return "cuda" if self.session.default_cuda() else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with unspoofed():   # inside an op, fake tensors are what they are: meta
+            return self._dispatch(func, types, args, kwargs)
+
+    def _dispatch(self, func, types, args, kwargs):
         if any(_wrapper_subclass(t) for t in types):
             return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
         kwargs = kwargs or {}

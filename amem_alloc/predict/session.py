@@ -45,7 +45,7 @@ from . import children
 from . import cuda_rules
 from . import notes as notes_mod
 from . import stream_uses
-from .execution import DataDependentError, DeviceMode, Recorder, is_fake
+from .execution import DataDependentError, DeviceMode, Recorder, is_fake, unspoofed
 from .storages import Storages, user_frames
 from .known import KnownValues
 
@@ -75,7 +75,8 @@ _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FS
 def _unsharding(frame, depth: int = 3) -> bool:
     """Whether a storage's resize_ comes from FSDP refilling an unsharded parameter: FSDP2's
     `alloc_storage` (the all-gather output a parameter is a view of), FSDP1's `_alloc_storage`
-    (the padded flat parameter, through TypedStorage._resize_). torch regrows a freed storage
+    (the padded flat parameter, and under MixedPrecision the low-precision copy of the shard it is
+    gathered from, through TypedStorage._resize_). torch regrows a freed storage
     with resize_ for nothing else; the storage's earlier life (the first all-gather output, made
     by torch.empty) was the same parameter and is labelled with it."""
     while frame is not None and depth > 0:
@@ -338,12 +339,29 @@ class FakeCudaSession:
 
         def run_backward(*args, **kwargs):
             # backward() is a torch function: the mode runs it with itself popped. Push a mode
-            # again so that checkpoint recomputation in backward gets CUDA's autocast and kernels;
-            # it leaves devices as they are, as the checkpoint saw them in forward (from inside an
-            # op, where the mode is popped).
-            with DeviceMode(self.storages, self, spoof=False):
+            # again so that the hooks backward runs (FSDP's, DDP's, a script's) see CUDA devices
+            # as in forward, and checkpoint recomputation gets CUDA's autocast and kernels.
+            with DeviceMode(self.storages, self):
                 return orig_run(*args, **kwargs)
         self._set(torch.autograd, "_engine_run_backward", run_backward)
+        self._patch_unpack_hooks()
+
+    def _patch_unpack_hooks(self) -> None:
+        """Saved-tensor pack hooks run inside the op that saves (the mode popped: fake tensors show
+        their real device, meta); their unpack hooks run in backward, where devices answer CUDA.
+        Each unpack hook runs `unspoofed`, so it sees the tensors as its pack hook did: checkpoint
+        compares the recomputed tensors' devices with the ones its pack hook recorded
+        (torch/utils/checkpoint.py, `_default_meta_extractor`)."""
+        import torch._C._autograd as autograd_c
+        push = autograd_c._push_saved_tensors_default_hooks
+
+        def push_hooks(pack_hook, unpack_hook):
+            @functools.wraps(unpack_hook)
+            def unpack(packed):
+                with unspoofed():
+                    return unpack_hook(packed)
+            return push(pack_hook, unpack)
+        self._set(autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
 
     def _patch_init(self) -> None:
         """torch.nn.init's in-place initializers only write values (some loop on them, e.g.

@@ -16,6 +16,15 @@ event recorded on it), or it or the device is synchronised (`synchronize`) — o
 ends. A GPU runs behind the CPU, so a real block usually comes back no earlier than that; it can
 come back later (the allocator sees the event only at its next malloc after the GPU passed it).
 
+Events mark a point in the program: each held free has its place in the order of frees, and an
+event remembers the place it was recorded at (`position`). Waiting for an event (`wait_event`)
+completes only the frees held before it, for its stream. A CPU that blocks on an event
+(`Event.synchronize`: FSDP1's `limit_all_gathers` rate limiter) completes the frees held before it
+for every stream: the device has reached that point, and the work queued on other streams before
+it (a reduce-scatter whose input waits for it) is taken as done — an assumption, not something
+the program observes; without it FSDP1's unsharded gradients, each freed for the post-backward
+stream and never waited for before the end of backward, would all be held at once.
+
 The collectives of amem_alloc/predict/distributed use the same mechanism for ProcessGroupNCCL's
 `recordStream` on the tensors handed to NCCL. Their streams are *tracked*: every launch on them is
 reported (`launched`), so the program knows when such a stream has nothing queued. A storage used
@@ -45,6 +54,8 @@ class StreamUses:
         self.over: dict[int, set[int]] = defaultdict(set)  # key -> tracked streams synchronised since its use
         self.tracked: set[int] = set()                     # streams whose launches are reported
         self.queued: set[int] = set()                      # tracked streams with work since their last sync
+        self.place: dict[int, int] = {}                    # key -> its free's place in the order of frees
+        self.position = 0                                  # how many frees have been held so far
 
     # ---------------------------------------------------------------- what torch tells
     def allocated(self, key: int, stream: int) -> None:
@@ -65,26 +76,32 @@ class StreamUses:
         waits = self.uses.pop(key, set()) | (self.over.pop(key, set()) & self.queued)
         self.alloc_stream.pop(key, None)
         if waits:
-            self.held[key] = set(waits)
+            self.position += 1
+            self.held[key], self.place[key] = set(waits), self.position
         else:
             self.free_now(key)
 
-    def synchronised(self, stream: int | None) -> None:
-        """Work queued on `stream` (None: every stream) is known done: frees waiting for it complete,
-        and live storages' uses of tracked streams are over unless more is launched there."""
-        done = self.tracked if stream is None else {stream} & self.tracked
+    def synchronised(self, stream: int | None, before: int | None = None) -> None:
+        """Work queued on `stream` (None: every stream) is known done, up to the free at place
+        `before` (None: up to now): frees waiting for it complete; up to now, live storages' uses
+        of tracked streams are over too, unless more is launched there."""
+        if before is None:
+            self._uses_over(self.tracked if stream is None else {stream} & self.tracked)
+        for key in [k for k, waits in self.held.items() if (stream is None or stream in waits)
+                    and (before is None or self.place[k] <= before)]:
+            waits = self.held[key]
+            waits.discard(stream) if stream is not None else waits.clear()
+            if not waits:
+                del self.held[key], self.place[key]
+                self.free_now(key)
+
+    def _uses_over(self, done: set[int]) -> None:
         self.queued -= done
         for key in [k for k, uses in self.uses.items() if uses & done]:
             self.over[key] |= self.uses[key] & done
             self.uses[key] -= done
             if not self.uses[key]:
                 del self.uses[key]
-        for key in [k for k, waits in self.held.items() if stream is None or stream in waits]:
-            waits = self.held[key]
-            waits.discard(stream) if stream is not None else waits.clear()
-            if not waits:
-                del self.held[key]
-                self.free_now(key)
 
     def pending(self) -> int:
         return len(self.held)
@@ -121,10 +138,16 @@ def finish(uses: StreamUses) -> None:
         _active.remove(uses)
 
 
-def synchronised(stream: int | None) -> None:
-    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for."""
+def synchronised(stream: int | None, before: int | None = None) -> None:
+    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for,
+    up to an event's `position` (None: up to now)."""
     for uses in _active:
-        uses.synchronised(stream)
+        uses.synchronised(stream, before)
+
+
+def position() -> int | None:
+    """The running session's place in the order of held frees (an event recorded now keeps it)."""
+    return _active[-1].position if _active else None
 
 
 def record(tensor: Any, stream: int) -> None:

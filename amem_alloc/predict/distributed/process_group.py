@@ -12,17 +12,23 @@ DeviceMesh, DTensor, DDP and FSDP then run their real code on it.
 
 Two answers a GPU machine gives are given too while the rank runs, restored after:
 * `torch._C._get_accelerator()` is CUDA (fully_shard's default mesh and torch.accelerator ask it);
-* `torch.meta` is `torch.cuda`: inside backward the engine's tensors show their real device
-  ("meta", session.py), and FSDP/DeviceMesh look up a device's module by its type name
+* `torch.meta` is `torch.cuda`: inside an op, and in saved-tensor unpack hooks, fake tensors show
+  their real device ("meta", execution.unspoofed), and FSDP/DeviceMesh look up a device's module by its type name
   (`getattr(torch, device.type)`) to reach its streams and events.
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 At the end of the rank every process group is destroyed, so the next rank starts from none.
 
-FSDP1 (`FullyShardedDataParallel`, flat parameters) is refused where the script makes one: its
-runtime compares the flat parameter's device with its compute device in its hooks, where the fake
-tensors show their real device (meta), so it stops with an AssertionError that says nothing of
-prediction. Making one raises NotModelledError (exit 4, one line) instead.
+FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
+sharded, all-gathered on its unshard stream (refilled with `resize_` through torch/distributed/
+utils.py's `_alloc_storage`), freed with `record_stream` on the compute stream, gradients
+reduce-scattered on its post-backward stream, its `limit_all_gathers` rate limiter blocking on
+events (cuda_shims.FakeEvent, stream_uses.py). Its hooks in backward check the flat parameter's
+device against the compute device: backward's hooks see CUDA devices as forward's code does
+(session.py, execution.unspoofed). CPU offload (`CPUOffload(offload_params=True)`) is refused
+(NotModelledError, exit 4): its gradients, made on the GPU, are assigned to the CPU flat
+parameter's `.grad`, which torch refuses for a fake tensor ("attempting to assign a gradient with
+device type 'cpu' to a tensor with device type 'meta'").
 """
 from __future__ import annotations
 
@@ -34,12 +40,18 @@ from .launch import Launch
 FAKE = "fake"
 
 
-FSDP1_REFUSED = ("FSDP1 (FullyShardedDataParallel, flat parameters) is not modelled under prediction; "
-                 "FSDP2's fully_shard is (torch.distributed.fsdp.fully_shard)")
+FSDP1_OFFLOAD_REFUSED = ("FSDP1 (FullyShardedDataParallel) with CPUOffload(offload_params=True) is not modelled "
+                         "under prediction; FSDP2's fully_shard with CPUOffloadPolicy is")
 
 
-def _fsdp1_refused(module: Any, *args: Any, **kwargs: Any) -> None:
-    raise notes.NotModelledError(FSDP1_REFUSED)
+def _refusing_cpu_offload(init: Any) -> Any:
+    """FullyShardedDataParallel.__init__, refusing what prediction cannot run (see above)."""
+    def __init__(fsdp: Any, *args: Any, **kwargs: Any) -> None:   # args: module, process_group, ...
+        offload = kwargs.get("cpu_offload", args[3] if len(args) > 3 else None)
+        if getattr(offload, "offload_params", False):
+            raise notes.NotModelledError(FSDP1_OFFLOAD_REFUSED)
+        init(fsdp, *args, **kwargs)
+    return __init__
 
 
 class FakeWorld:
@@ -81,7 +93,7 @@ class FakeWorld:
         self._set(torch, "meta", torch.cuda)
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        self._set(FullyShardedDataParallel, "__init__", _fsdp1_refused)
+        self._set(FullyShardedDataParallel, "__init__", _refusing_cpu_offload(FullyShardedDataParallel.__init__))
         return self
 
     def __exit__(self, *exc: Any) -> None:
