@@ -243,15 +243,22 @@ def test_a_worker_that_dies_leaves_its_rank_to_be_recorded_here():
 
 # ---------------------------------------------------------------------------- the command
 def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path):
-    out = tmp_path / "p.json"
+    """JSON with every rank, one trace per rank, and one report: the worst rank's page with the
+    ranks side by side (their peaks as the JSON gives them)."""
+    out, page = tmp_path / "p.json", tmp_path / "report.html"
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--json", str(out),
-                        "--trace", str(tmp_path / "t{rank}.pickle"), "--", "torchrun", "--nproc-per-node", "2",
-                        str(MODELS / "dist_fsdp2.py")], timeout=300)
+                        "--trace", str(tmp_path / "t{rank}.pickle"), "--report", str(page), "--", "torchrun",
+                        "--nproc-per-node", "2", str(MODELS / "dist_pipeline.py")], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["world_size"] == 2 and data["worst_rank"] == 0
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["world_size"] == 2
     assert (tmp_path / "t0.pickle").is_file() and (tmp_path / "t1.pickle").is_file()
-    assert "worst rank: 0" in proc.stdout
+    assert f"worst rank: {data['worst_rank']}" in proc.stdout
+    html = page.read_text()
+    assert "2 ranks side by side" in html and "Verdict" in html
+    from amem_alloc.introspection import format_bytes
+    for r in data["ranks"]:   # the pipeline's two stages differ: each rank's own peak is on the page
+        assert f"rank {r['rank']}" in html and format_bytes(r["policies"][0]["peak_allocated"]) in html
 
 
 def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):

@@ -219,11 +219,13 @@ class Prediction:
 
         return save_snapshot(self.snapshot(), path)
 
-    def write_report(self, path: str | Path) -> Path:
+    def write_report(self, path: str | Path, ranks: list[tuple[int, "Prediction"]] | None = None) -> Path:
+        """The HTML page; with `ranks` (every rank's prediction of a job) their timelines side by side too."""
         from ..atomic_write import write_text
         from ..report.predict import render
 
-        return write_text(path, render(self.to_dict(), self.snapshot()))
+        others = [(rank, p.snapshot()) for rank, p in ranks] if ranks else None
+        return write_text(path, render(self.to_dict(), self.snapshot(), others))
 
     def format_text(self, top: int = 8) -> str:
         return format_text(self, top)

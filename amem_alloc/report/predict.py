@@ -23,19 +23,31 @@ REPLAY_ORDER = ("Predicted run: the x axis is replay order (the n-th allocator e
                 "not time.")
 
 
-def render(prediction: dict, snapshot: dict) -> str:
-    """The page for a prediction's to_dict() and its snapshot."""
+def render(prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | None = None) -> str:
+    """The page for a prediction's to_dict() and its snapshot; with `ranks` ((rank, snapshot) of
+    every rank of a distributed job, this prediction being one of them) the ranks side by side
+    first (report/ranks.py)."""
     from ..snapshot import parse_snapshot
 
     snap = parse_snapshot(readable_snapshot(snapshot), "<prediction>")
     data = label_replay_order(report_data(snap))
     what_if = {k: prediction[k] for k in ("what_if", "cheapest_change") if k in prediction}
-    body = [html_panel(prediction["verdict"], what_if),
-            report_html.key_value_section("Prediction (no GPU)", "provenance", summary(prediction))]
+    body = [html_panel(prediction["verdict"], what_if)]
+    if ranks:
+        body.append(_ranks_section(ranks))
+    body.append(report_html.key_value_section("Prediction (no GPU)", "provenance", summary(prediction)))
     body += [report_html.device_section(dev) for dev in data["devices"]]
     g = prediction["gpu"]
     title = f"Predicted memory: {prediction['target']}"
     return report_html.page(title, f"predicted without a GPU for {g['name']}", "\n".join(body), data, __version__)
+
+
+def _ranks_section(ranks: list[tuple[int, dict]]) -> str:
+    from ..snapshot import parse_snapshot
+    from .ranks import load_ranks, rank_data, ranks_section
+
+    snapshots = [(f"rank{rank}", parse_snapshot(readable_snapshot(snap), f"<rank {rank}>")) for rank, snap in ranks]
+    return ranks_section(rank_data(load_ranks(snapshots)))
 
 
 def summary(p: dict) -> dict[str, str]:

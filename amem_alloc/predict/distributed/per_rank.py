@@ -76,10 +76,12 @@ class RankPrediction:
         return [x.prediction.write_trace(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
 
     def write_report(self, path: str) -> list[Path]:
-        """The HTML report of each rank ({rank} in the path), or of the worst rank."""
+        """The HTML report of each rank ({rank} in the path), or one page: the worst rank's, with
+        every rank's timeline side by side."""
         if RANK_FIELD in path:
             return [x.prediction.write_report(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
-        return [self.worst.prediction.write_report(path)]
+        ranks = [(x.rank, x.prediction) for x in self.ranks] if len(self.ranks) > 1 else None
+        return [self.worst.prediction.write_report(path, ranks)]
 
     # ---------------------------------------------------------------- text
     def format_text(self) -> str:
