@@ -511,6 +511,31 @@ def test_tensor_parallel_params_and_adam_state_are_the_rank_shards(mesh, world, 
     assert state.get("gradient") == tp_param_bytes(tp, dp), state
 
 
+@pytest.mark.parametrize("sequence", ["0", "1"])
+def test_tensor_parallel_collective_buffers_die_within_their_step(sequence):
+    """DTensor's collectives (functional all-reduce, all-gather, reduce-scatter) come back as
+    AsyncCollectiveTensors; their first use waits for NCCL, so their inputs and outputs are freed
+    within the step that made them (they were held to the end of the run while nothing waited),
+    and a forward's live activations are first principles: per rank the input, the colwise
+    output's shard (ReLU's saved output; the addmm output dies) and, for the rowwise output, only
+    what the step still uses."""
+    prediction = _predict("dist_tp.py", 2, env={"SEQUENCE": sequence}).rank(0).prediction
+    steps = [i for i, name in prediction.markers if name == "step"]
+    born = {}
+    for i, (kind, key, _, _) in enumerate(prediction.ops):
+        op = prediction.infos[key].op
+        if not op.startswith(("all_reduce", "all_gather", "reduce_scatter", "wait_tensor")):
+            continue
+        if kind == ALLOC:
+            born[key] = i
+        else:
+            start = born.pop(key)
+            assert not any(start < s < i for s in steps), (op, start, i)   # freed in its own step
+    assert not born, born   # every collective buffer freed before the run ends
+    assert any(prediction.infos[k].op.startswith(("all_reduce", "all_gather", "reduce_scatter"))
+               for _, k, _, _ in prediction.ops)
+
+
 def test_sequence_parallel_runs_and_shards_like_tensor_parallel():
     result = _predict("dist_tp.py", 2, env={"SEQUENCE": "1"})
     state = live_at_end(result.rank(0).prediction)

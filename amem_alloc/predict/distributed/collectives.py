@@ -22,8 +22,9 @@ above the Recorder, adds what ProcessGroupNCCL does beyond that
 * Point-to-point ops (`send`, `recv_`: `isend`/`irecv`/`batch_isend_irecv`) always return a work
   and keep their tensors for NCCL the same way until it is waited (`pointToPoint()`).
 * `wait_tensor` returns its input (torch/csrc/distributed/c10d/Functional.cpp), and
-  `_wrap_tensor_autograd` wraps its input in an AsyncCollectiveTensor: both are answered with the
-  input's storage here, where their meta kernels would make a new tensor (`empty_like`).
+  `_wrap_tensor_autograd` wraps its input in an AsyncCollectiveTensor, whose first use calls
+  wait_tensor: both are answered so here, where their meta kernels would make a new tensor
+  (`empty_like`) and nothing would ever wait (the collective's held frees would last to the end).
 * The list forms flatten: `allgather` into a list of tensors gathers into one flat buffer of
   world x input bytes, then copies out; `reduce_scatter` of a list copies the inputs into one flat
   buffer of world x output bytes (`newLikeFlat`). The buffer lives for the call.
@@ -83,7 +84,10 @@ class CollectiveMode(TorchDispatchMode):
             self.waited()   # the current stream waits for the collective
             return args[0]  # the tensor itself (Functional.cpp); the meta kernel makes a new one
         if func._schema.name == _WRAP_TENSOR_AUTOGRAD:
-            return torch.ops.aten.alias.default(args[0])   # an AsyncCollectiveTensor around its input
+            # an AsyncCollectiveTensor around its input, as the op's CUDA implementation returns:
+            # the first op that reads it calls wait_tensor (the current stream waits for NCCL)
+            from torch.distributed._functional_collectives import AsyncCollectiveTensor
+            return AsyncCollectiveTensor(args[0])
         if namespace not in ("c10d", "_c10d_functional"):
             return func(*args, **kwargs)
         self.collectives += 1
@@ -172,11 +176,18 @@ class WorkWaits:
     def __enter__(self) -> "WorkWaits":
         import torch.distributed as dist
         from torch._C._distributed_c10d import FakeWork, Work
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
         self.saved = [(cls, "wait", cls.__dict__["wait"]) for cls in (Work, FakeWork) if "wait" in cls.__dict__]
         self.saved += [(dist, name, getattr(dist, name)) for name in _WAITING_INSIDE if hasattr(dist, name)]
         for owner, name, original in self.saved:
             setattr(owner, name, _waiting(original, self.mode))
+        # An AsyncCollectiveTensor waits from inside its own __torch_dispatch__, where this mode is
+        # popped and wait_tensor would reach its meta kernel (a copy): it waits here instead.
+        act = AsyncCollectiveTensor
+        self.saved += [(act, "trigger_wait", act.trigger_wait), (act, "wait", act.wait)]
+        act.trigger_wait = _act_waiting(self.mode, once=True)
+        act.wait = _act_waiting(self.mode, once=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -185,6 +196,17 @@ class WorkWaits:
 
 
 _WAITING_INSIDE = ("_broadcast_coalesced",)
+
+
+def _act_waiting(mode: CollectiveMode, once: bool):
+    """AsyncCollectiveTensor.trigger_wait (once) / wait: the current stream waits for the NCCL
+    streams; the tensor is its element (wait_tensor returns its input)."""
+    def wait(act):
+        if not (once and act.completed):
+            mode.waited()
+            act.completed = True
+        return act.elem
+    return wait
 
 
 def _waiting(original, mode: CollectiveMode):
