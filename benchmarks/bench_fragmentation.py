@@ -544,7 +544,7 @@ def render(cases: list[Case], results: dict[str, dict[str, Result]], names: list
             f"{results[c.name][n].allocated_at_peak / c.limit:.3f} + {results[c.name][n].cached_free:.3f}"
             for n in names) + " |")
     lines += ["", "Cases: " + "; ".join(f"{c.name}: {c.note}" for c in cases if c.note) + "."]
-    if any(c.kind == "predicted" for c in cases):
+    if NOT_PREDICTED and any(c.kind == "predicted" for c in cases):
         lines += ["", "Not predicted: " + "; ".join(f"{n}: {why}" for n, why in NOT_PREDICTED.items()) + "."]
     return "\n".join(lines) + "\n"
 
