@@ -129,15 +129,18 @@ Block* CachingAllocator::map_run(Block* start, size_t size) {
 // Note [map ahead]: with map_ahead:N, a request that grows a large-pool
 // segment's mapped end inside its fine part (Note [fine pages]), by the same
 // rounded size as the growth before it, maps room for N more such requests at
-// once, never past the fine part. A small program grows by many equal tensors
-// (an MLP's 4 MiB weights, their gradients, their optimizer state): in 2 MiB
-// pages each one crossed the mapped end and mapped once, where torch's 20 MiB
-// pages cover five. The room is a free mapped block at the segment's end that
-// the next requests take; it costs peak reserved only where the segment stops
-// growing inside it (the segment grows past the fine part, or the growth was
-// steady and goes on). Growth of other sizes maps exactly, as before, so a
-// program whose peak depends on 2 MiB rounding of varied tensors (the demo's
-// GPT) keeps it. If the device cannot back the room, the request maps exactly.
+// once. A small program grows by many equal tensors (an MLP's 4 MiB weights,
+// their gradients, their optimizer state): in 2 MiB pages each one crossed the
+// mapped end and mapped once, where torch's 20 MiB pages cover five. The room
+// is a free mapped block at the segment's end that the next requests take; it
+// costs peak reserved only where the growth stops inside it, so it is bounded:
+// at most one large page, never past the fine part, and only for requests
+// under 10 MiB (torch serves those from its 20 MiB segments and rounds larger
+// ones to 2 MiB alone; repeated 32 MiB requests mapping ahead cost predicted
+// programs 10% of their peak, docs/policies.md). Growth of other sizes maps
+// exactly, as before, so a program whose peak depends on 2 MiB rounding of
+// varied tensors (the demo's GPT) keeps it. If the device cannot back the
+// room, the request maps exactly.
 
 // Whether serving `rounded` from the run at `start` maps the segment's last
 // block (its unmapped end): the run is that block, or a free mapped block too
