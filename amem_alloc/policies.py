@@ -26,12 +26,16 @@ POLICIES: dict[str, tuple[str, str]] = {
     "torch-expandable": ("expandable_segments:True", "PyTorch's allocator with expandable_segments:True: one "
                          "segment per stream and pool that grows in 2 MiB / 20 MiB pages"),
     "amem": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,"
-             "page_reclaim_age:4,page_reclaim_min_mb:32", "amem's policy, what amem_alloc.enable() uses: "
-             "expandable segments whose large pool grows by 2 MiB pages over its first 128 MiB and by 10 MiB "
+             "map_ahead:2,page_reclaim_age:4,page_reclaim_min_mb:32", "amem's policy, what amem_alloc.enable() uses: "
+             "expandable segments whose large pool grows by 2 MiB pages over its first 128 MiB (where steady "
+             "growth by equal tensors under 10 MiB maps room for two more at once) and by 10 MiB "
              "pages after; a block freed on one stream serves another at once (the consumer waits on the freeing "
              "stream's event, no host sync); and before a request of 32 MiB or more maps new pages above the "
              "peak, idle free pages are unmapped first (one device sync); the combination that measured best on "
              "the shared traces, the workloads and their predicted programs (docs/policies.md)"),
+    "amem-noahead": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,"
+                     "page_reclaim_age:4,page_reclaim_min_mb:32", "the amem policy before map_ahead (every growth "
+                     "of the fine part maps exactly what the request needs)"),
     "amem-coarse": ("expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,page_reclaim_age:4,"
                     "page_reclaim_min_mb:32", "the amem policy before fine pages (10 MiB pages from a "
                     "segment's start)"),

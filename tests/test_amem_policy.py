@@ -88,3 +88,15 @@ def test_reclaim_policy_gives_idle_pages_back_before_growing():
     reclaim = replay.run(hole, policies.get("amem-reclaim").conf)
     assert plain.peak_reserved == 140 * MiB and plain.device_unmaps == 0
     assert reclaim.peak_reserved == 100 * MiB and reclaim.device_unmaps == 1
+
+
+def test_amem_maps_ahead_of_steady_growth_at_no_cost_in_reserved_bytes():
+    """19 equal 4 MiB tensors, as a small MLP's weights, gradients and optimizer state grow: in the
+    fine part's 2 MiB pages each maps once without map_ahead; amem maps room for two more at each
+    growth after the first (Note [map ahead]), and all of it is used."""
+    steady = replay.Program(replay.pack([(replay.ALLOC, k, 4 * MiB, 0) for k in range(1, 20)]))
+    exact = replay.run(steady, policies.get("amem-noahead").conf)
+    ahead = replay.run(steady, policies.get("amem").conf)
+    expandable = replay.run(steady, policies.get("torch-expandable").conf)
+    assert (exact.device_maps, ahead.device_maps, expandable.device_maps) == (19, 7, 4)
+    assert exact.peak_reserved == ahead.peak_reserved == 76 * MiB < expandable.peak_reserved == 80 * MiB

@@ -100,16 +100,19 @@ def test_host_backend_blocks_are_writable_memory():
     assert a.memory_stats()["reserved_bytes.all.current"] == 0
 
 
+# Equal mid-sized tensors too: repeated growth by one size is what amem's map_ahead maps ahead for.
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, MiB), st.integers(MiB + 1, 12 * MiB),
-                  st.integers(12 * MiB, 45 * MiB))
+                  st.integers(12 * MiB, 45 * MiB), st.sampled_from([4 * MiB, 2 * MiB + 256 * 1024]))
 
 
+# torch's pages, and amem's policy (fine pages, map_ahead, page reclaim, handover) on the same checks.
+@pytest.mark.parametrize("policy", [None, "amem"])
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["malloc", "free", "empty"]), SIZES, st.integers(0, 2)),
                 min_size=1, max_size=80))
-def test_random_sequences_keep_every_invariant(ops):
-    a = expandable(limit_bytes=256 * MiB)
+def test_random_sequences_keep_every_invariant(policy, ops):
+    a = expandable(limit_bytes=256 * MiB, policy=policy)
     live, requested = [], 0
     for op, size, stream in ops:
         if op == "malloc":

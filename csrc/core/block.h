@@ -122,6 +122,7 @@ struct Segment {
   PoolKind kind = PoolKind::kSmall;
   Block* first = nullptr;      // block at `address`
   bool expandable = false;     // a reserved range mapped page by page (Note [expandable segments])
+  size_t last_growth = 0;      // expandable: the rounded request that last grew the mapped end (Note [map ahead])
 };
 
 // Orders unmapped blocks by (stream, address): the first with room on a stream

@@ -167,6 +167,9 @@ class CachingAllocator {
   Block* allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded);
   Block* find_expandable_block(BlockPool& pool, StreamId stream, size_t size);
   Block* reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size);
+  Block* map_run(Block* start, size_t size);
+  bool grows_mapped_end(const Block* start, size_t rounded) const;
+  size_t map_ahead_bytes(const Block* start, size_t rounded) const;  // Note [map ahead]
   bool map_block(Block* block, size_t size);
   void unmap_block(Block* block);
   void release_expandable_segment(Block* block);

@@ -41,6 +41,9 @@ constexpr size_t kRoundUpPowerOfTwoIntervals = 16;          // intervals
 // kMinBlockSize * divisions, which must not overflow).
 constexpr size_t kMaxRoundupDivisions = size_t{1} << 32;
 
+// amem: the most requests map_ahead may map room for (the fine part bounds the bytes too).
+constexpr size_t kMaxMapAhead = 16;  // requests
+
 // The largest request the core accepts; beyond it rounding could overflow.
 constexpr size_t kMaxRequest = size_t{1} << 56;  // bytes (64 PiB)
 

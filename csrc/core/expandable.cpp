@@ -100,14 +100,68 @@ Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, s
     reclaim_idle_pages(rounded);
   Block* c = find_expandable_block(pool, stream, rounded);
   if (c == nullptr) return nullptr;
-  if (!c->mapped && !map_block(c, std::min(c->size, rounded))) return nullptr;
-  while (c->size < rounded) {
+  const bool grows_end = grows_mapped_end(c, rounded);
+  const size_t ahead = grows_end ? map_ahead_bytes(c, rounded) : 0;
+  Block* mapped = ahead > 0 ? map_run(c, rounded + ahead) : nullptr;
+  if (mapped == nullptr && ahead > 0) c = find_expandable_block(pool, stream, rounded);  // out of memory ahead: exactly
+  if (mapped == nullptr) mapped = map_run(c, rounded);
+  if (mapped == nullptr) return nullptr;
+  if (grows_end) mapped->segment->last_growth = rounded;
+  pool.erase(mapped);
+  return mapped;
+}
+
+// Maps the run of available blocks from `start` until its first block holds
+// `size` bytes: the merged block, or nullptr when the device is out of memory.
+Block* CachingAllocator::map_run(Block* start, size_t size) {
+  Block* c = start;
+  if (!c->mapped && !map_block(c, std::min(c->size, size))) return nullptr;
+  while (c->size < size) {
     Block* next = c->next;  // unmapped: find_expandable_block saw enough room
-    if (!map_block(next, std::min(rounded - c->size, next->size))) return nullptr;
+    if (!map_block(next, std::min(size - c->size, next->size))) return nullptr;
     c = next;  // map_block merged c into next
   }
-  pool.erase(c);
   return c;
+}
+
+// ================================================================ mapping ahead
+
+// Note [map ahead]: with map_ahead:N, a request that grows a large-pool
+// segment's mapped end inside its fine part (Note [fine pages]), by the same
+// rounded size as the growth before it, maps room for N more such requests at
+// once. A small program grows by many equal tensors (an MLP's 4 MiB weights,
+// their gradients, their optimizer state): in 2 MiB pages each one crossed the
+// mapped end and mapped once, where torch's 20 MiB pages cover five. The room
+// is a free mapped block at the segment's end that the next requests take; it
+// costs peak reserved only where the growth stops inside it, so it is bounded:
+// at most one large page, never past the fine part, and only for requests
+// under 10 MiB (torch serves those from its 20 MiB segments and rounds larger
+// ones to 2 MiB alone; repeated 32 MiB requests mapping ahead cost predicted
+// programs 10% of their peak, docs/policies.md). Growth of other sizes maps
+// exactly, as before, so a program whose peak depends on 2 MiB rounding of
+// varied tensors (the demo's GPT) keeps it. If the device cannot back the
+// room, the request maps exactly.
+
+// Whether serving `rounded` from the run at `start` maps the segment's last
+// block (its unmapped end): the run is that block, or a free mapped block too
+// small alone followed by it.
+bool CachingAllocator::grows_mapped_end(const Block* start, size_t rounded) const {
+  const Block* end = start->mapped ? start->next : start;
+  if (start->mapped && start->size >= rounded) return false;
+  return end != nullptr && !end->mapped && end->next == nullptr;
+}
+
+// The bytes to map beyond `rounded` for a request growing the mapped end from `start`.
+size_t CachingAllocator::map_ahead_bytes(const Block* start, size_t rounded) const {
+  const Segment* seg = start->segment;
+  // Only requests that torch serves from its 20 MiB segments: larger ones it rounds to 2 MiB alone.
+  if (options_.map_ahead == 0 || seg->last_growth != rounded || rounded >= kMinLargeAlloc) return 0;
+  const size_t fine_end = page_layout(seg->kind).fine_bytes;  // 0 for the small pool
+  const size_t request_end = start->address - seg->address + rounded;
+  if (request_end >= fine_end) return 0;
+  if (fraction_set_) return 0;  // under a memory fraction every byte counts: map exactly
+  const size_t ahead = std::min(options_.map_ahead * rounded, page_size(seg->kind));  // at most one large page
+  return std::min(ahead, fine_end - request_end);
 }
 
 // ================================================================ mapping

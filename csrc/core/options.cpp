@@ -186,6 +186,13 @@ void parse_fine_pages_mb(Options& o, Tokens& t, const std::string& key) {
   o.fine_pages_size = mib * kMiB;
 }
 
+void parse_map_ahead(Options& o, Tokens& t, const std::string& key) {
+  std::string text = t.next(key, "its value");
+  size_t requests = parse_unsigned(key, text);
+  if (requests > kMaxMapAhead) bad_value(key, text, doc_of(key));
+  o.map_ahead = requests;
+}
+
 void parse_small_pool(Options& o, Tokens& t, const std::string& key) { o.small_pool = parse_bool(t, key); }
 
 void parse_page_reclaim_age(Options& o, Tokens& t, const std::string& key) {
@@ -270,6 +277,8 @@ std::string text_page_reclaim_age(const Options& o) {
 std::string json_page_reclaim_age(const Options& o) { return std::to_string(o.page_reclaim_age); }
 std::string text_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size / kMiB); }
 std::string json_fine_pages_mb(const Options& o) { return std::to_string(o.fine_pages_size); }
+std::string text_map_ahead(const Options& o) { return std::to_string(o.map_ahead); }
+std::string json_map_ahead(const Options& o) { return std::to_string(o.map_ahead); }
 std::string text_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size / kMiB); }
 std::string json_page_reclaim_min_mb(const Options& o) { return std::to_string(o.page_reclaim_min_size); }
 

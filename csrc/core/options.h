@@ -70,6 +70,12 @@ namespace amem {
     "integer MiB, even: the first this many MiB of each large-pool expandable segment "  \
     "map and unmap in 2 MiB pages, the rest in large_page_mb pages, so a segment grows " \
     "finely while it is small and by large pages once it is large (amem)")              \
+  X(map_ahead, size_t, map_ahead, 0, "map_ahead", "0",                                   \
+    "integer requests, 0 (off) to 16: in the fine part (fine_pages_mb) of a large-pool "  \
+    "expandable segment, a request under 10 MiB that grows the mapped end by the same "  \
+    "size as the growth before it maps room for this many more such requests at once "   \
+    "(at most one large_page_mb page, within the fine part): steady growth by equal "    \
+    "tensors maps once per few (amem)")                                                  \
   X(small_pool, bool, small_pool, true, "small_pool", "True",                            \
     "True/False: False serves requests of 1 MiB and less from the large pool too, so "   \
     "expandable segments give them the large pool's page granularity instead of a "     \

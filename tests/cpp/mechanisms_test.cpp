@@ -2,7 +2,7 @@
 // reuse (wait and handover, on the sim backend and on the cuda backend over the
 // fake CUDA), the large pool's page size, fine pages at the front of a segment,
 // one pool for every size, and reclaiming idle pages before an expandable
-// segment grows.
+// segment grows, and mapping ahead of steady growth.
 #include <gtest/gtest.h>
 
 #include "fake_cuda/fake_cuda.h"
@@ -225,6 +225,64 @@ TEST(FinePages, EmptyCacheUnmapsFineAndLargePagesAlike) {
   EXPECT_EQ(stat(*a, "num_device_unmap"), 2);
 }
 
+// ================================================================ mapping ahead (Note [map ahead])
+
+constexpr const char* kAhead = "expandable_segments:True,large_page_mb:10,fine_pages_mb:128,map_ahead:2,debug_checks:True";
+
+TEST(MapAhead, SteadyGrowthByEqualTensorsMapsOncePerThree) {
+  for (const bool on : {false, true}) {
+    auto a = make_sim(0, std::string("expandable_segments:True,large_page_mb:10,fine_pages_mb:128,debug_checks:True") +
+                             (on ? ",map_ahead:2" : ""));
+    for (int i = 0; i < 19; ++i) alloc(*a, 4 * kMiB);
+    // Off: one map per tensor. On: the first maps exactly (no growth before it to
+    // compare with), then each map takes room for two more: 18 tensors in 6 maps.
+    EXPECT_EQ(stat(*a, "num_device_map"), on ? 7 : 19) << on;
+    EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(76 * kMiB)) << on;
+  }
+}
+
+TEST(MapAhead, NeverPastTheFinePart) {
+  auto a = make_sim(0, "expandable_segments:True,large_page_mb:10,fine_pages_mb:16,map_ahead:2,debug_checks:True");
+  alloc(*a, 4 * kMiB);
+  alloc(*a, 4 * kMiB);  // mapped end at 8 MiB; room for two more would reach 20 MiB
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(16 * kMiB)) << "stops at the fine part's end";
+  alloc(*a, 4 * kMiB);
+  alloc(*a, 4 * kMiB);
+  EXPECT_EQ(stat(*a, "num_device_map"), 2);
+  alloc(*a, 4 * kMiB);  // past the fine part: one 10 MiB page, nothing ahead
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(26 * kMiB));
+}
+
+TEST(MapAhead, OnlyForEqualSizesUnderTenMiB) {
+  auto a = make_sim(0, kAhead);
+  alloc(*a, 3 * kMiB);
+  alloc(*a, 5 * kMiB);  // another size: exact
+  alloc(*a, 12 * kMiB);
+  alloc(*a, 12 * kMiB);  // the same size, but torch rounds requests of 10 MiB and more to 2 MiB alone
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(32 * kMiB));
+  EXPECT_EQ(stat(*a, "num_device_map"), 4);
+}
+
+TEST(MapAhead, TheRoomServesTheNextRequestsAndEmptyCacheUnmapsIt) {
+  auto a = make_sim(0, kAhead);
+  alloc(*a, 4 * kMiB);
+  uintptr_t second = alloc(*a, 4 * kMiB);  // maps 12 MiB: itself and room for two more
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(16 * kMiB));
+  EXPECT_EQ(alloc(*a, 4 * kMiB), second + 4 * kMiB) << "taken from the room, no map";
+  EXPECT_EQ(stat(*a, "num_device_map"), 2);
+  a->empty_cache();  // the last 4 MiB of room is free: unmapped
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(12 * kMiB));
+}
+
+TEST(MapAhead, MapsExactlyWhenTheDeviceCannotBackTheRoom) {
+  auto a = make_sim(10 * kMiB, kAhead);  // room for two tensors and a half
+  alloc(*a, 4 * kMiB);
+  alloc(*a, 4 * kMiB);  // 12 MiB would pass the limit: maps its own 4 MiB
+  EXPECT_EQ(stat(*a, "reserved_bytes.all.current"), static_cast<int64_t>(8 * kMiB));
+  EXPECT_EQ(stat(*a, "num_alloc_retries"), 0) << "no out-of-memory path taken";
+  EXPECT_EQ(stat(*a, "num_device_map"), 2);
+}
+
 // ================================================================ the cuda backend
 
 class CudaMechanisms : public ::testing::Test {
@@ -284,8 +342,8 @@ TEST_F(CudaMechanisms, ReclaimUnmapsIdlePagesThroughTheDriver) {
 
 // What amem_alloc.enable() configures by default (amem_alloc/policies.py, "amem").
 constexpr const char* kAmemPolicy =
-    "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,page_reclaim_age:4,"
-    "page_reclaim_min_mb:32";
+    "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,map_ahead:2,"
+    "page_reclaim_age:4,page_reclaim_min_mb:32";
 
 TEST_F(CudaMechanisms, TheAmemPolicyMapsFineThenTenMiBPagesAndHandsBlocksOverWithoutAHostSync) {
   {
@@ -343,6 +401,26 @@ TEST_F(CudaMechanisms, FinePagesAreOnePhysicalAllocationPerLayoutPage) {
     a->empty_cache();
     EXPECT_EQ(fake_cuda_counts().mappings, 5u) << "x's first fine page only: the next holds y's start";
     a->free(y);
+    a->empty_cache();
+    a->check_valid();
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 0u);
+  }
+  const FakeCudaCounts c = fake_cuda_counts();
+  EXPECT_EQ(c.mappings + c.handles + c.ranges + c.events, 0u);
+}
+
+// Mapping ahead through the driver: the room is whole 2 MiB pages, each its own
+// physical allocation, unmapped whole by empty_cache; every call legal, nothing left.
+TEST_F(CudaMechanisms, MapAheadMapsWholeFinePagesAndUnmapsThem) {
+  {
+    auto a = make_cuda(0, "expandable_segments:True,large_page_mb:10,fine_pages_mb:128,map_ahead:2");
+    std::vector<uintptr_t> tensors;
+    for (int i = 0; i < 3; ++i) tensors.push_back(a->malloc(4 * kMiB, 0));
+    EXPECT_EQ(fake_cuda_counts().mappings, 8u) << "4 MiB, then 12 MiB for the second and two more, in 2 MiB pages";
+    EXPECT_EQ(fake_cuda_counts().mappings_without_access, 0u);
+    a->empty_cache();
+    EXPECT_EQ(fake_cuda_counts().used_bytes[0], 12 * kMiB) << "the unused room unmapped";
+    for (uintptr_t t : tensors) a->free(t);
     a->empty_cache();
     a->check_valid();
     EXPECT_EQ(fake_cuda_counts().used_bytes[0], 0u);

@@ -218,6 +218,14 @@ TEST(Options, ToJsonNamesEveryField) {
   EXPECT_THROW(Options::parse("page_reclaim_min_mb:-1"), ConfigError);
 }
 
+TEST(Options, MapAheadCountsRequests) {
+  EXPECT_EQ(Options{}.map_ahead, 0u);
+  EXPECT_EQ(Options::parse("map_ahead:2").map_ahead, 2u);
+  EXPECT_EQ(Options::parse("map_ahead:16").map_ahead, 16u);
+  EXPECT_THROW(Options::parse("map_ahead:17"), ConfigError);
+  EXPECT_THROW(Options::parse("map_ahead:-1"), ConfigError);
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST(OptionErrors, UnknownKey) {

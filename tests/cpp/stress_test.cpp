@@ -376,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(
                       StressCase{"amem_mechanisms", "expandable_segments:True,large_page_mb:2,small_pool:False,"
                                  "page_reclaim_age:0,cross_stream_reuse:handover", 0.0, 4},
                       // the `amem` policy, what amem_alloc.enable() uses (amem_alloc/policies.py)
-                      StressCase{"amem_policy", "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,page_reclaim_age:4,page_reclaim_min_mb:32",
+                      StressCase{"amem_policy", "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,map_ahead:2,page_reclaim_age:4,page_reclaim_min_mb:32",
                                  0.0, 4}),
     [](const ::testing::TestParamInfo<StressCase>& info) { return std::string(info.param.name); });
 
@@ -453,7 +453,7 @@ INSTANTIATE_TEST_SUITE_P(
                       OomCase{"expandable", "expandable_segments:True", 0.0},
                       OomCase{"amem_mechanisms", "expandable_segments:True,large_page_mb:2,small_pool:False,"
                               "page_reclaim_age:0,cross_stream_reuse:handover", 0.0},
-                      OomCase{"amem_policy", "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,page_reclaim_age:4,page_reclaim_min_mb:32", 0.0}),
+                      OomCase{"amem_policy", "expandable_segments:True,cross_stream_reuse:handover,large_page_mb:10,fine_pages_mb:128,map_ahead:2,page_reclaim_age:4,page_reclaim_min_mb:32", 0.0}),
     [](const ::testing::TestParamInfo<OomCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
