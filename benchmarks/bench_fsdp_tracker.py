@@ -136,7 +136,7 @@ CUDA streams without a GPU (see the script's docstring)."""
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="small", choices=("small", "tiny"))
+    parser.add_argument("--config", default="small", choices=("small", "tiny", "7b"))
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--write", action="store_true", help="update the section in benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=("amem", "torch"), help=argparse.SUPPRESS)
