@@ -270,3 +270,35 @@ def test_zero_grad_set_to_none_frees_gradients():
         lin.zero_grad(set_to_none=True)
         s.marker("after")
     assert grad_key in live_at(s, "before") and grad_key not in live_at(s, "after")
+
+
+def test_a_step_closure_runs_forward_and_backward_in_their_own_phases():
+    """optimizer.step(closure) runs forward and backward inside the step (PyTorch Lightning's
+    automatic optimization, LBFGS), and the model goes back to the CPU before the session ends
+    (Lightning's teardown), freeing its CUDA parameters and gradients. The closure's allocations are
+    forward's and backward's, the ReLU output it saves is an activation, the freed parameters stay
+    parameters and every step's gradients are gradients: each category's bytes by hand."""
+    width = 4 * D
+    with FakeCudaSession() as s:
+        model = torch.nn.Sequential(torch.nn.Linear(D, width), torch.nn.ReLU(), torch.nn.Linear(width, D)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        x = torch.randn(B * S, D, device="cuda")
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss
+        for _ in range(2):
+            opt.step(closure)
+        model.cpu()
+    param_bytes = 4 * (D * width + width + width * D + D)
+    made = {}
+    for kind, key, size, _ in s.ops:
+        if kind == ALLOC:
+            made.setdefault(s.infos[key].category, []).append((size, s.infos[key].op, s.records[key].phase))
+    assert sum(size for size, _, _ in made["parameter"]) == param_bytes
+    assert sum(size for size, _, _ in made["gradient"]) == 2 * param_bytes   # two steps' .grad
+    assert sum(size for size, op, _ in made["optimizer_state"]) == 2 * param_bytes
+    assert (B * S * width * 4, "relu.default", "forward") in made["activation"]
+    assert {phase for size, op, phase in made["gradient"]} == {"backward"}

@@ -17,6 +17,7 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
   (`getattr(torch, device.type)`) to reach its streams and events.
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
+For the same reason the object collectives answer from the rank's own objects (object_collectives.py).
 At the end of the rank every process group is destroyed, so the next rank starts from none.
 
 FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
@@ -35,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import notes
+from . import object_collectives
 from .launch import Launch
 
 FAKE = "fake"
@@ -86,8 +88,11 @@ class FakeWorld:
                 kwargs["timeout"] = timeout
             return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
 
+        objects = object_collectives.replacements({name: getattr(c10d, name) for name in object_collectives.FUNCTIONS})
         for module in (c10d, dist):
             self._set(module, "init_process_group", init_process_group)
+            for name, function in objects.items():
+                self._set(module, name, function)
         self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
         self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self._set(torch, "meta", torch.cuda)
