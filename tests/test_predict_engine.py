@@ -141,6 +141,19 @@ def test_shapes_from_values_take_their_upper_bound_with_a_note():
     assert {n.kind for n in s.notes} == {"upper-bound"} and len(s.notes) == 4
 
 
+def test_torchvision_nms_keeps_at_most_every_box():
+    """torchvision.ops.nms (Faster R-CNN's region proposals) returns the indices of the boxes it
+    keeps, a count only values decide: its meta kernel refuses meta tensors ("may return an output
+    Tensor with data-dependent shape"); the prediction keeps every box (the upper bound), noted at
+    the caller's line, and batched_nms's offsets by class run around it."""
+    ops = pytest.importorskip("torchvision.ops")
+    with FakeCudaSession() as s:
+        boxes, scores = torch.rand(300, 4, device="cuda"), torch.rand(300, device="cuda")
+        keep = ops.batched_nms(boxes, scores, torch.randint(0, 3, (300,), device="cuda"), 0.7)
+        assert keep.shape == (300,) and keep.dtype == torch.long and keep.is_cuda
+    assert [(n.kind, n.what) for n in s.notes] == [("upper-bound", "torchvision.ops.nms(): output sized for every element")]
+
+
 def test_the_users_own_exception_is_not_relabelled():
     with pytest.raises(ZeroDivisionError):
         with FakeCudaSession():
