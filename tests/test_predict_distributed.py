@@ -531,3 +531,18 @@ def test_object_collectives_answer_from_the_ranks_own_objects():
                               if n["kind"] == "stand-in") for rank in (0, 1)}
     assert stand_ins == {0: ["torch.distributed.all_gather_object", "torch.distributed.gather_object"],
                          1: ["torch.distributed.all_gather_object", "torch.distributed.broadcast_object_list"]}
+
+
+def test_accelerate_loop_under_torchrun_runs_every_rank_with_its_ddp_model_state(monkeypatch):
+    """A plain accelerate loop (tests/programs/accelerate_loop.py: bf16, accelerator.accumulate)
+    under torchrun with 2 processes: accelerate keeps its distributed state in process-wide
+    singletons, which rank 0 left set for rank 1 (DDP then found no process group); each rank
+    holds the parameters, .grad plus DDP's buckets and AdamW's state, to the byte."""
+    pytest.importorskip("accelerate")
+    monkeypatch.chdir(Path(__file__).parent / "programs")
+    result = _predict_argv(["accelerate_loop.py"], 2, ranks=(0, 1))
+    params = 4 * (4 * (1024 * 1024 + 1024) + 10 * 1024 + 10)
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
+            params, 2 * params, 2 * params), (rank, state)

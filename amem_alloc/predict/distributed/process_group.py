@@ -56,6 +56,18 @@ def _refusing_cpu_offload(init: Any) -> Any:
     return __init__
 
 
+def _forget_accelerate_state() -> None:
+    """accelerate keeps the process's distributed state in class-wide singletons (accelerate/state.py,
+    `PartialState._shared_state`): left from one rank, the next rank's Accelerator takes the destroyed
+    group for initialised and DDP fails with "Default process group has not been initialized"."""
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
+
+
 class FakeWorld:
     """Context manager: the rank's process groups are torch's fake process group."""
 
@@ -107,6 +119,7 @@ class FakeWorld:
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _forget_accelerate_state()
         finally:
             while self._saved:
                 obj, name, value, existed = self._saved.pop()
