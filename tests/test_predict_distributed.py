@@ -540,3 +540,34 @@ def test_sequence_parallel_runs_and_shards_like_tensor_parallel():
     result = _predict("dist_tp.py", 2, env={"SEQUENCE": "1"})
     state = live_at_end(result.rank(0).prediction)
     assert state.get("parameter") == tp_param_bytes(2) and state.get("optimizer_state") == 2 * tp_param_bytes(2)
+
+
+def test_object_collectives_answer_from_the_ranks_own_objects():
+    """broadcast_object_list, all_gather_object and gather_object (tests/predict_models/dist_objects.py,
+    2 ranks): the fake group carries no values, so each rank answers from its own objects (a
+    receiving rank keeps the list it passed; gathers repeat this rank's object) and says so, where
+    torch's own code on the fake group read uninitialised sizes. The rank receiving the broadcast
+    records the same program as the source yet keeps its own notes."""
+    result = _predict("dist_objects.py", 2, ranks=(0, 1))
+    prediction = result.rank(0).prediction
+    assert [s // 1024 for kind, key, s, _ in prediction.ops if kind == ALLOC] == [17, 2 * 19]
+    assert result.rank(1).same_as == 0
+    stand_ins = {rank: sorted(n["what"].split(":")[0] for n in result.rank(rank).prediction.notes
+                              if n["kind"] == "stand-in") for rank in (0, 1)}
+    assert stand_ins == {0: ["torch.distributed.all_gather_object", "torch.distributed.gather_object"],
+                         1: ["torch.distributed.all_gather_object", "torch.distributed.broadcast_object_list"]}
+
+
+def test_accelerate_loop_under_torchrun_runs_every_rank_with_its_ddp_model_state(monkeypatch):
+    """A plain accelerate loop (tests/programs/accelerate_loop.py: bf16, accelerator.accumulate)
+    under torchrun with 2 processes: accelerate keeps its distributed state in process-wide
+    singletons, which rank 0 left set for rank 1 (DDP then found no process group); each rank
+    holds the parameters, .grad plus DDP's buckets and AdamW's state, to the byte."""
+    pytest.importorskip("accelerate")
+    monkeypatch.chdir(Path(__file__).parent / "programs")
+    result = _predict_argv(["accelerate_loop.py"], 2, ranks=(0, 1))
+    params = 4 * (4 * (1024 * 1024 + 1024) + 10 * 1024 + 10)
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
+            params, 2 * params, 2 * params), (rank, state)

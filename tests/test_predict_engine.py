@@ -141,6 +141,19 @@ def test_shapes_from_values_take_their_upper_bound_with_a_note():
     assert {n.kind for n in s.notes} == {"upper-bound"} and len(s.notes) == 4
 
 
+def test_torchvision_nms_keeps_at_most_every_box():
+    """torchvision.ops.nms (Faster R-CNN's region proposals) returns the indices of the boxes it
+    keeps, a count only values decide: its meta kernel refuses meta tensors ("may return an output
+    Tensor with data-dependent shape"); the prediction keeps every box (the upper bound), noted at
+    the caller's line, and batched_nms's offsets by class run around it."""
+    ops = pytest.importorskip("torchvision.ops")
+    with FakeCudaSession() as s:
+        boxes, scores = torch.rand(300, 4, device="cuda"), torch.rand(300, device="cuda")
+        keep = ops.batched_nms(boxes, scores, torch.randint(0, 3, (300,), device="cuda"), 0.7)
+        assert keep.shape == (300,) and keep.dtype == torch.long and keep.is_cuda
+    assert [(n.kind, n.what) for n in s.notes] == [("upper-bound", "torchvision.ops.nms(): output sized for every element")]
+
+
 def test_the_users_own_exception_is_not_relabelled():
     with pytest.raises(ZeroDivisionError):
         with FakeCudaSession():
@@ -270,3 +283,35 @@ def test_zero_grad_set_to_none_frees_gradients():
         lin.zero_grad(set_to_none=True)
         s.marker("after")
     assert grad_key in live_at(s, "before") and grad_key not in live_at(s, "after")
+
+
+def test_a_step_closure_runs_forward_and_backward_in_their_own_phases():
+    """optimizer.step(closure) runs forward and backward inside the step (PyTorch Lightning's
+    automatic optimization, LBFGS), and the model goes back to the CPU before the session ends
+    (Lightning's teardown), freeing its CUDA parameters and gradients. The closure's allocations are
+    forward's and backward's, the ReLU output it saves is an activation, the freed parameters stay
+    parameters and every step's gradients are gradients: each category's bytes by hand."""
+    width = 4 * D
+    with FakeCudaSession() as s:
+        model = torch.nn.Sequential(torch.nn.Linear(D, width), torch.nn.ReLU(), torch.nn.Linear(width, D)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        x = torch.randn(B * S, D, device="cuda")
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss
+        for _ in range(2):
+            opt.step(closure)
+        model.cpu()
+    param_bytes = 4 * (D * width + width + width * D + D)
+    made = {}
+    for kind, key, size, _ in s.ops:
+        if kind == ALLOC:
+            made.setdefault(s.infos[key].category, []).append((size, s.infos[key].op, s.records[key].phase))
+    assert sum(size for size, _, _ in made["parameter"]) == param_bytes
+    assert sum(size for size, _, _ in made["gradient"]) == 2 * param_bytes   # two steps' .grad
+    assert sum(size for size, op, _ in made["optimizer_state"]) == 2 * param_bytes
+    assert (B * S * width * 4, "relu.default", "forward") in made["activation"]
+    assert {phase for size, op, phase in made["gradient"]} == {"backward"}

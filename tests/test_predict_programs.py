@@ -558,3 +558,25 @@ def test_a_channels_last_convolution_stays_channels_last(tmp_path):
     # only the last conv's grad_output is copied: it comes from the sum's expanded gradient cast
     # to fp16 (contiguous NCHW on CUDA too); the input, weight and the relu's gradient are NHWC
     assert copies == ["convolution_backward:grad_output.contiguous"], copies
+
+
+def test_faster_rcnn_training_holds_its_model_state_and_notes_its_data_dependent_shapes(tmp_path):
+    """torchvision's Faster R-CNN (tests/programs/detection_fasterrcnn.py, one 256-pixel image, one
+    SGD step): anchor matching, box sampling and NMS give shapes only values decide; each is taken
+    at its upper bound and noted at the program's line (torchvision's nms refused meta tensors).
+    Parameters and FrozenBatchNorm's buffers, gradients of the trainable parameters and SGD's
+    momentum buffers, each storage to the byte."""
+    tv = pytest.importorskip("torchvision")
+    p = predict("detection_fasterrcnn.py", ["--image", "256", "--batch", "1", "--steps", "1"], PROGRAMS,
+                tmp_path / "out")
+    assert p.returncode == 0, p.why()
+    with torch.device("meta"):
+        model = tv.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=5)
+    trainable = [tuple(q.shape) for q in model.parameters() if q.requires_grad]
+    state = [tuple(t.shape) for t in list(model.parameters()) + list(model.buffers())]
+    most = category_maxima(p.trace)
+    assert (most["parameter"], most["gradient"], most["optimizer_state"]) == (
+        pf.storages(state), pf.storages(trainable), pf.storages(trainable)), most
+    bounded = {n["what"] for n in p.data["notes"] if n["kind"] == "upper-bound"}
+    assert {"torchvision.ops.nms(): output sized for every element", "nonzero(): output sized for every element"} == bounded
+    assert all(n["where"].startswith("detection_fasterrcnn.py:") for n in p.data["notes"] if n["kind"] == "upper-bound")

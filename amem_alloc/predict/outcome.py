@@ -245,10 +245,14 @@ def analyse(target: str, gpu: Gpu, policies: Iterable[policies_mod.Policy], ops:
     base = script_folder(target)
     peak = at_peak(ops, infos, base=base)
     run = over_run(ops, infos, list(markers))
-    shown = [dict(n, where=displayed(n["where"], base)) for n in notes or []]
     return Prediction(target, gpu, rows, peak, ops, infos, list(markers), trace_conf,
-                      {"recording": recording_s, "analysis": time.perf_counter() - started}, shown,
-                      over_run=run, script_folder=base)
+                      {"recording": recording_s, "analysis": time.perf_counter() - started},
+                      shown_notes(notes, base), over_run=run, script_folder=base)
+
+
+def shown_notes(notes: list[dict] | None, base: str | None) -> list[dict]:
+    """The notes as the output shows them: each place named relative to the script's folder."""
+    return [dict(n, where=displayed(n["where"], base)) for n in notes or []]
 
 
 def script_folder(target: str) -> str | None:

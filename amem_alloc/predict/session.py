@@ -251,7 +251,9 @@ class FakeCudaSession:
             if key is not None and key in self.records:
                 table[key] = label
                 rec = self.records[key]
-                if table is self.know.grads:
+                if table is self.know.model_state:
+                    rec.add_role("parameter")   # stays one once freed (Lightning's teardown moves the model back to the CPU)
+                elif table is self.know.grads:
                     rec.add_role("gradient")
                 elif table is self.know.optimizer_state:
                     rec.add_role("optimizer_state")
@@ -273,15 +275,41 @@ class FakeCudaSession:
                 self._compiled_depth -= 1
         return run
 
-    def _opt_pre(self, optimizer, args, kwargs) -> None:
+    def _opt_pre(self, optimizer, args, kwargs):
         if self._compiled_depth:
             _set_capturable(optimizer)
+        self._learn_optimizer_params(optimizer)
+        self._phase_override = "optimizer"
+        return self._closure_in_its_own_phase(optimizer, args, kwargs)
+
+    def _learn_optimizer_params(self, optimizer) -> None:
         self._learn_model_state()
         for group in optimizer.param_groups:
             for p in group["params"]:
                 self._mark(p, self.know.model_state, ("parameter", "optimizer param"))
                 self._mark(p.grad, self.know.grads, "optimizer param")
-        self._phase_override = "optimizer"
+
+    def _closure_in_its_own_phase(self, optimizer, args, kwargs):
+        """`optimizer.step(closure)` (torch/optim/optimizer.py: args[0] is the optimizer) runs the
+        closure inside the step: Lightning's automatic optimization and LBFGS run forward and
+        backward there. The closure's allocations take their own phase (forward, backward), not
+        the optimizer's, and the gradients it leaves are learnt as the step's. Returns the
+        step's (args, kwargs) with the closure wrapped, or None when there is no closure."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            return None
+
+        @functools.wraps(closure)
+        def run_closure(*a, **k):
+            outer, self._phase_override = self._phase_override, None
+            try:
+                return closure(*a, **k)
+            finally:
+                self._phase_override = outer
+                self._learn_optimizer_params(optimizer)
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": run_closure}
+        return (args[0], run_closure, *args[2:]), kwargs
 
     def _opt_post(self, optimizer, args, kwargs) -> None:
         self._phase_override = None

@@ -131,7 +131,7 @@ _SCALAR_READS = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero":
 
 def reads_values(func, args: tuple) -> bool:
     """Whether aten op `func` returns a value or a shape that depends on its inputs' values."""
-    name = func.__name__.split(".")[0]
+    name = _op_name(func)
     return name in _SCALAR_READS or name in _UPPER_BOUNDS or name in _NO_BOUND or _bool_index(func, args)
 
 
@@ -198,7 +198,19 @@ def _index(x, indices):
     return torch.ops.aten.index.Tensor(x, out)
 
 
-_UPPER_BOUNDS = {"nonzero": (_nonzero, "nonzero()"), "masked_select": (_masked_select, "masked_select()"),
+def _nms(dets, scores, iou_threshold):
+    """torchvision's non-maximum suppression keeps at most every box (the indices of those kept)."""
+    return _empty((dets.shape[0],), torch.long)
+
+
+def _op_name(func) -> str:
+    """aten ops by their bare name ("nonzero"), others with their namespace ("torchvision::nms")."""
+    name = func.__name__.split(".")[0]
+    namespace = getattr(func, "namespace", "aten")
+    return name if namespace == "aten" else f"{namespace}::{name}"
+
+
+_UPPER_BOUNDS = {"torchvision::nms": (_nms, "torchvision.ops.nms()"), "nonzero": (_nonzero, "nonzero()"), "masked_select": (_masked_select, "masked_select()"),
                  "_unique2": (_unique2, "unique()"), "unique_consecutive": (_unique_consecutive, "unique_consecutive()"),
                  "unique_dim": (_unique_dim, "unique(dim=)"), "_unique": (lambda x, s=True, inv=False:
                                                                          _unique2(x, s, inv)[:2], "unique()")}
@@ -213,7 +225,7 @@ def _bool_index(func, args) -> bool:
 def shape_op(func, args: tuple, kwargs: dict, strict: bool):
     """An op whose output shape depends on values: (output,) at the upper bound, or None when `func`
     is not one. Raises DataDependentError under strict, or where no upper bound exists."""
-    name = func.__name__.split(".")[0]
+    name = _op_name(func)
     where = None
     if _bool_index(func, args):
         rule, what = (lambda x, idx: _index(x, idx)), "boolean-mask indexing"

@@ -44,9 +44,9 @@ def _category_by_role(key, rec, know: Knowledge):
     """What the storage is known to be now (live storages only: a dead one's address may be reused)
     or was seen to become (rec.roles)."""
     live = rec is None or rec.alive
-    if live and key in know.model_state:
-        return "parameter"
     roles = rec.roles if rec is not None else ()
+    if "parameter" in roles or (live and key in know.model_state):
+        return "parameter"
     for role, keys in (("gradient", know.grads), ("optimizer_state", know.optimizer_state), ("input", know.inputs)):
         if role in roles or (live and key in keys):
             return role

@@ -52,7 +52,7 @@ class AllocRecord:
     freed_seq = None         # when the storage died (None while alive)
     freed_ns = None
     saved_by = ()            # SlotRecords that saved (a view of) it; a list once there is one
-    roles = frozenset()      # {"gradient", "optimizer_state", "input"} learned later; a set once set
+    roles = frozenset()      # {"parameter", "gradient", "optimizer_state", "input"} learned later; a set once set
 
     def __init__(self, op, module, phase, device, ptr, nbytes, dtype, shape):
         self.seq, self.time_ns = next_seq(), now_ns()

@@ -17,6 +17,7 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
   (`getattr(torch, device.type)`) to reach its streams and events.
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
+For the same reason the object collectives answer from the rank's own objects (object_collectives.py).
 At the end of the rank every process group is destroyed, so the next rank starts from none.
 
 FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
@@ -35,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import notes
+from . import object_collectives
 from .launch import Launch
 
 FAKE = "fake"
@@ -52,6 +54,18 @@ def _refusing_cpu_offload(init: Any) -> Any:
             raise notes.NotModelledError(FSDP1_OFFLOAD_REFUSED)
         init(fsdp, *args, **kwargs)
     return __init__
+
+
+def _forget_accelerate_state() -> None:
+    """accelerate keeps the process's distributed state in class-wide singletons (accelerate/state.py,
+    `PartialState._shared_state`): left from one rank, the next rank's Accelerator takes the destroyed
+    group for initialised and DDP fails with "Default process group has not been initialized"."""
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
 
 
 class FakeWorld:
@@ -86,8 +100,11 @@ class FakeWorld:
                 kwargs["timeout"] = timeout
             return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
 
+        objects = object_collectives.replacements({name: getattr(c10d, name) for name in object_collectives.FUNCTIONS})
         for module in (c10d, dist):
             self._set(module, "init_process_group", init_process_group)
+            for name, function in objects.items():
+                self._set(module, name, function)
         self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
         self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self._set(torch, "meta", torch.cuda)
@@ -102,6 +119,7 @@ class FakeWorld:
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _forget_accelerate_state()
         finally:
             while self._saved:
                 obj, name, value, existed = self._saved.pop()

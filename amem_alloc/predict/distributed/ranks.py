@@ -17,6 +17,7 @@ only distinct programs go through the per-policy replay and min-capacity search.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -38,6 +39,14 @@ def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
 
     return analyse(recording.target, gpu, policies, recording.ops, recording.infos, recording.markers,
                    recording.trace_conf, recording.seconds, notes=recording.notes)
+
+
+def _equal_rank(first: Any, recording: Recording) -> Any:
+    """A rank whose program equals an earlier one's: that rank's analysis with its own notes (equal
+    programs can read different values: a rank that receives a broadcast stands in for it)."""
+    from ..outcome import shown_notes
+
+    return dataclasses.replace(first, notes=shown_notes(recording.notes, first.script_folder))
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
@@ -78,8 +87,8 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
     for recording in record_all(launch.chosen(), record, workers):
         first = seen.get(recording.signature)
         if first is not None:
-            results.append(RankResult(recording.rank, first.prediction, same_as=first.rank, steps=recording.steps,
-                                      recording_s=recording.seconds))
+            results.append(RankResult(recording.rank, _equal_rank(first.prediction, recording), same_as=first.rank,
+                                      steps=recording.steps, recording_s=recording.seconds))
             continue
         prediction = _analyse(recording, gpu, policies)
         prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps)

@@ -1,0 +1,67 @@
+"""Object collectives on the fake process group: each rank answers with its own objects.
+
+Design note
+-----------
+torch's object collectives (torch/distributed/distributed_c10d.py: `broadcast_object_list`,
+`all_gather_object`, `gather_object`) pickle each object into a byte tensor and send its size, then
+its bytes, by tensor collectives. The fake group moves no data, so a receiving rank reads sizes it
+never received: `broadcast_object_list` on a rank other than the source sizes its buffer from an
+uninitialised `torch.empty` (PyTorch Lightning's DDP strategy broadcasts its log folder this way
+and died asking the CPU for 94 TB), and `all_gather_object` unpickles zero bytes.
+
+Ranks are recorded apart and never see each other's objects, so each rank answers from its own:
+a rank that receives a broadcast keeps the list it passed in (Lightning, like most callers,
+passes the value every rank computed alike), `all_gather_object` fills every slot with this
+rank's object and `gather_object` does so on the destination. Each answer is noted as a stand-in.
+The source rank's broadcast runs torch's own code. Not counted: the small staging tensors that
+NCCL's object collectives put on the GPU (the pickled bytes and their sizes, freed at once).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import notes
+
+FUNCTIONS = ("broadcast_object_list", "all_gather_object", "gather_object")
+
+
+def _rank_in(group: Any) -> int:
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d.get_rank(c10d._group_or_default_group(group))
+
+
+def _group_rank(group: Any, global_rank: int | None, group_rank: int | None) -> int:
+    import torch.distributed.distributed_c10d as c10d
+
+    if global_rank is None and group_rank is None:
+        global_rank = 0
+    return c10d._canonicalize_group_rank(c10d._group_or_default_group(group), global_rank, group_rank)
+
+
+def _stand_in(function: str) -> None:
+    notes.record(notes.STAND_IN, f"torch.distributed.{function}: this rank's own objects (the fake process "
+                 "group carries no values between ranks)")
+
+
+def replacements(originals: dict[str, Any]) -> dict[str, Any]:
+    """The object collectives answering from this rank, given torch's (by name, FUNCTIONS)."""
+    def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
+                              group_src: int | None = None, **kwargs: Any) -> None:
+        if _rank_in(group) == _group_rank(group, src, group_src):
+            return originals["broadcast_object_list"](object_list, src, group, device, group_src, **kwargs)
+        _stand_in("broadcast_object_list")
+        return None
+
+    def all_gather_object(object_list: list, obj: Any, group: Any = None, **kwargs: Any) -> None:
+        _stand_in("all_gather_object")
+        object_list[:] = [obj] * len(object_list)
+
+    def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
+                      group_dst: int | None = None, **kwargs: Any) -> None:
+        if _rank_in(group) == _group_rank(group, dst, group_dst) and object_gather_list is not None:
+            _stand_in("gather_object")
+            object_gather_list[:] = [obj] * len(object_gather_list)
+
+    return {"broadcast_object_list": broadcast_object_list, "all_gather_object": all_gather_object,
+            "gather_object": gather_object}
