@@ -1,6 +1,9 @@
 """amem's prediction side by side with torch's FSDPMemTracker on the same FSDP2 program.
 
-    python benchmarks/bench_fsdp_tracker.py [--config small|tiny] [--world 4] [--write]
+    python benchmarks/bench_fsdp_tracker.py [--config small|tiny|7b] [--world 4] [--write]
+
+`--write` measures the two cases RESULTS.md shows (the small config on 4 ranks, the 7B config on
+8 ranks) and replaces its section.
 
 The program is benchmarks/fsdp2_llama.py (a LLaMA, blocks checkpointed and fully_shard'ed, bf16
 MixedPrecisionPolicy, AdamW). Both sides run rank 0 of `--world` ranks on torch's fake process group,
@@ -97,14 +100,17 @@ def _child(side: str, config: str, world: int) -> dict:
 
 def render(amem: dict, tracker: dict, config: str, world: int) -> str:
     workspace = amem["parts"].get("cublas_workspace", 0)
+    remainders = amem["peak"] - sum(amem["parts"].values())   # whole blocks beyond the rounded requests
+    rest = amem["peak"] - workspace - remainders
     diff = amem["peak"] / tracker["peak"] - 1
-    explained = (amem["peak"] - workspace) / tracker["peak"] - 1
     lines = [f"FSDP2 LLaMA ({config} config of benchmarks/fsdp2_llama.py), rank 0 of {world}, torch's fake process group",
              "", "| | amem predict (torch policy) | FSDPMemTracker |", "|---|---|---|",
              f"| peak allocated | {amem['peak'] / MiB:.1f} MiB | {tracker['peak'] / MiB:.1f} MiB |",
              f"| difference | {diff:+.2%} of the tracker's | |",
-             f"| less what the tracker does not model (cuBLAS workspaces, {workspace / MiB:.0f} MiB) | "
-             f"{(amem['peak'] - workspace) / MiB:.1f} MiB ({explained:+.2%}) | |",
+             f"| of which cuBLAS workspaces (the tracker cannot see them) | {workspace / MiB:.1f} MiB | |",
+             f"| of which block remainders torch's allocator does not split off (counted by memory_allocated) | "
+             f"{remainders / MiB:.1f} MiB | |",
+             f"| the rest: requests rounded to 512 B | {rest / MiB:.1f} MiB ({rest / tracker['peak'] - 1:+.2%}) | |",
              f"| wall time of the child process | {amem['seconds']:.1f} s | {tracker['seconds']:.1f} s |", "",
              "At each side's peak (MiB; amem's streams numbered from the compute stream, 0):", "",
              "| amem category | MiB | | FSDPMemTracker category | MiB |", "|---|---|---|---|---|"]
@@ -117,7 +123,11 @@ def render(amem: dict, tracker: dict, config: str, world: int) -> str:
     return "\n".join(lines)
 
 
-EXPLANATION = """How the two breakdowns match (the same moment: backward of the second step, both sides):
+EXPLANATION = """How the two breakdowns match (at the small config both peaks are in the second step's backward,
+at 7B both in its optimizer step, where AdamW's foreach temporaries, one of the sharded size, are
+amem's temporary and part of the tracker's OptState; the program asks for foreach=True, what AdamW
+picks for CUDA parameters, because on the tracker's CPU tensors the default is the for-loop, which
+holds no such temporaries and moved the tracker's peak into backward, 3.7% below the GPU's):
 FSDPMemTracker's Temp + Reduce Scatter = amem's autograd_detail on the compute stream (gradients of
 activations, the recomputed block, the reduce-scatter input FSDP2 copies the gradients into);
 its Unsharded Param = amem's parameter (gathered) (FSDP2's all-gathered parameters: the storages
@@ -127,11 +137,17 @@ all-gather and reduce-scatter streams; OptState and Activation agree.
 The differences: the cuBLAS workspaces (32 MiB per cuBLAS handle on an H100: the forward thread's
 and the autograd engine's), which CUDA allocates through the caching allocator
 (torch.cuda.memory_allocated counts them) but no dispatch mode sees, so the tracker does not
-model them; and the 512-byte rounding of each request, which amem applies as CUDA's allocator does
-and the tracker's CPU run does not (a few hundred KiB here). What amem models and the tracker does
+model them; the remainders of large blocks that torch's allocator leaves unsplit (a remainder of
+1 MiB or less stays with the block, CUDACachingAllocator.cpp `shouldSplit`, and allocated_bytes
+counts whole blocks), which amem's replay of torch's policy has and a dispatch-level count cannot;
+and the 512-byte rounding of each request, which amem applies as CUDA's allocator does and the
+tracker's CPU run does not. What amem models and the tracker does
 not — frees held for another stream until it is synchronised, reserved memory and segments per
 policy — adds nothing at this peak (the held frees end before it); the tracker's run cannot use
 CUDA streams without a GPU (see the script's docstring)."""
+
+
+WRITTEN = [("small", 4), ("7b", 8)]   # the cases RESULTS.md shows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         side = amem_side if args.child == "amem" else torch_side
         print(json.dumps(side(args.config, args.world)))
         return 0
-    amem, tracker = _child("amem", args.config, args.world), _child("torch", args.config, args.world)
-    table = render(amem, tracker, args.config, args.world)
+    cases = WRITTEN if args.write else [(args.config, args.world)]
+    tables = []
+    for config, world in cases:
+        amem, tracker = _child("amem", config, world), _child("torch", config, world)
+        tables.append(render(amem, tracker, config, world))
+    table = "\n\n".join(tables)
     print(table)
     print()
     print(EXPLANATION)

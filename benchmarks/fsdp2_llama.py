@@ -52,7 +52,10 @@ def build(cfg: llama.LlamaConfig, device: str, mesh) -> tuple[torch.nn.Module, t
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device=device)
-    return model, torch.optim.AdamW(model.parameters(), lr=3e-4)
+    # foreach=True is what AdamW picks by default for CUDA parameters; said here so that a run on
+    # CPU tensors (FSDPMemTracker's in bench_fsdp_tracker.py, where the default is the for-loop)
+    # runs the same kernels and holds the same temporaries
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
 
 
 def train_step(model, opt, cfg: llama.LlamaConfig, device: str, batch: int = 1) -> None:
