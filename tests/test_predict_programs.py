@@ -580,3 +580,26 @@ def test_faster_rcnn_training_holds_its_model_state_and_notes_its_data_dependent
     bounded = {n["what"] for n in p.data["notes"] if n["kind"] == "upper-bound"}
     assert {"torchvision.ops.nms(): output sized for every element", "nonzero(): output sized for every element"} == bounded
     assert all(n["where"].startswith("detection_fasterrcnn.py:") for n in p.data["notes"] if n["kind"] == "upper-bound")
+
+
+def test_peft_lora_trains_only_the_adapters(tmp_path):
+    """LoRA with Hugging Face peft (tests/programs/peft_lora.py): the frozen base model's parameters
+    are all there, but gradients and AdamW's state exist for the adapters only (rank-8 A and B on
+    each c_attn), each storage to the byte."""
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    p = predict("peft_lora.py", ["--layers", "2", "--seq", "128", "--steps", "2"], PROGRAMS, tmp_path / "out")
+    assert p.returncode == 0, p.why()
+    with torch.device("meta"):
+        model = get_peft_model(GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=512, n_head=8, vocab_size=8000,
+                                                          n_positions=128)),
+                               LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"], fan_in_fan_out=True))
+    everything = [tuple(q.shape) for q in model.parameters()]
+    adapters = [tuple(q.shape) for q in model.parameters() if q.requires_grad]
+    assert len(adapters) == 4 and adapters[0] == (8, 512)   # lora_A and lora_B of two layers
+    most = category_maxima(p.trace)
+    assert (most["parameter"], most["gradient"], most["optimizer_state"]) == (
+        pf.storages(everything), pf.storages(adapters), 2 * pf.storages(adapters)), most
