@@ -98,7 +98,8 @@ test-torch-versions:
 	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python setup.py -q build_ext --inplace
 	cd $(OLD_TORCH_TREE) && $(abspath $(OLD_TORCH_VENV))/bin/python -c "import torch; print('torch', torch.__version__)"
 	cd $(OLD_TORCH_TREE) && PYTHONPATH=$$PWD $(abspath $(OLD_TORCH_VENV))/bin/python -m pytest -q -p no:cacheprovider \
-	  tests/test_torch_parity.py tests/test_extension_abi.py tests/test_doctor.py tests/test_trace_survival.py
+	  tests/test_torch_parity.py tests/test_extension_abi.py tests/test_doctor.py tests/test_trace_survival.py \
+	  tests/test_predict_engine.py tests/test_predict_kernels.py tests/test_predict_stream_uses.py tests/test_predict_distributed.py
 
 bench: setup
 	$(PY) benchmarks/run.py

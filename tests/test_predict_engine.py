@@ -315,3 +315,26 @@ def test_a_step_closure_runs_forward_and_backward_in_their_own_phases():
     assert sum(size for size, op, _ in made["optimizer_state"]) == 2 * param_bytes
     assert (B * S * width * 4, "relu.default", "forward") in made["activation"]
     assert {phase for size, op, phase in made["gradient"]} == {"backward"}
+
+
+def test_the_deadline_waits_while_a_free_is_being_recorded():
+    """An exception raised inside the weak-reference callback that records a free is printed by
+    Python ("Exception ignored in ...") and dropped: the --timeout deadline lets that tick pass
+    (it raises again a second later) instead of printing a traceback at the user."""
+    import sys
+
+    from amem_alloc.predict import script
+
+    frames = []
+    with FakeCudaSession() as s:
+        record = s.storages.on_free
+
+        def on_free(key):
+            frames.append(sys._getframe())
+            record(key)
+        s.storages.on_free = on_free
+        x = torch.empty(10, device="cuda")
+        del x
+        s.storages.on_free = record
+    assert frames and script._in_free_callback(frames[0])
+    assert not script._in_free_callback(sys._getframe())

@@ -51,6 +51,8 @@ class _Deadline:
         self.armed = seconds > 0 and threading.current_thread() is threading.main_thread()
 
     def _fire(self, signum: int, frame: Any) -> None:
+        if _in_free_callback(frame):
+            return   # raised there, Python would print "Exception ignored in ..." and drop it: next tick
         raise PredictionTimeout(self.seconds, call_site(1))
 
     def __enter__(self) -> "_Deadline":
@@ -63,6 +65,18 @@ class _Deadline:
         if self.armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self.previous)
+
+
+def _in_free_callback(frame: Any) -> bool:
+    """Whether `frame` runs inside the weak-reference callback that records a storage's free
+    (storages.py): an exception there cannot reach the script."""
+    from . import storages
+
+    while frame is not None:
+        if frame.f_code in storages.FREE_CALLBACK_CODES:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT) -> int:

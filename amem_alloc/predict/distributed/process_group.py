@@ -90,7 +90,7 @@ class FakeWorld:
 
         def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
                                world_size: int = -1, rank: int = -1, store: Any = None, **kwargs: Any) -> None:
-            from torch._C._distributed_c10d import FakeStore
+            from torch.testing._internal.distributed.fake_pg import FakeStore   # torch 2.11 has it only here
 
             if backend not in (None, FAKE):
                 notes.record(notes.NOT_MODELLED, f"init_process_group({backend!r}): torch's fake process group "
