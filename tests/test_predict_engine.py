@@ -79,7 +79,7 @@ def test_fake_tensors_have_distinct_addresses_as_real_ones_do():
     storage, a view's is its storage's plus its offset, the storage's own data_ptr() agrees, and a
     fake CPU parameter has one too (accelerate maps an optimizer's parameters to their FSDP shards
     by data_ptr: with 0 for all, every parameter mapped to one)."""
-    with FakeCudaSession():
+    with FakeCudaSession() as s:
         a, b = torch.empty(100, device="cuda"), torch.empty(100, device="cuda")
         weight, bias = torch.nn.Linear(4, 4).parameters()   # fake CPU parameters
         pointers = [a.data_ptr(), b.data_ptr(), weight.data_ptr(), bias.data_ptr()]
@@ -87,6 +87,11 @@ def test_fake_tensors_have_distinct_addresses_as_real_ones_do():
         assert a[10:].data_ptr() == a.data_ptr() + 10 * 4
         assert a.untyped_storage().data_ptr() == a.data_ptr() and a.view(10, 10).data_ptr() == a.data_ptr()
         assert abs(a.data_ptr() - b.data_ptr()) >= 400   # blocks do not overlap
+        held = len(s.storages.addresses)
+        before = a.data_ptr()
+        a.untyped_storage().resize_(0)   # FSDP frees and refills a storage so: a new block
+        a.untyped_storage().resize_(400)
+        assert a.data_ptr() != before and len(s.storages.addresses) == held   # the old block's address let go
     assert torch.empty(3, device="meta").data_ptr() == 0   # restored after the session
 
 

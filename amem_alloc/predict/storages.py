@@ -142,6 +142,7 @@ class Storages:
         if rec is None or nbytes == rec[2]:
             return
         key, device, old = rec
+        self.addresses.pop(key, None)   # a refilled storage is a new block, at a new address
         if old > 0 and device == "cuda":
             self.on_free(key)
         self.by_id[id(st)] = (key, device, 0)

@@ -210,7 +210,8 @@ def _op_name(func) -> str:
     return name if namespace == "aten" else f"{namespace}::{name}"
 
 
-_UPPER_BOUNDS = {"torchvision::nms": (_nms, "torchvision.ops.nms()"), "nonzero": (_nonzero, "nonzero()"), "masked_select": (_masked_select, "masked_select()"),
+_UPPER_BOUNDS = {"torchvision::nms": (_nms, "torchvision.ops.nms()"), "nonzero": (_nonzero, "nonzero()"),
+                 "masked_select": (_masked_select, "masked_select()"),
                  "_unique2": (_unique2, "unique()"), "unique_consecutive": (_unique_consecutive, "unique_consecutive()"),
                  "unique_dim": (_unique_dim, "unique(dim=)"), "_unique": (lambda x, s=True, inv=False:
                                                                          _unique2(x, s, inv)[:2], "unique()")}
