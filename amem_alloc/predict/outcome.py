@@ -224,8 +224,15 @@ class Prediction:
         from ..atomic_write import write_text
         from ..report.predict import render
 
-        others = [(rank, p.snapshot()) for rank, p in ranks] if ranks else None
-        return write_text(path, render(self.to_dict(), self.snapshot(), others))
+        own = self.snapshot()
+        built = {id(self.ops): own}   # equal ranks share one recorded program, this one among them
+
+        def snapshot_of(p: "Prediction") -> dict:
+            if id(p.ops) not in built:
+                built[id(p.ops)] = p.snapshot()
+            return built[id(p.ops)]
+        others = [(rank, snapshot_of(p)) for rank, p in ranks] if ranks else None
+        return write_text(path, render(self.to_dict(), own, others))
 
     def format_text(self, top: int = 8) -> str:
         return format_text(self, top)
