@@ -22,7 +22,7 @@ SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
                  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
                  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu test-torch-versions bench gtest chromium clean
+.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu gpu-check test-torch-versions bench gtest chromium clean
 
 setup: $(VENV)/.ready $(VENV)/.programs build
 
@@ -57,6 +57,11 @@ chromium:
 
 test-gpu: setup
 	$(PY) -m pytest -q tests/gpu
+
+# On a GPU machine lent for minutes: install into the interpreter that has torch, calibrate, time
+# amem against native, run tests/gpu and every program predicted vs real, within $(BUDGET) seconds.
+gpu-check:
+	BUDGET=$${BUDGET:-470} benchmarks/gpu_check.sh
 
 gtest:
 	@test -f /usr/include/gtest/gtest.h || (apt-get update -qq && apt-get install -y -qq libgtest-dev)

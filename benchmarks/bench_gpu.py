@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -113,12 +114,34 @@ def measure(quick: bool = False, reps: int | None = None) -> dict:
     return {"device": torch.cuda.get_device_name(0), "figures": figures}
 
 
+def ratios(result: dict) -> str:
+    """The side-by-side table: per figure, amem / native of each interleaved pair, their median and
+    range, against the 1.05x target."""
+    if "skipped" in result:
+        return f"skipped: {result['skipped']}"
+    by = {f["id"]: f["samples"] for f in result["figures"]}
+    lines = [f"GPU benchmark on {result['device']}: amem (its default policy) vs torch's native allocator, "
+             "fresh processes interleaved", "", "| figure | native (median) | amem (median) | ratio per pair "
+             "(median) | pairs' range | target | verdict |", "|---|---|---|---|---|---|---|"]
+    for fig, unit in (("empty_del", "ns/iteration"), ("train_step", "ms/step")):
+        native, amem = by[f"gpu.{fig}.native"], by[f"gpu.{fig}.amem"]
+        pairs = sorted(a / n for a, n in zip(amem, native))
+        mid = statistics.median(pairs)
+        lines.append(f"| {fig} ({unit}) | {statistics.median(native):.1f} | {statistics.median(amem):.1f} | "
+                     f"{mid:.3f}x | {pairs[0]:.3f}-{pairs[-1]:.3f} | <= 1.05x | {'meets' if mid <= 1.05 else 'misses'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and short loops (a smoke run)")
     parser.add_argument("--reps", type=int, default=None, help="process pairs (native, amem) to run")
+    parser.add_argument("--table", action="store_true", help="print the ratios as a table after the JSON")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.quick, args.reps)))
+    result = measure(args.quick, args.reps)
+    print(json.dumps(result))
+    if args.table:
+        print(ratios(result))
     return 0
 
 

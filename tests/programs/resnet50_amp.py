@@ -15,7 +15,9 @@ def main():
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
     images = torch.randn(args.batch * args.steps, 3, args.image, args.image)
     labels = torch.randint(0, args.classes, (args.batch * args.steps,))
