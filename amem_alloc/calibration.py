@@ -11,8 +11,9 @@ kernel module loaded on first use. No published figure covers every card and sta
 measures them where they run.
 
 Each stage runs in a fresh process (a context cannot be unloaded) that does the least work that
-brings the part in, then reads the device's used memory (cudaMemGetInfo) against NVML's reading
-before CUDA started, and subtracts what torch's allocator reserved. Stages, each on top of the
+brings the part in, then reads what NVML shows for the process (nvidia-smi's per-process figure;
+without it, the device's used memory against NVML's reading before CUDA started) and subtracts
+what torch's allocator reserved. Stages, each on top of the
 CUDA context:
 
     context          torch.empty(1, device="cuda"): the context alone (lazy loading)
@@ -154,14 +155,24 @@ def measure_stage(stage: str) -> dict:
 
     _work(stage, torch)
     free, total = torch.cuda.mem_get_info()
-    reserved = torch.cuda.memory_reserved()
-    out = {"stage": stage, "before": before, "used": total - free, "reserved": reserved,
-           "process_used": _nvml_process_used(),
+    out = {"stage": stage, "before": before, "after": _nvml_used(), "process_used": _nvml_process_used(),
+           "cuda_used": total - free, "reserved": torch.cuda.memory_reserved(),
            "device": torch.cuda.get_device_name(0), "total_memory": total, "torch": torch.__version__,
            "cuda": torch.version.cuda}
-    if before is not None:
-        out["outside_allocator"] = total - free - before - reserved
+    out["outside_allocator"] = outside_allocator(out)
     return out
+
+
+def outside_allocator(stage: dict) -> int | None:
+    """What the process holds beyond torch's reserved memory: NVML's figure for the process (what
+    nvidia-smi lists), else the device's NVML reading after less before. Never cudaMemGetInfo's
+    total less free against NVML's used: the two count from different totals (on an H200 with
+    driver 580, NVML's total is 615 MiB above CUDA's, and its idle 'used' holds that reserve)."""
+    if stage.get("process_used"):
+        return stage["process_used"] - stage["reserved"]
+    if stage.get("before") is not None and stage.get("after") is not None:
+        return stage["after"] - stage["before"] - stage["reserved"]
+    return None
 
 
 # ---------------------------------------------------------------------------- the command
@@ -190,7 +201,7 @@ def _idle_problem(results: list[dict]) -> str | None:
 def entry(results: list[dict]) -> dict:
     """The saved form: the context, and each stage's memory beyond it (bytes; None where it failed)."""
     first = next((r for r in results if "error" not in r), {})
-    by = {r["stage"]: r.get("outside_allocator") for r in results if "error" not in r}
+    by = {r["stage"]: outside_allocator(r) for r in results if "error" not in r}
     context = by.get("context")
     parts = {k: (v - context if v is not None and context is not None else None) for k, v in by.items()
              if k != "context"}

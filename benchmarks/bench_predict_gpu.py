@@ -41,6 +41,11 @@ WORKLOAD_CASES = {"gpt": ("gpt", 1, 3), "mlp": ("mlp", 1, 3), "mlp-checkpoint": 
                   "decode": ("decode", 1, 3), "moe": ("moe", 1, 3),
                   "llama-0.5b": ("llama7b", 1, 2)}
 TIMEOUTS = {"predict": 420.0, "real": 600.0}   # seconds a child may take (--predict-timeout, --real-timeout)
+ENDS = [float("inf")]                          # time.monotonic() by which every child has ended (--budget)
+
+
+def _time_left(limit: float) -> float:
+    return max(1.0, min(limit, ENDS[0] - time.monotonic()))
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ def _last_line_error(proc: subprocess.CompletedProcess) -> dict:
 
 
 def _run(argv: list[str], cwd: Path, predicting: bool, timeout: float, log: Path) -> subprocess.CompletedProcess:
+    timeout = _time_left(timeout)
     try:
         proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=_env(predicting), timeout=timeout,
                               check=False)
@@ -326,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=Path("predict-vs-real"))
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--deadline", type=float, default=3600.0, help="seconds after which no new real run starts")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which every child still running is stopped and the table written")
     parser.add_argument("--predict-timeout", type=float, default=TIMEOUTS["predict"], help="seconds per prediction")
     parser.add_argument("--real-timeout", type=float, default=TIMEOUTS["real"], help="seconds per real run")
     parser.add_argument("--real-jobs", type=int, default=1, help="real runs side by side on the GPU")
@@ -334,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default="H100-80GB", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     TIMEOUTS.update(predict=args.predict_timeout, real=args.real_timeout)
+    if args.budget:
+        ENDS[0] = time.monotonic() + args.budget
     if args.child:
         print(json.dumps(child(*args.child, args.gpu)))
         return 0

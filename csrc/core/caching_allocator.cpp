@@ -206,7 +206,7 @@ AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size
   books.add<Shape::kAllocated>(block);
   books.post();
   if (trace_.on())
-    trace_.record(TraceAction::k_alloc, block->address, requested, block->size, block->stream, block->alloc_seq);
+    trace_.record(TraceAction::k_alloc, block->address, requested, block->size, stream, block->alloc_seq);
   if (stats_.reserved_bytes.current() == stats_.reserved_bytes.peak())  // Note [fragmentation at the peak]
     stats_.allocated_at_reserved_peak =
         std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.current());
@@ -227,7 +227,7 @@ AMEM_INLINE void CachingAllocator::mark_freed(uintptr_t address, Block* block) {
   books.post();
   if (trace_.on())
     trace_.record(TraceAction::k_free_requested, block->address, block->requested, block->size,
-                  block->stream, block->alloc_seq);
+                  block->used_on, block->alloc_seq);  // Note [traced stream]
 }
 
 void CachingAllocator::free(uintptr_t address) {
@@ -268,7 +268,7 @@ void CachingAllocator::free_block(Block* block) {
   BlockPool& pool = *block->pool;
   if (trace_.on())  // before merging, as torch records it
     trace_.record(TraceAction::k_free_completed, block->address, block->requested, block->size,
-                  block->stream, block->alloc_seq);
+                  block->used_on, block->alloc_seq);
   Ledger books = ledger(pool.kind);
   books.remove<Shape::kFreed>(block);
   merge_into(block, block->prev, pool, books);

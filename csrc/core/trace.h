@@ -60,7 +60,7 @@ struct alignas(64) TraceEvent {
   uintptr_t address = 0;   // block or segment address; device free bytes for oom
   uint64_t size = 0;       // requested bytes (alloc/free), segment bytes, or the rounded oom request
   uint64_t rounded = 0;    // the block's rounded size for alloc/free events
-  StreamId stream = 0;
+  StreamId stream = 0;     // the stream the request came from (Note [traced stream])
   uint64_t alloc_seq = 0;  // the block's allocation number (alloc and free events)
   uint32_t thread = 0;     // small per-process thread number (1, 2, ...)
   uint32_t tag = 0;        // process-wide tag at the time (0 = none)
@@ -108,6 +108,13 @@ inline uint32_t trace_thread_number() {
 // free_completed, or a malloc's segment_alloc and alloc, happen within the
 // same call, under the same lock, and share its time. The allocator's Guard
 // (caching_allocator.h) ends the call, so no stamp outlives it.
+
+// Note [traced stream]: an alloc or free event carries the stream the tensor
+// was requested on (Block::used_on), not the stream of the segment it came
+// from. Under torch's policy they are the same; under cross_stream_reuse a
+// block of one stream's segment serves another, and torch's snapshot format
+// (and a replay of the trace under any policy) must see the program's stream.
+// Segment events carry the segment's stream.
 
 class Trace {
  public:

@@ -29,6 +29,7 @@ for step in range(6):
     losses.append(loss.item())
 torch.cuda.synchronize()
 print(json.dumps({"losses": losses, "peak_allocated": torch.cuda.max_memory_allocated(),
+                  "peak_requested": torch.cuda.memory_stats()["requested_bytes.all.peak"],
                   "peak_reserved": torch.cuda.max_memory_reserved()}))
 """
 
@@ -45,6 +46,8 @@ def test_gpt2_trains_to_the_same_losses_under_native_expandable_and_amem():
     amem = _train("amem")
     for other in (expandable, amem):
         assert other["losses"] == pytest.approx(native["losses"], rel=1e-5, abs=1e-6)
-    # Same tensors, same rounding: amem's allocated peak is torch's (its reserved may differ by policy).
-    assert amem["peak_allocated"] == native["peak_allocated"]
-    assert amem["peak_reserved"] >= amem["peak_allocated"]
+    # Same tensors: amem's peak of requested bytes is torch's. Its allocated peak may differ: a block
+    # that is not split counts whole, and amem's policy splits expandable segments where torch's
+    # would not (433.0 against torch's 440.0 MB on an H200, 2026-11-27).
+    assert amem["peak_requested"] == native["peak_requested"]
+    assert amem["peak_reserved"] >= amem["peak_allocated"] >= amem["peak_requested"]

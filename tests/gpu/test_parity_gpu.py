@@ -186,10 +186,11 @@ print(json.dumps(usage))
 
 def test_profiler_sees_amem_allocations_as_it_sees_the_native_ones():
     """The profiler gets from amem what it gets from torch's own allocator (csrc/bind/torch_profiler.h).
-    On the H100 with torch 2.11 an earlier form of this test, whose allocation was the first thing
-    profiled, saw the free but not the allocation; native is now run alongside to tell the
-    profiler's own behaviour from amem's."""
+    On an H200 with torch 2.11 (2026-11-27) the profiler reported the allocations' [memory] events
+    with a usage of 0 and the frees with their sizes, for torch's own allocator as for amem's
+    ([0, 0, -4096, -5242880] both): what it sees of an allocation is the profiler's behaviour, and
+    amem must match it event for event."""
     outs = {name: last_json(run_python(PROFILED, args=[name])) for name in ("native", "amem")}
     print(outs)
     assert sorted(outs["amem"]) == sorted(outs["native"]), outs
-    assert 5 << 20 in outs["amem"] and -(5 << 20) in outs["amem"], outs
+    assert -(5 << 20) in outs["amem"], outs
