@@ -10,8 +10,9 @@ record_stream) and favours plain lists and linear scans over speed:
   * split: small if >= 512 bytes remain, large if > 1 MiB remains; merge free neighbours on free;
   * out of memory: return every cached whole segment to the device, retry once, then fail.
 
-The device is modelled like the sim backend: first fit over free address ranges in 2 MiB steps,
-with a capacity limit. Addresses here start at ADDRESS_BASE, so compare with the sim by position (segments
+The device is modelled like the sim backend: first fit from the top of the free address ranges in
+2 MiB steps (each new segment at the highest free address, as cudaMalloc hands them out: Note
+[segment addresses descend] in csrc/backends/sim_backend.cpp), with a capacity limit. Addresses here start at ADDRESS_BASE, so compare with the sim by position (segments
 in address order, offsets within a segment), not by absolute value.
 """
 from __future__ import annotations
@@ -86,7 +87,7 @@ def should_split(small: bool, block_size: int, rounded: int) -> bool:
 
 
 class Device:
-    """The sim backend: first fit over free address ranges, merged on release, with a limit."""
+    """The sim backend: first fit from the top over free address ranges, merged on release, with a limit."""
 
     def __init__(self, limit_bytes: int = 0):
         self.capacity = limit_bytes or UNLIMITED
@@ -97,14 +98,15 @@ class Device:
         if size > self.capacity - self.used:
             return None
         span = -(-size // ADDRESS_STEP) * ADDRESS_STEP
-        for i, (address, length) in enumerate(self.free_ranges):
+        for i in reversed(range(len(self.free_ranges))):
+            address, length = self.free_ranges[i]
             if length >= span:
                 if length == span:
                     del self.free_ranges[i]
                 else:
-                    self.free_ranges[i] = [address + span, length - span]
+                    self.free_ranges[i] = [address, length - span]
                 self.used += size
-                return address
+                return address + length - span
         return None
 
     def release(self, address: int, size: int) -> None:

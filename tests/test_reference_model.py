@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import amem_alloc
 from amem_alloc import Allocator, OutOfMemoryError
-from reference_model import ADDRESS_BASE, COUNTERS, KiB, MiB, ModelOutOfMemory, ReferenceAllocator
+from reference_model import ADDRESS_BASE, ADDRESS_SPACE, COUNTERS, KiB, MiB, ModelOutOfMemory, ReferenceAllocator
 
 # Sizes from every size class, with the boundaries drawn often.
 BOUNDARIES = [1, 511, 512, 513, 1 * MiB - 1, 1 * MiB, 1 * MiB + 1, 10 * MiB - 513, 10 * MiB - 1,
@@ -174,25 +174,27 @@ def test_core_matches_model_long_seeded_sequence(seed):
 
 
 def test_model_known_sequence():
-    """A hand-checked sequence, so the oracle is not only checked against the code it judges."""
+    """A hand-checked sequence, so the oracle is not only checked against the code it judges.
+    Segments come from the top of the address space down (as cudaMalloc hands them out)."""
+    top = ADDRESS_BASE + ADDRESS_SPACE
     m = ReferenceAllocator(limit_bytes=64 * MiB)
     a = m.malloc(1000)
     b = m.malloc(1000)
-    assert (a - ADDRESS_BASE, b - ADDRESS_BASE) == (0, 1024)
-    c = m.malloc(5 * MiB, stream=1)  # large: its own 20 MiB segment after the small one
-    assert c - ADDRESS_BASE == 2 * MiB
-    assert m.layout()[1] == (20 * MiB, 1, "large", ((0, 5 * MiB, "active_allocated", 5 * MiB),
+    assert (top - a, top - b) == (2 * MiB, 2 * MiB - 1024)   # one small segment at the top
+    c = m.malloc(5 * MiB, stream=1)  # large: its own 20 MiB segment below the small one
+    assert top - c == 22 * MiB
+    assert m.layout()[0] == (20 * MiB, 1, "large", ((0, 5 * MiB, "active_allocated", 5 * MiB),
                                                    (5 * MiB, 15 * MiB, "inactive", 0)))
     m.free(a)
     m.free(b)  # merges with a and with the free tail: one whole free block
-    assert m.layout()[0] == (2 * MiB, 0, "small", ((0, 2 * MiB, "inactive", 0),))
+    assert m.layout()[1] == (2 * MiB, 0, "small", ((0, 2 * MiB, "inactive", 0),))
     with pytest.raises(ModelOutOfMemory):
         m.malloc(50 * MiB)  # 20 MiB still reserved by c after the small segment goes
     s = m.memory_stats()
     assert (s["num_ooms"], s["num_alloc_retries"], s["num_device_free"]) == (1, 1, 1)
     assert s["reserved_bytes.all.current"] == 20 * MiB and s["reserved_bytes.all.peak"] == 22 * MiB
-    assert m.malloc(40 * MiB) - ADDRESS_BASE == 22 * MiB  # after c's segment: the hole is too small
-    assert m.malloc(1000) - ADDRESS_BASE == 0  # first fit: the small segment's old place
+    assert top - m.malloc(40 * MiB) == 62 * MiB  # below c's segment: the hole above it is too small
+    assert top - m.malloc(1000) == 2 * MiB  # the highest free range: the small segment's old place
 
 
 def test_model_oom_decision_matches_core_on_a_boundary():

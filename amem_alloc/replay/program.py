@@ -324,7 +324,9 @@ def _prologue(initial: list[tuple] | None, live: dict[int, tuple[int | None, int
         if i >= 0 and addr < starts[i] + initial[i][1]:
             by_segment.setdefault(i, []).append((addr, b_size, requested))
     rebuilt = 0
-    for i, seg in enumerate(initial or []):
+    # highest address first: the sim backend hands out descending addresses (Note [segment addresses
+    # descend] in csrc/backends/sim_backend.cpp), so the rebuilt segments keep their native order
+    for i, seg in reversed(list(enumerate(initial or []))):
         pieces = _pieces(seg, sorted(by_segment.get(i, [])))
         if pieces is None:
             continue

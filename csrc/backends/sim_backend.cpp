@@ -1,9 +1,21 @@
 // sim_backend.cpp — addresses only; no memory is touched.
 //
 // Hands out 2 MiB-aligned addresses from a simulated device address space
-// (first fit over a map of free ranges, merged on release), so a trace with an
-// 80 GB peak replays on a small machine and addresses are reused the way a
-// device's would be. Nothing may be written to these addresses.
+// (first fit from the top over a map of free ranges, merged on release), so a
+// trace with an 80 GB peak replays on a small machine and addresses are reused
+// the way a device's would be. Nothing may be written to these addresses.
+//
+// Note [segment addresses descend]: torch's best fit breaks ties between equal
+// free blocks by address, so the order of segment addresses decides which of
+// two equal cached blocks a request takes, and from there which later requests
+// need a new segment. cudaMalloc does not hand out ascending addresses: on an
+// H200 (driver 580, torch 2.11, 2026-11-27) successive segments came from ever
+// lower 32 MiB-aligned ranges (0x7fdc14800000, 0x7fdbf4000000, 0x7fdbf2000000,
+// ...), so a newer segment's block wins a tie. With ascending addresses the
+// replay of that run's own trace under torch's policy missed one 22 MiB
+// segment (peak reserved -1.2%, 103 of 104 segment events); taking each new
+// segment from the top of the free space matches it event for event, and the
+// four-device multistream trace too (segment events 98.8% -> 100%).
 #include <map>
 
 #include "../core/constants.h"
@@ -30,14 +42,14 @@ class SimBackend final : public SimulatedBackend {
   uintptr_t allocate_segment(size_t bytes) override {
     if (!fits(bytes)) return 0;
     size_t span = (bytes + kSimAlign - 1) / kSimAlign * kSimAlign;
-    for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
+    for (auto it = free_ranges_.rbegin(); it != free_ranges_.rend(); ++it) {  // Note [segment addresses descend]
       if (it->second < span) continue;
-      uintptr_t address = it->first;
-      size_t left = it->second - span;
-      free_ranges_.erase(it);
-      if (left > 0) free_ranges_[address + span] = left;
+      const uintptr_t start = it->first;
+      const size_t left = it->second - span;
+      free_ranges_.erase(std::next(it).base());
+      if (left > 0) free_ranges_[start] = left;
       used_bytes_ += bytes;
-      return address;
+      return start + left;
     }
     return 0;  // simulated address space exhausted
   }
