@@ -149,15 +149,17 @@ def test_amem_is_never_worse_than_the_better_native_on_each_predicted_workload(n
 
 @pytest.mark.skipif(not bf.TRACES.is_dir(), reason="../shared/traces is not present")
 def test_shared_traces_reproduce_the_reference_figures():
-    """torch and torch-expandable from an empty start on the 12 trace-devices: geomean (a) 1.084 /
-    1.059, (b) 1.033 / 1.010; multistream_4dev (a) 1.483 / 1.455; small_train (a) 1.164 / 1.169."""
+    """torch and torch-expandable from an empty start on the 12 trace-devices: geomean (a) 1.088 /
+    1.058, (b) 1.035 / 1.009; multistream_4dev (a) 1.483 / 1.455; small_train (a) 1.164 / 1.169.
+    (1.084 / 1.059 and 1.033 / 1.010 while simulated segment addresses ascended: Note [segment
+    addresses descend] in csrc/backends/sim_backend.cpp.)"""
     cases, results = _shared_trace_results()
     assert len(cases) == 12
     summary = {s.policy: s for s in bf.summarize(cases, results, ["torch", "torch-expandable"])}
-    assert round(summary["torch"].geomean_a_traces, 3) == 1.084
-    assert round(summary["torch-expandable"].geomean_a_traces, 3) == 1.059
-    assert round(summary["torch"].geomean_b_traces, 3) == 1.033
-    assert round(summary["torch-expandable"].geomean_b_traces, 3) == 1.010
+    assert round(summary["torch"].geomean_a_traces, 3) == 1.088
+    assert round(summary["torch-expandable"].geomean_a_traces, 3) == 1.058
+    assert round(summary["torch"].geomean_b_traces, 3) == 1.035
+    assert round(summary["torch-expandable"].geomean_b_traces, 3) == 1.009
     assert round(summary["torch"].multistream_a, 3) == 1.483 and round(summary["torch-expandable"].multistream_a, 3) == 1.455
     small = results["small_train.pickle d0"]
     assert round(small["torch"].a, 3) == 1.164 and round(small["torch-expandable"].a, 3) == 1.169
