@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from amem_alloc.predict.kernels.platform import Platform  # noqa: E402
-from amem_alloc.predict.kernels.sdpa_select import Params, select  # noqa: E402
-from amem_alloc.predict.session import FakeCudaSession  # noqa: E402
+from amem_alloc.predict.rules.platform import Platform  # noqa: E402
+from amem_alloc.predict.rules.sdpa_select import Params, select  # noqa: E402
+from amem_alloc.predict.engine.session import FakeCudaSession  # noqa: E402
 from amem_alloc.replay import ALLOC  # noqa: E402
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

@@ -59,7 +59,7 @@ def test_bad_input_in_a_fresh_process_has_no_traceback():
 
 
 # ---------------------------------------------------------------------------- with the engine
-engine = pytest.importorskip("amem_alloc.predict.session")
+engine = pytest.importorskip("amem_alloc.predict.engine.session")
 
 SCRIPT = textwrap.dedent("""
     import sys

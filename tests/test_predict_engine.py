@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from amem_alloc.predict.session import DataDependentError, FakeCudaSession  # noqa: E402
+from amem_alloc.predict.engine.session import DataDependentError, FakeCudaSession  # noqa: E402
 from amem_alloc.replay import ALLOC  # noqa: E402
 
 B, S, D, H = 2, 20, 64, 4          # batch, sequence, width, heads (head dim 16): no two sizes collide
@@ -267,8 +267,8 @@ def test_cublas_workspace_per_thread_and_stream_sized_by_capability():
 
 
 def test_sdpa_backend_follows_dtype_and_capability():
-    from amem_alloc.predict.kernels.platform import Platform
-    from amem_alloc.predict.kernels.sdpa_select import Params, select
+    from amem_alloc.predict.rules.platform import Platform
+    from amem_alloc.predict.rules.sdpa_select import Params, select
     q16 = torch.empty(B, H, S, 16, dtype=torch.bfloat16, device="meta")
     q32 = torch.empty(B, H, S, 16, device="meta")
     a100, v100 = Platform((8, 0), 108, 92400, 13000, (2, 14)), Platform((7, 0), 80, 92400, 13000, (2, 14))

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from amem_alloc.predict.session import FakeCudaSession  # noqa: E402
+from amem_alloc.predict.engine.session import FakeCudaSession  # noqa: E402
 from amem_alloc.replay import ALLOC  # noqa: E402
 
 A100 = dict(capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
@@ -127,7 +127,7 @@ def test_grad_scaler_tensors_are_device_allocations_and_its_ops_run_in_place():
 
 
 def test_missing_meta_kernels_are_registered_only_where_torch_has_none():
-    from amem_alloc.predict.kernels import meta_kernels
+    from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF:
         if meta_kernels._exists(name):

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amem_alloc.predict.known import MAX_ELEMENTS
-from amem_alloc.predict.session import FakeCudaSession
+from amem_alloc.predict.engine.known import MAX_ELEMENTS
+from amem_alloc.predict.engine.session import FakeCudaSession
 
 
 def _stand_ins(session) -> list:

@@ -25,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import amem_alloc  # noqa: E402
-from amem_alloc.predict import whatif  # noqa: E402
+from amem_alloc.predict.whatif import answers as whatif  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "whatif_programs"

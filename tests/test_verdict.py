@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 import amem_alloc  # noqa: E402
 from amem_alloc.code_files import display_path  # noqa: E402
 from amem_alloc.introspection import format_bytes  # noqa: E402
-from amem_alloc.predict.outcome import script_folder  # noqa: E402
-from amem_alloc.predict import verdict as verdict_mod  # noqa: E402
+from amem_alloc.predict.analysis.prediction import script_folder  # noqa: E402
+from amem_alloc.predict.analysis import verdict as verdict_mod  # noqa: E402
 from amem_alloc.report import predict as predict_page  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 512, 4, 2048

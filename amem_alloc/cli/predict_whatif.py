@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..predict.whatif import NAMES, parse
+from ..predict.whatif.answers import NAMES, parse
 
 def add_arguments(p: Any) -> None:
     """`amem predict`'s what-if options (cli/predict.py calls this)."""
@@ -26,7 +26,8 @@ def from_cli(args: Any, script: list[str] | None, base: Any, body_for_workload: 
     """Runs the what-ifs `amem predict --what-if` asked for, attaching them to base."""
     import sys
 
-    from ..predict import api, trial, whatif_run
+    from ..predict import api
+    from ..predict.whatif import trial, run as whatif_run
     from . import predict_options
 
     names = check_arguments(args)

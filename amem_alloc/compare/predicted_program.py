@@ -51,7 +51,7 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
 
     from .. import workloads
     from ..predict.api import predicting
-    from ..predict.values import DataDependentError
+    from ..predict.engine.values import DataDependentError
 
     started = time.perf_counter()
     with predicting(policies=[], target=workload or script[0], analyse=False) as run:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.workload and not args.script:
         parser.error("give --workload NAME or --script script.py args...")
-    from ..predict.values import DataDependentError
+    from ..predict.engine.values import DataDependentError
 
     args.out.mkdir(parents=True, exist_ok=True)
     from ..user_script import ScriptFailed

@@ -19,7 +19,7 @@ import sys
 import types
 
 _EXPORTS = {"predict": ".api", "predicting": ".api", "is_predicting": ".api", "resolve_gpu": ".api", "resolve_policies": ".api",
-            "GPUS": ".gpus", "Gpu": ".gpus", "NOTE": ".outcome", "Prediction": ".outcome"}
+            "GPUS": ".gpus", "Gpu": ".gpus", "NOTE": ".analysis.prediction", "Prediction": ".analysis.prediction"}
 
 
 class _CallableModule(types.ModuleType):

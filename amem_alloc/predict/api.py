@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 from .. import policies as policies_mod
 from . import gpus as gpus_mod
-from .children import ChildWatch
-from .cuda_shims import CudaShims, LiveAllocator
+from .engine.children import ChildWatch
+from .shims.cuda import CudaShims, LiveAllocator
 from .notes import NotModelledError
-from .values import DataDependentError
-from .outcome import Prediction, analyse
+from .engine.values import DataDependentError
+from .analysis.prediction import Prediction, analyse
 
 
 _active = [0]  # predictions running (nested ones count once each)
@@ -44,7 +44,7 @@ def is_predicting() -> bool:
 def engine() -> tuple[type, type]:
     """(FakeCudaSession, DataDependentError) of the fake-execution engine."""
     try:
-        from .session import DataDependentError, FakeCudaSession
+        from .engine.session import DataDependentError, FakeCudaSession
     except ImportError as err:  # pragma: no cover - a build without the engine
         raise RuntimeError(f"amem predict: the fake-execution engine is not available ({err})") from None
     return FakeCudaSession, DataDependentError
@@ -156,7 +156,7 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
         fn(*args, **kwargs)
     assert run.result is not None
     if what_if:
-        from . import whatif, whatif_run
+        from .whatif import answers as whatif, run as whatif_run
 
         whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
                            blocks=blocks, strict=strict, policies=run.policies)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import user_script
 from .notes import NotModelledError, call_site
-from .values import DataDependentError
+from .engine.values import DataDependentError
 
 DEFAULT_STEPS = 5
 DEFAULT_TIMEOUT = 600.0
@@ -70,7 +70,7 @@ class _Deadline:
 def _in_free_callback(frame: Any) -> bool:
     """Whether `frame` runs inside the weak-reference callback that records a storage's free
     (storages.py): an exception there cannot reach the script."""
-    from . import storages
+    from .engine import storages
 
     while frame is not None:
         if frame.f_code in storages.FREE_CALLBACK_CODES:

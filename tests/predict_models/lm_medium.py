@@ -260,7 +260,7 @@ CAPABILITY = (8, 0)
 
 def predict(ctx: int, mode: str, warmup: int = 5, capability=CAPABILITY, autocast: bool | None = None):
     """(FakeCudaSession after the run, index of the first op of the recorded step)."""
-    from amem_alloc.predict.session import FakeCudaSession
+    from amem_alloc.predict.engine.session import FakeCudaSession
     autocast = TRACES.get((ctx, mode), False) if autocast is None else autocast
     with FakeCudaSession(capability=capability, frames=False) as session:
         run(ctx, mode, warmup=warmup, autocast=autocast, record=lambda: session.marker("record"))

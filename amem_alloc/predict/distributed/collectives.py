@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import stream_uses
+from ..engine import stream_uses
 
 _c10d = torch.ops.c10d
 _functional = torch.ops._c10d_functional
@@ -73,7 +73,7 @@ class CollectiveMode(TorchDispatchMode):
         receive): one per process group, as ProcessGroupNCCL keeps one per device."""
         name = group if isinstance(group, str) else _group_name(group)
         if name not in self.streams:
-            from ..cuda_shims import FakeStream
+            from ..shims.cuda import FakeStream
             self.streams[name] = FakeStream().stream_id
         return self.streams[name]
 

@@ -57,7 +57,7 @@ class _Buckets:
     storages it makes and keeps (its buckets) are gradients (they hold them: the Tracer's category)."""
 
     def __init__(self, session: Any, device: str, waited: Callable[[], None]) -> None:
-        from ..execution import _Device
+        from ..engine.execution import _Device
 
         self.session, self.device, self.waited = session, _Device(device), waited
 

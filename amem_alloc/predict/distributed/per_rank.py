@@ -18,7 +18,7 @@ from typing import Any
 
 from ...introspection import format_bytes
 from ...replay.evaluation import align
-from ..outcome import NOTE, Prediction
+from ..analysis.prediction import NOTE, Prediction
 from .launch import Launch
 
 RANK_FIELD = "{rank}"

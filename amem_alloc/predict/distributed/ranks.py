@@ -35,7 +35,7 @@ from .recording import Recording, record_all
 
 def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
     """The per-policy analysis that `predicting` makes on exit (api.py), of one rank's recording."""
-    from ..outcome import analyse
+    from ..analysis.prediction import analyse
 
     return analyse(recording.target, gpu, policies, recording.ops, recording.infos, recording.markers,
                    recording.trace_conf, recording.seconds, notes=recording.notes)
@@ -44,7 +44,7 @@ def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
 def _equal_rank(first: Any, recording: Recording) -> Any:
     """A rank whose program equals an earlier one's: that rank's analysis with its own notes (equal
     programs can read different values: a rank that receives a broadcast stands in for it)."""
-    from ..outcome import shown_notes
+    from ..analysis.prediction import shown_notes
 
     return dataclasses.replace(first, notes=shown_notes(recording.notes, first.script_folder))
 

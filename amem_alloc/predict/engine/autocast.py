@@ -96,7 +96,7 @@ def _map(x, fn):
 
 
 def call(func, name, args, kwargs, mode):
-    from . import cuda_rules
+    from .. import rules as cuda_rules
     lower = torch.get_autocast_dtype("cuda")
     if name in LOWER:
         args, kwargs = _map(args, lambda a: _cast(a, lower, mode)), {k: _map(v, lambda a: _cast(a, lower, mode))
@@ -108,7 +108,7 @@ def call(func, name, args, kwargs, mode):
         if not (name in ("softmax", "log_softmax") and len(args) > 2 and args[2] is not None):
             kwargs = {**kwargs, "dtype": torch.float32}
     elif name == "cross_entropy" and args and _eligible(args[0], mode) and args[0].dtype != torch.float32:
-        from .kernels import losses
+        from ..rules import losses
         return losses.cross_entropy(args, kwargs, mode)   # op for op, each meeting these lists
     elif name in PROMOTE:
         tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if _eligible(a, mode)]

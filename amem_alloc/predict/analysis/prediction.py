@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import policies as policies_mod
-from .. import replay
-from ..replay.evaluation import PolicyRow, align, evaluate, format_table
-from .._C import CoreAllocator
-from ..code_files import display_path
-from ..introspection import format_bytes
-from ..report.predict import note_line
-from ..snapshot import round_block
-from .gpus import Gpu
-from .notes import displayed
+from ... import policies as policies_mod
+from ... import replay
+from ...replay.evaluation import PolicyRow, align, evaluate, format_table
+from ..._C import CoreAllocator
+from ...code_files import display_path
+from ...introspection import format_bytes
+from ...report.predict import note_line
+from ...snapshot import round_block
+from ..gpus import Gpu
+from ..notes import displayed
 from .verdict import text_lines as verdict_text
 from .verdict import verdict
 
@@ -206,7 +206,7 @@ class Prediction:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        from ..atomic_write import write_text
+        from ...atomic_write import write_text
 
         return write_text(path, json.dumps(self.to_dict(), indent=1))
 
@@ -215,14 +215,14 @@ class Prediction:
         return _display_frames(predicted_snapshot(self.ops, self.infos, self.trace_conf), self.script_folder)
 
     def write_trace(self, path: str | Path) -> Path:
-        from ..snapshot import save_snapshot
+        from ...snapshot import save_snapshot
 
         return save_snapshot(self.snapshot(), path)
 
     def write_report(self, path: str | Path, ranks: list[tuple[int, "Prediction"]] | None = None) -> Path:
         """The HTML page; with `ranks` (every rank's prediction of a job) their timelines side by side too."""
-        from ..atomic_write import write_text
-        from ..report.predict import render
+        from ...atomic_write import write_text
+        from ...report.predict import render
 
         own = self.snapshot()
         built = {id(self.ops): own}   # equal ranks share one recorded program, this one among them
@@ -317,13 +317,13 @@ def format_text(p: Prediction, top: int = 8) -> str:
 
 
 def _what_if_json(p: Prediction) -> dict:
-    from . import whatif
+    from ..whatif import answers as whatif
 
     return whatif.to_json(p)
 
 
 def _what_if_text(p: Prediction) -> list[str]:
-    from . import whatif
+    from ..whatif import answers as whatif
 
     return whatif.format_text(p, p.what_if)
 
@@ -382,7 +382,7 @@ def _label(info: Any) -> str:
 
 def predicted_snapshot(ops: list[tuple], infos: dict[int, Any], conf: str = "", start: int = 0) -> dict:
     """The program re-run on a fresh sim core, recording from op `start`: torch's snapshot format."""
-    from ..snapshot import build_snapshot
+    from ...snapshot import build_snapshot
 
     alloc = _SimAllocator(conf)
     core, live, order = alloc._core, {}, []

@@ -36,14 +36,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..provenance import classify
-from ..provenance.records import AllocRecord, next_seq
-from ..provenance.scope import ModuleScope
-from ..replay import ALLOC, FREE, Program, pack
+from ...provenance import classify
+from ...provenance.records import AllocRecord, next_seq
+from ...provenance.scope import ModuleScope
+from ...replay import ALLOC, FREE, Program, pack
 from . import autocast as autocast_rules
 from . import children
-from . import cuda_rules
-from . import notes as notes_mod
+from .. import rules as cuda_rules
+from .. import notes as notes_mod
 from . import stream_uses
 from .execution import DataDependentError, DeviceMode, Recorder, is_fake, unspoofed
 from .storages import Storages, user_frames
@@ -194,7 +194,7 @@ class FakeCudaSession:
         """The current stream's id as torch.cuda under prediction tells it (0 without its shims)."""
         if self._stream_id is None:
             try:
-                from .cuda_shims import current_stream_id
+                from ..shims.cuda import current_stream_id
                 self._stream_id = current_stream_id
             except ImportError:
                 self._stream_id = lambda: 0

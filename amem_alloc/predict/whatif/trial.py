@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from .. import user_script
-from . import script as script_mod
-from .notes import NotModelledError
-from .values import DataDependentError
+from ... import user_script
+from .. import script as script_mod
+from ..notes import NotModelledError
+from ..engine.values import DataDependentError
 
 
 class TrialFailed(Exception):

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..introspection import format_bytes
-from ..report.verdict import GROUPS
+from ...introspection import format_bytes
+from ...report.verdict import GROUPS
 
 
 def _group_of(category: str) -> str:

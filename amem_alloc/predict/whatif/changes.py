@@ -292,7 +292,7 @@ class Checkpoint(Change):
         def passed_on(index: int):
             def forward(*args, **kwargs):
                 if state["out"] is None or state["next"] != index or args[:1] and args[0] is not _first_tensor(state["out"]):
-                    from .notes import NotModelledError
+                    from ..notes import NotModelledError
                     raise NotModelledError(f"what-if {change.name}: the blocks of {change.stack} are not called "
                                            "in order, each on the previous one's output (checkpoint=blocks works "
                                            "there)")

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..code_files import is_script_runner, is_traced_file
+from ...code_files import is_script_runner, is_traced_file
 
 _RUNNER, _TRACED, _SKIPPED = 0, 1, 2
 _CODE_KIND: dict = {}   # code object -> _RUNNER, _TRACED or _SKIPPED (asked on every allocation)

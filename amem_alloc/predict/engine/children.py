@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 
-from .notes import NotModelledError, call_site
+from ..notes import NotModelledError, call_site
 
 ENV = "AMEM_PREDICT_CHILD_REPORTS"
 EXIT_CHILD = 86   # a child's exit status when it stopped at CUDA (any non-zero would do)

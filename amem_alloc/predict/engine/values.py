@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import notes
+from .. import notes
 
 META = torch.device("meta")
 

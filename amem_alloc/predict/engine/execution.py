@@ -41,9 +41,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import autocast as autocast_rules
-from . import cuda_rules
+from .. import rules as cuda_rules
 from . import known as known_mod
-from . import notes as notes_mod
+from .. import notes as notes_mod
 from . import values
 from .storages import Storages
 from .values import DataDependentError, is_fake
@@ -113,7 +113,7 @@ class _Device:
 def _cuda_index() -> int:
     """The device a fake CUDA tensor claims: the current one (torch.cuda.set_device under prediction;
     a process of a distributed job uses the one device its LOCAL_RANK picked)."""
-    from .cuda_shims import _DEVICE
+    from ..shims.cuda import _DEVICE
     return _DEVICE.index
 
 

@@ -39,11 +39,12 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import replay
-from .._C import CoreAllocator
-from ..introspection import format_bytes, parse_stats
-from . import notes, stream_uses
-from .gpus import Gpu
+from ... import replay
+from ..._C import CoreAllocator
+from ...introspection import format_bytes, parse_stats
+from .. import notes
+from ..engine import stream_uses
+from ..gpus import Gpu
 
 TRACE_ACTIONS_PER_OP = 4  # a ring big enough for a re-simulation: alloc/free plus segment events
 
@@ -376,12 +377,12 @@ class CudaShims:
             self.live.start_record()
 
     def snapshot(self, *args: Any, **kwargs: Any) -> dict:
-        from .outcome import predicted_snapshot
+        from ..analysis.prediction import predicted_snapshot
 
         return predicted_snapshot(self.live.ops, self.live.infos, self.live.conf, start=self.live.record_start())
 
     def dump_snapshot(self, filename: Any = "dump_snapshot.pickle") -> None:
-        from ..snapshot import save_snapshot
+        from ...snapshot import save_snapshot
 
         path = save_snapshot(self.snapshot(), filename)
         if self.on_dump is not None:

@@ -37,9 +37,10 @@ from __future__ import annotations
 import torch
 
 from . import attention, convolution, cublas, dropout, embedding, meta_kernels, norms
+from .cublas import workspace_bytes as cublas_workspace_bytes
 from .scratch import Scratch
 
-__all__ = ["function", "before_op", "layout", "host_outputs"]
+__all__ = ["function", "before_op", "layout", "host_outputs", "cublas_workspace_bytes"]
 
 meta_kernels.install()
 

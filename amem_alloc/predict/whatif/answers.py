@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..introspection import format_bytes
-from ..replay.evaluation import align, signed_bytes
+from ...introspection import format_bytes
+from ...replay.evaluation import align, signed_bytes
 
 # the changes, cheapest first where they cost nothing (changes.py applies them; torch loads with it)
 NAMES = ("grads=set-to-none", "optimizer=fused", "optimizer=for-loop", "checkpoint=blocks", "checkpoint=sqrt")

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..introspection import format_bytes
-from ..replay.evaluation import signed_bytes
+from ...introspection import format_bytes
+from ...replay.evaluation import signed_bytes
 
 MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried"
 
@@ -104,7 +104,7 @@ class FitResult:
     def write_json(self, path: Any) -> Any:
         import json
 
-        from ..atomic_write import write_text
+        from ...atomic_write import write_text
 
         return write_text(path, json.dumps(self.to_dict(), indent=1))
 
@@ -238,8 +238,8 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
     """The largest value of `arg` that fits the card, per policy. target: a script's argv
     (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
     (called as target(value) under prediction). steps/timeout: per trial, as amem predict's."""
-    from . import api
-    from . import script as script_mod
+    from .. import api
+    from .. import script as script_mod
     from . import trial
 
     card = api.resolve_gpu(gpu, capacity_gb)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from . import changes as changes_mod
 from . import trial
-from .whatif import WhatIf
+from .answers import WhatIf
 
 
 def _result(change: Any, prediction: Any) -> WhatIf:
@@ -34,7 +34,7 @@ def run_one(name: str, body: Callable[[Any], None], base: Any, predicting: Any, 
 
 
 def _policies(base: Any) -> list:
-    from .. import policies as policies_mod
+    from ... import policies as policies_mod
 
     return [policies_mod.Policy(r.policy, r.conf, r.description) for r in base.rows]
 

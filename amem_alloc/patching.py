@@ -1,0 +1,166 @@
+"""Every change amem makes to another library's attributes goes through here: one declaration per
+change (what is replaced, by whom, and why), one mechanism that applies it and undoes it.
+
+Design note
+-----------
+amem replaces attributes of torch and of other libraries in two places: enable() makes torch's
+memory functions answer from amem (torch_patch.py), and prediction makes a whole process believe
+it has a GPU (predict/: the engine, the torch.cuda shims, distributed, what-ifs). Each such change
+is *declared* once, at import of the module that makes it:
+
+    PIN = declare("torch.Tensor", "pin_memory", "pinning needs a CUDA driver: an ordinary copy")
+
+and *applied* through a PatchSet, which records what was there and puts it back on exit, last
+change first, whatever happened in between:
+
+    with PatchSet() as patches:
+        patches.apply(PIN, torch.Tensor, "pin_memory", pin_memory)
+
+`apply` refuses a change that was not declared (so CATALOGUE, the table docs/predict.md prints,
+is every change amem can make), and restores exactly what it found: an attribute that a class
+inherited is deleted again rather than copied onto the class; one that did not exist is removed.
+A declaration's owner is the dotted path of what is patched, or words for what has no path (an
+optimizer instance, a user's model class); its attribute may name a family ("every in-place
+initializer"), where `apply` is then called once per member.
+
+Environment variables that amem sets for a prediction (a child's marker, torchrun's variables)
+go through `setenv` under a declaration too.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+_INHERITED = object()   # a class attribute that the class itself did not define
+_MISSING = object()     # an attribute (or environment variable) that did not exist
+
+
+@dataclass(frozen=True)
+class Patch:
+    owner: str        # what is patched: a dotted path ("torch.cuda"), or words ("an optimizer instance")
+    attribute: str    # the attribute replaced, or a family of them ("every in-place initializer")
+    why: str          # one line: what the replacement does and why amem needs it
+    by: str           # the module that declares (and applies) it
+
+
+CATALOGUE: list[Patch] = []
+
+
+def declare(owner: str, attribute: str, why: str) -> Patch:
+    """Declares a change (once per module import); the Patch to hand to PatchSet.apply."""
+    caller = sys._getframe(1).f_globals.get("__name__", "?")
+    patch = Patch(owner, attribute, why, caller)
+    if patch not in CATALOGUE:
+        CATALOGUE.append(patch)
+    return patch
+
+
+def declare_many(owner: str, attributes: Iterator[str] | list[str], why: str) -> dict[str, Patch]:
+    """One declaration per attribute, sharing `why` (a table of replacements, e.g. torch.cuda's)."""
+    caller = sys._getframe(1).f_globals.get("__name__", "?")
+    out = {}
+    for name in attributes:
+        patch = Patch(owner, name, why, caller)
+        if patch not in CATALOGUE:
+            CATALOGUE.append(patch)
+        out[name] = patch
+    return out
+
+
+def _own_value(obj: Any, name: str) -> Any:
+    if isinstance(obj, type):
+        return vars(obj).get(name, _INHERITED)
+    return getattr(obj, name, _MISSING)
+
+
+def _restore(obj: Any, name: str, value: Any) -> None:
+    if value is _INHERITED or value is _MISSING:
+        with contextlib.suppress(AttributeError):
+            delattr(obj, name)
+    else:
+        setattr(obj, name, value)
+
+
+def _restore_env(name: str, value: Any) -> None:
+    if value is _MISSING:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+class PatchSet:
+    """Applies declared changes and undoes them, last first, on exit (or close())."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self.applied: list[tuple[Patch, Any, str, Any]] = []   # (declaration, owner, name, what was there)
+
+    def apply(self, patch: Patch, obj: Any, name: str, replacement: Any) -> Any:
+        """Replaces obj.name by `replacement`; returns what was there (None if nothing was)."""
+        if patch not in CATALOGUE:
+            raise AssertionError(f"amem: an undeclared patch of {name!r} (declare it with amem_alloc.patching.declare)")
+        before = _own_value(obj, name)
+        setattr(obj, name, replacement)
+        self._stack.callback(_restore, obj, name, before)
+        self.applied.append((patch, obj, name, before))
+        return None if before in (_INHERITED, _MISSING) else before
+
+    def apply_all(self, patches: dict[str, Patch], obj: Any, replacements: dict[str, Any],
+                  existing_only: bool = False) -> None:
+        """apply() for each name of `replacements` (its declaration in `patches`); with existing_only,
+        names `obj` does not have are left alone."""
+        for name, value in replacements.items():
+            if existing_only and not hasattr(obj, name):
+                continue
+            self.apply(patches[name], obj, name, value)
+
+    def setenv(self, patch: Patch, name: str, value: str) -> None:
+        if patch not in CATALOGUE:
+            raise AssertionError(f"amem: an undeclared change of the environment variable {name!r}")
+        before = os.environ.get(name, _MISSING)
+        os.environ[name] = value
+        self._stack.callback(_restore_env, name, before)
+        self.applied.append((patch, os.environ, name, before))
+
+    def callback(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Something else to undo with the patches (in the same last-first order)."""
+        self._stack.callback(fn, *args)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "PatchSet":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def still_patched(applied: list[tuple[Patch, Any, str, Any]]) -> list[str]:
+    """Of the changes a closed PatchSet made, those not undone: what is there now is not what was
+    there before (for tests; empty when every change was put back)."""
+    out = []
+    for patch, obj, name, before in applied:
+        now = os.environ.get(name, _MISSING) if obj is os.environ else _own_value(obj, name)
+        if before in (_INHERITED, _MISSING):
+            if now not in (_INHERITED, _MISSING):
+                out.append(f"{patch.owner}.{name} (declared by {patch.by})")
+        elif now is not before:
+            out.append(f"{patch.owner}.{name} (declared by {patch.by})")
+    return out
+
+
+def markdown_table() -> str:
+    """CATALOGUE as the markdown table docs/predict.md shows (attributes sharing a reason on one row)."""
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for p in CATALOGUE:
+        rows.setdefault((p.by, p.owner, p.why), []).append(p.attribute)
+    lines = ["| module | patched | attributes | why |", "|---|---|---|---|"]
+    for (by, owner, why), names in sorted(rows.items()):
+        shown = ", ".join(f"`{n}`" for n in names) if len(names) <= 6 else \
+            ", ".join(f"`{n}`" for n in names[:6]) + f" and {len(names) - 6} more"
+        lines.append(f"| `{by}` | `{owner}` | {shown} | {why} |")
+    return "\n".join(lines)
