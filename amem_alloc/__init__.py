@@ -24,7 +24,7 @@ from .cuda import empty_cache, enable, fragmentation, is_enabled, memory_stats, 
 from .trace_export import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
 from .recording import record, tag
-from .report import render_report, write_report
+from .report import format_prediction, render_report, write_prediction_report, write_report
 from .snapshot import SnapshotError, build_snapshot, dump_snapshot, load_snapshot
 from .version import __version__
 
@@ -47,6 +47,7 @@ __all__ = [
     "empty_cache",
     "enable",
     "fit",
+    "format_prediction",
     "fragmentation",
     "is_enabled",
     "load_snapshot",
@@ -63,6 +64,7 @@ __all__ = [
     "rmm_csv",
     "segments",
     "tag",
+    "write_prediction_report",
     "write_report",
 ]
 _note_if_hook_inactive()  # AMEM_ENABLE=1 without the start-up hook: said, not silently ignored

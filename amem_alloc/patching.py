@@ -17,8 +17,9 @@ change first, whatever happened in between:
         patches.apply(PIN, torch.Tensor, "pin_memory", pin_memory)
 
 `apply` refuses a change that was not declared (so CATALOGUE, the table docs/predict.md prints,
-is every change amem can make), and restores exactly what it found: an attribute that a class
-inherited is deleted again rather than copied onto the class; one that did not exist is removed.
+is every change amem can make), and restores exactly what it found in the object's own __dict__:
+an attribute that a class (or an instance) inherited is deleted again rather than copied onto it;
+one that did not exist is removed.
 A declaration's owner is the dotted path of what is patched, or words for what has no path (an
 optimizer instance, a user's model class); its attribute may name a family ("every in-place
 initializer"), where `apply` is then called once per member.
@@ -34,8 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-_INHERITED = object()   # a class attribute that the class itself did not define
-_MISSING = object()     # an attribute (or environment variable) that did not exist
+_MISSING = object()   # an attribute the object did not hold itself (inherited, or absent), or an unset variable
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,16 @@ def declare_many(owner: str, attributes: Iterator[str] | list[str], why: str) ->
 
 
 def _own_value(obj: Any, name: str) -> Any:
-    if isinstance(obj, type):
-        return vars(obj).get(name, _INHERITED)
+    """What `obj` itself holds under `name` (its __dict__: a module's, a class's, an instance's), not
+    what it inherits from its class or bases; objects without a __dict__ answer getattr."""
+    own = getattr(obj, "__dict__", None)
+    if own is not None and hasattr(own, "get"):
+        return own.get(name, _MISSING)
     return getattr(obj, name, _MISSING)
 
 
 def _restore(obj: Any, name: str, value: Any) -> None:
-    if value is _INHERITED or value is _MISSING:
+    if value is _MISSING:
         with contextlib.suppress(AttributeError):
             delattr(obj, name)
     else:
@@ -106,7 +109,7 @@ class PatchSet:
         setattr(obj, name, replacement)
         self._stack.callback(_restore, obj, name, before)
         self.applied.append((patch, obj, name, before))
-        return None if before in (_INHERITED, _MISSING) else before
+        return None if before is _MISSING else before
 
     def apply_all(self, patches: dict[str, Patch], obj: Any, replacements: dict[str, Any],
                   existing_only: bool = False) -> None:
@@ -140,15 +143,16 @@ class PatchSet:
 
 
 def still_patched(applied: list[tuple[Patch, Any, str, Any]]) -> list[str]:
-    """Of the changes a closed PatchSet made, those not undone: what is there now is not what was
-    there before (for tests; empty when every change was put back)."""
+    """Of the changes closed PatchSets made (in order), those not undone: what each touched
+    attribute holds now is not what it held before the first change to it (for tests; empty when
+    everything was put back)."""
+    first: dict[tuple[int, str], tuple[Patch, Any, str, Any]] = {}
+    for entry in applied:
+        first.setdefault((id(entry[1]), entry[2]), entry)
     out = []
-    for patch, obj, name, before in applied:
+    for patch, obj, name, before in first.values():
         now = os.environ.get(name, _MISSING) if obj is os.environ else _own_value(obj, name)
-        if before in (_INHERITED, _MISSING):
-            if now not in (_INHERITED, _MISSING):
-                out.append(f"{patch.owner}.{name} (declared by {patch.by})")
-        elif now is not before:
+        if now is not before:
             out.append(f"{patch.owner}.{name} (declared by {patch.by})")
     return out
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import devices
+from .patching import PatchSet, declare_many
 from .recording import record
 from .snapshot import build_snapshot
 
@@ -35,7 +36,10 @@ PATCHED_NAMES = (
     "_record_memory_history",
 )
 
-_originals: dict[tuple[str, str], Any] = {}
+_WHY = "torch's memory functions report amem's figures while amem is the CUDA allocator (torch_patch.py)"
+MEMORY = declare_many("torch.cuda.memory", PATCHED_NAMES, _WHY)
+CUDA = declare_many("torch.cuda", PATCHED_NAMES, _WHY)
+_patches: list[PatchSet] = []   # the one active set (enable() patches once per process)
 
 
 def nest_stats(flat: dict[str, int]) -> dict[str, Any]:
@@ -92,27 +96,20 @@ REPLACEMENTS: dict[str, Callable[..., Any]] = {
 # ---------------------------------------------------------------- patching
 
 
-def _modules() -> list[tuple[str, Any]]:
+def patch() -> None:
+    """Installs the replacements (idempotent)."""
     import torch.cuda
     import torch.cuda.memory
 
-    return [("torch.cuda.memory", torch.cuda.memory), ("torch.cuda", torch.cuda)]
-
-
-def patch() -> None:
-    """Installs the replacements (idempotent)."""
-    for module_name, module in _modules():
-        for name in PATCHED_NAMES:
-            if not hasattr(module, name):
-                continue  # e.g. a private name torch.cuda does not re-export
-            _originals.setdefault((module_name, name), getattr(module, name))
-            setattr(module, name, REPLACEMENTS[name])
+    if _patches:
+        return
+    patches = PatchSet()
+    patches.apply_all(MEMORY, torch.cuda.memory, {n: REPLACEMENTS[n] for n in PATCHED_NAMES}, existing_only=True)
+    patches.apply_all(CUDA, torch.cuda, {n: REPLACEMENTS[n] for n in PATCHED_NAMES}, existing_only=True)
+    _patches.append(patches)
 
 
 def unpatch() -> None:
     """Restores torch's own functions."""
-    modules = dict(_modules())
-    for (module_name, name), original in _originals.items():
-        setattr(modules[module_name], name, original)
-    _originals.clear()
-
+    while _patches:
+        _patches.pop().close()

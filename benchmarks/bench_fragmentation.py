@@ -204,7 +204,7 @@ def predict_workload(name: str, size: int = 1, steps: int | None = None) -> repl
     torch.manual_seed(0)
     with predicting(policies=[], analyse=False) as run:
         workloads.get(name)(size, steps, "cuda", 0)
-    return run.live.program()
+    return run.recorded.program
 
 
 def predicted_cases(quick: bool, tmp: Path, keep: bool = False) -> list[Case]:

@@ -32,6 +32,10 @@ class DoubleSession:
         for lst in self.listeners:
             lst.on_marker(name)
 
+    def release(self):
+        for lst in self.listeners:
+            getattr(lst, "on_release", lambda: None)()
+
     def __enter__(self):
         self.entered = True
         return self

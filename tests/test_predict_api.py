@@ -40,10 +40,10 @@ def test_predict_answers_per_policy():
     assert p.row("torch-expandable").peak_reserved == (100 + 60 + 20) * MiB
     assert p.row("amem").peak_reserved == (128 + 40 + 10) * MiB
     assert p.row("amem-roundup4").peak_allocated > torch_row.peak_allocated
-    text = p.format_text()
+    text = amem_alloc.format_prediction(p)
     assert "PREDICTION without a GPU" in text and "yes*" in text and "emptying its cache" in text
     tight = amem_alloc.predict(_cache_then_bigger, capacity_gb=0.16, session_factory=DoubleSession)
-    assert not tight.row("torch").fits and "NO" in tight.format_text()
+    assert not tight.row("torch").fits and "NO" in amem_alloc.format_prediction(tight)
 
 
 def test_what_holds_memory_at_the_peak():
@@ -84,7 +84,7 @@ def test_trace_opens_in_torch_memory_viz_and_in_amem(tmp_path):
     assert "230.00 MiB" in text                                       # replayed: the same peak reserved
     out = amem_alloc.write_report(path, tmp_path / "r.html")
     assert "<html" in out.read_text()[:200].lower()
-    page = p.write_report(tmp_path / "p.html").read_text()
+    page = amem_alloc.write_prediction_report(p, tmp_path / "p.html").read_text()
     assert "Prediction (no GPU)" in page and "parameter" in page
 
 

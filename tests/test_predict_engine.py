@@ -343,3 +343,27 @@ def test_the_deadline_waits_while_a_free_is_being_recorded():
         s.storages.on_free = record
     assert frames and script._in_free_callback(frames[0])
     assert not script._in_free_callback(sys._getframe())
+
+
+# ============================================================================ autograd as CUDA runs it
+def _backward_adds(size: int) -> int:
+    """Allocations of `size` bytes by add.Tensor in backward, for a tensor two branches use."""
+    with FakeCudaSession() as s:
+        lin = torch.nn.Linear(256, 256).cuda()
+        h = lin(torch.randn(64, 256, device="cuda"))
+        (h.exp() + h.sin()).sum().backward()
+    return sum(1 for kind, key, n, _ in s.ops if kind == ALLOC and n == size
+               and s.infos[key].op == "add.Tensor" and s.infos[key].phase == "backward")
+
+
+def test_gradients_reaching_one_tensor_are_summed_in_place_as_cudas_engine_does(monkeypatch):
+    """h feeds exp and sin: their gradients meet in h's input buffer, which CUDA's engine sums in
+    place (input_buffer.cpp accumulate: the buffer holds the only reference); meta tensors would
+    take the out-of-place branch. rules/autograd.py's accumulate rule reads "only reference" from
+    use counts (SOLE_USES): a torch release that changes them fails here, not silently."""
+    from amem_alloc.predict.rules import autograd
+
+    size = 64 * 256 * 4
+    assert _backward_adds(size) == 0
+    monkeypatch.setattr(autograd, "SOLE_USES", (-1, -1))   # the rule never applies: one add out of place
+    assert _backward_adds(size) == 1

@@ -126,14 +126,20 @@ def test_grad_scaler_tensors_are_device_allocations_and_its_ops_run_in_place():
     assert allocs(s, "update", "end") == []
 
 
-def test_missing_meta_kernels_are_registered_only_where_torch_has_none():
+def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_while_a_session_runs():
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF:
-        if meta_kernels._exists(name):
+    names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF if meta_kernels._exists(n)]
+    before = {n: has(f"aten::{n}", "Meta") for n in names}
+    s = FakeCudaSession(**A100)
+    with s:
+        for name in names:
             assert has(f"aten::{name}", "Meta"), name
+        registered = list(s.meta_kernels.registered)
+    assert registered == [n for n in names if not before[n]]
+    assert {n: has(f"aten::{n}", "Meta") for n in names} == before   # torch is as it was
     if hasattr(torch._meta_registrations, "meta__fused_adam_"):   # torch's own Meta kernel is kept
-        assert "_fused_adam_" not in meta_kernels.registered
+        assert "_fused_adam_" not in registered
 
 
 # ============================================================================ batch norm

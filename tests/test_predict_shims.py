@@ -85,7 +85,7 @@ def test_memory_figures_follow_the_predicted_allocations():
                     (1024, 2 * MiB, 3 * MiB + 1024, 22 * MiB),
                     (1024, 2 * MiB, 1024, 2 * MiB)]
     # the program has the release where the script emptied the cache
-    assert [op[0] for op in run.live.ops] == [0, 0, 1, 2, 1]
+    assert [op[0] for op in run.recording.ops] == [0, 0, 1, 2, 1]
 
 
 def test_streams_and_events_keep_identity_and_do_nothing():

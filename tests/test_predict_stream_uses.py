@@ -12,8 +12,8 @@ MiB = 1 << 20
 
 def _events(run):
     """(kind, key) of the recorded program, allocations of 1 MiB and more only."""
-    sizes = {key: size for kind, key, size, _ in run.live.ops if kind == ALLOC}
-    return [(kind, key) for kind, key, _, _ in run.live.ops if sizes.get(key, 0) >= MiB]
+    sizes = {key: size for kind, key, size, _ in run.recording.ops if kind == ALLOC}
+    return [(kind, key) for kind, key, _, _ in run.recording.ops if sizes.get(key, 0) >= MiB]
 
 
 def test_a_free_waits_for_the_stream_it_was_used_on():
@@ -83,5 +83,5 @@ def test_bundled_fsdp_workload_predicts():
     with run:
         from amem_alloc import workloads
         workloads.get("fsdp")(1, 1, "cuda", 0, None)
-    streams = {stream for kind, _, _, stream in run.live.ops if kind == ALLOC}
+    streams = {stream for kind, _, _, stream in run.recording.ops if kind == ALLOC}
     assert len(streams) == 2 and run.result.row("torch").peak_allocated > 0

@@ -167,7 +167,7 @@ def test_cheapest_change_that_makes_it_fit_is_named(tmp_path):
                            what_if="grads=set-to-none,checkpoint=sqrt")
     assert not p.row("torch").fits
     assert whatif.cheapest(p, p.what_if) == {"torch": "checkpoint=sqrt"}
-    text = p.format_text()
+    text = amem_alloc.format_prediction(p)
     assert "cheapest change that makes it fit under torch: checkpoint=sqrt" in text
     data = json.loads(p.write_json(tmp_path / "p.json").read_text())
     assert data["cheapest_change"] == {"torch": "checkpoint=sqrt"}

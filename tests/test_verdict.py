@@ -76,7 +76,7 @@ def test_fits_or_not_by_how_much(prediction):
             assert said == (f"does not fit: needs {format_bytes(row.min_capacity)}, "
                             f"{format_bytes(row.min_capacity - usable)} more than usable")
     assert not all(r.fits for r in prediction.rows), "the card is chosen small enough for one not to fit"
-    text = prediction.format_text()
+    text = amem_alloc.format_prediction(prediction)
     head = text[:text.index("\npolicy ")]
     assert "Verdict for a 0.03 GiB device (usable" in head
     assert all(re.search(rf"  {r.policy} +\[[PGOACTW. |]+\] ", head) for r in prediction.rows), head
@@ -111,7 +111,7 @@ def _panel(page: str) -> str:
 
 
 def test_the_report_opens_with_the_verdict(prediction, tmp_path):
-    page = prediction.write_report(tmp_path / "r.html").read_text()
+    page = amem_alloc.write_prediction_report(prediction, tmp_path / "r.html").read_text()
     body = page[page.index("<body"):]
     assert body.index('id="verdict"') < body.index("Prediction (no GPU)")
     panel = _panel(page)
@@ -126,7 +126,7 @@ def test_the_report_opens_with_the_verdict(prediction, tmp_path):
 def test_the_verdict_panel_in_headless_chromium(prediction, tmp_path):
     from report_browser import render_pages
 
-    page = prediction.write_report(tmp_path / "r.html")
+    page = amem_alloc.write_prediction_report(prediction, tmp_path / "r.html")
     dom = render_pages([page], tmp_path)[0]
     panel = _panel(dom)
     rects = re.findall(r'<rect class="part"[^>]*>', panel)

@@ -14,8 +14,8 @@ def _steps(name, steps, **kw):
 
     with predicting(policies=[], analyse=False) as run:
         info = workloads.get(name)(1, steps, "cuda", 0, lambda i: run.marker("step"))
-    cuts = [0] + [i for i, name in run.live.markers if name == "step"]
-    per_step = [[size for kind, _, size, _ in run.live.ops[a:b] if kind == replay.ALLOC] for a, b in zip(cuts, cuts[1:])]
+    cuts = [0] + [i for i, name in run.recording.markers if name == "step"]
+    per_step = [[size for kind, _, size, _ in run.recording.ops[a:b] if kind == replay.ALLOC] for a, b in zip(cuts, cuts[1:])]
     return per_step, info
 
 

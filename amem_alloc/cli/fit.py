@@ -38,7 +38,9 @@ def fit_command(args: argparse.Namespace) -> int:
     result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
                          lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
                          progress=lambda line: print(line, flush=True))
-    print(result.format_text())
+    from ..report.prediction_text import format_fit
+
+    print(format_fit(result))
     if args.json:
         print(f"\nwrote {result.write_json(args.json)}")
     return 0

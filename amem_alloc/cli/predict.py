@@ -78,8 +78,12 @@ def predict_command(args: argparse.Namespace) -> int:
     if isinstance(result, int):
         return result
     whatif.from_cli(args, script, result, lambda run: _run_workload(run, args.workload, args.size, args.steps))
-    print(result.format_text())
-    predict_options.write_outputs(args, result.write_json, result.write_trace, result.write_report)
+    from ..report import predict as report_page
+    from ..report.prediction_text import format_prediction
+
+    print(format_prediction(result))
+    predict_options.write_outputs(args, result.write_json, result.write_trace,
+                                  lambda path: report_page.write(path, result.to_dict(), result.snapshot()))
     return 0
 
 

@@ -67,8 +67,10 @@ def predict_command(args: argparse.Namespace) -> int:
     result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
     if isinstance(result, int):
         return result
-    print(result.format_text())
-    predict_options.write_outputs(args, result.write_json, result.write_traces, result.write_report)
+    from ..report.prediction_text import format_ranks
+
+    print(format_ranks(result))
+    predict_options.write_outputs(args, result.write_json, result.write_traces, lambda path: _write_report(result, path))
     return 0
 
 
@@ -80,3 +82,18 @@ def _failures(call: Any) -> Any:
         return call()
     except predict_exits.failures() as failure:
         return predict_exits.status_of(failure)
+
+
+def _write_report(result: Any, path: str) -> list[Any]:
+    """The HTML report of each rank ({rank} in the path), or one page: the worst rank's, with every
+    rank's timeline side by side."""
+    from ..predict.distributed.per_rank import RANK_FIELD
+    from ..report import predict as report_page
+
+    if RANK_FIELD in path:
+        return [report_page.write(path.replace(RANK_FIELD, str(x.rank)), x.prediction.to_dict(), x.prediction.snapshot())
+                for x in result.ranks]
+    worst = result.worst.prediction
+    ranks = result.rank_snapshots() if len(result.ranks) > 1 else None
+    own = next(snap for rank, snap in ranks if rank == result.worst.rank) if ranks else worst.snapshot()
+    return [report_page.write(path, worst.to_dict(), own, ranks)]

@@ -60,9 +60,9 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
         else:
             info = workloads.get(workload)(size, steps, "cuda", 0, lambda i: run.marker("step"))
     seconds = time.perf_counter() - started
-    program = run.live.program()
+    program = run.recorded.program
     program.save(out_dir / "program.npz")
-    step_ops = [i for i, name in run.live.markers if name == "step"]
+    step_ops = [i for i, name in run.recording.markers if name == "step"]
     meta = {"workload": workload, "script": script, "size": size, "info": info, "pid": os.getpid(),
             "method": METHOD, "ops": len(program), "allocations": int((program.ops["kind"] == replay.ALLOC).sum()),
             "step_ops": step_ops, "steps": len(step_ops), "record_seconds": seconds, "torch": torch.__version__}

@@ -3,11 +3,11 @@ of code that builds its model and runs its step itself, on a machine with no GPU
 
     import amem_alloc
     p = amem_alloc.predict(train_step, gpu="H100-80GB")       # calls train_step() once
-    print(p.format_text()); p.row("torch").fits; p.write_trace("predicted.pickle")
+    print(amem_alloc.format_prediction(p)); p.row("torch").fits; p.write_trace("predicted.pickle")
 
     with amem_alloc.predicting(gpu="A100-40GB", policies="torch,amem-roundup4") as run:
         model = build(); step(model)
-    print(run.result.format_text())
+    print(amem_alloc.format_prediction(run.result))
 
 Design note
 -----------
@@ -25,20 +25,19 @@ from typing import Any, Callable
 
 from .. import policies as policies_mod
 from . import gpus as gpus_mod
+from . import state
 from .engine.children import ChildWatch
 from .shims.cuda import CudaShims, LiveAllocator
 from .notes import NotModelledError
 from .engine.values import DataDependentError
 from .analysis.prediction import Prediction, analyse
-
-
-_active = [0]  # predictions running (nested ones count once each)
+from .run import RecordedRun, RunRecorder
 
 
 def is_predicting() -> bool:
     """True while code runs under prediction: guard what needs real values with it, e.g.
     `if not amem_alloc.predict.is_predicting(): print(loss.item())`."""
-    return _active[0] > 0
+    return state.current() is not None
 
 
 def engine() -> tuple[type, type]:
@@ -69,8 +68,9 @@ def resolve_policies(policies: Any = None) -> list[policies_mod.Policy]:
 
 
 class predicting:  # noqa: N801 - used like a function in `with`
-    """Context manager: the body runs under prediction; `.result` (a Prediction) after a clean exit.
-    analyse=False skips the per-policy analysis (`.live.ops` is the recorded program)."""
+    """Context manager: the body runs under prediction; `.recorded` (the RecordedRun) and `.result`
+    (a Prediction) after a clean exit. analyse=False skips the per-policy analysis
+    (`.recording.ops` is the program so far, `.recorded` the whole run)."""
 
     def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
                  policies: Any = None, live_policy: str = "torch", device_count: int = 1,
@@ -88,7 +88,9 @@ class predicting:  # noqa: N801 - used like a function in `with`
         self.child_reports: list[dict] = []   # children that used CUDA (children.py)
         self.live = LiveAllocator(self.live_policy.conf)
         self.session: Any = None
+        self.recording: RunRecorder | None = None   # the one listener that writes the run (run.py)
         self.shims: CudaShims | None = None
+        self.recorded: RecordedRun | None = None
         self.result: Prediction | None = None
         self._started = 0.0
 
@@ -101,23 +103,25 @@ class predicting:  # noqa: N801 - used like a function in `with`
         options = {"strict": True} if self.strict else {}
         self.session = factory(device_count=self.device_count, device_name=self.gpu.name,
                                capability=self.gpu.capability, total_memory=self.gpu.total_memory, **options)
+        self.recording = getattr(self.session, "recording", None)
+        if self.recording is None:   # an engine that keeps no recording of its own (a test double)
+            self.recording = RunRecorder()
+            self.session.add_listener(self.recording)
         self.session.add_listener(self.live)
         self.session.__enter__()
         try:
             if self._use_shims:
-                self.shims = CudaShims(self.gpu, self.live, self.device_count)
+                self.shims = CudaShims(self.gpu, self.live, self.session, self.recording, self.device_count)
                 self.shims.__enter__()
         except BaseException:
             self.session.__exit__(None, None, None)
             raise
         self.children.__enter__()
         self._started = time.perf_counter()
-        _active[0] += 1
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        recording = time.perf_counter() - self._started
-        _active[0] -= 1
+        seconds = time.perf_counter() - self._started
         try:
             self.children.__exit__(exc_type, exc, tb)
             self.child_reports = self.children.reports()
@@ -130,13 +134,12 @@ class predicting:  # noqa: N801 - used like a function in `with`
             first = self.child_reports[0]
             raise NotModelledError(f"{first['what']} (pid {first['pid']}): prediction models one process",
                                    first["where"])
-        if exc_type is None and self._analyse:
-            infos = dict(self.live.infos)
-            infos.update(getattr(self.session, "infos", None) or {})  # the engine's final word on each storage
-            self.result = analyse(self.target, self.gpu, self.policies, self.live.ops, infos,
-                                  self.live.markers, self.live_policy.conf, recording,
-                                  notes=self.session.notes.as_list() if hasattr(self.session, "notes") else [])
-            self.result.autocast_keys = frozenset(getattr(self.session, "autocast_keys", ()))  # autocast.py
+        if exc_type is None:
+            notes = self.session.notes.as_list() if hasattr(self.session, "notes") else []
+            self.recorded = self.recording.finish(self.target, notes, self.live_policy.conf,
+                                                  getattr(self.session, "autocast_keys", ()), seconds)
+            if self._analyse:
+                self.result = analyse(self.recorded, self.gpu, self.policies)
         return False
 
 
@@ -145,7 +148,8 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
             device_count: int = 1, session_factory: Callable[..., Any] | None = None, strict: bool = False,
             what_if: Any = None, blocks: str | None = None, **kwargs: Any) -> Prediction:
     """Runs fn(*args, **kwargs) once under prediction; returns the Prediction (peaks per policy,
-    min capacity, fits, what holds memory at the peak; .write_json/.write_trace/.write_report).
+    min capacity, fits, what holds memory at the peak; .write_json/.write_trace; its text and page:
+    amem_alloc.format_prediction and amem_alloc.write_prediction_report).
     what_if: changes (whatif.NAMES, a list or 'a,b' or 'all'): fn runs again once per change, with the
     change applied by amem (blocks: the stack to checkpoint); the answers are in `.what_if`."""
     if not callable(fn):

@@ -100,20 +100,12 @@ class Notes:
         return [n.as_dict() for n in self]
 
 
-_current: list[Notes] = []
-
-
-def activate(notes: Notes) -> None:
-    _current.append(notes)
-
-
-def deactivate(notes: Notes) -> None:
-    if notes in _current:
-        _current.remove(notes)
-
-
 def current() -> Notes | None:
-    return _current[-1] if _current else None
+    """The notes of the prediction running now (state.py), or None outside one."""
+    from . import state
+
+    st = state.current()
+    return st.notes if st is not None else None
 
 
 def record(kind: str, what: str, nbytes: int = 0, where: str | None = None) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import itertools
 import time
 
+from ..categories import TRACER_CATEGORIES
+
 PHASES = ("forward", "backward", "optimizer", "other")
 # torch.profiler._memory_profiler.Category, in lower case; None where none of them fits.
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "input", "activation", "temporary", "autograd_detail")
+CATEGORIES = TRACER_CATEGORIES   # the profiler's categories (amem_alloc/categories.py: one table)
 # What a saved tensor is (SlotRecord.kind). Parameters and buffers are model state, not activations.
 MODEL_STATE_KINDS = ("parameter", "buffer")
 

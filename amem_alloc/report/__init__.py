@@ -29,7 +29,23 @@ from . import html as _html
 from .data import report_data
 from .provenance import section as provenance_section
 
-__all__ = ["render_ranks_report", "render_report", "write_ranks_report", "write_report"]
+__all__ = ["format_prediction", "render_ranks_report", "render_report", "write_prediction_report",
+           "write_ranks_report", "write_report"]
+
+
+def format_prediction(prediction, top: int = 8) -> str:
+    """A prediction's text, what `amem predict` prints (a Prediction from amem_alloc.predict, or its JSON)."""
+    from .prediction_text import format_prediction as text
+
+    return text(prediction, top)
+
+
+def write_prediction_report(prediction, path) -> Path:
+    """A prediction's HTML page, what `amem predict --report` writes (anything with to_dict() and
+    snapshot(): amem_alloc.predict's Prediction)."""
+    from .predict import write
+
+    return write(path, prediction.to_dict(), prediction.snapshot())
 
 
 def _subtitle(source: str, data: dict) -> str:

@@ -23,6 +23,13 @@ REPLAY_ORDER = ("Predicted run: the x axis is replay order (the n-th allocator e
                 "not time.")
 
 
+def write(path, prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | None = None):
+    """Writes the page (render's) to `path`, whole or not at all; returns the path."""
+    from ..atomic_write import write_text
+
+    return write_text(path, render(prediction, snapshot, ranks))
+
+
 def render(prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | None = None) -> str:
     """The page for a prediction's to_dict() and its snapshot; with `ranks` ((rank, snapshot) of
     every rank of a distributed job, this prediction being one of them) the ranks side by side

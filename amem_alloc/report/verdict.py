@@ -4,27 +4,24 @@ against the card's usable memory, split into what fills it.
 Design note
 -----------
 The data is predict/verdict.py's `verdict(p)` (the JSON's "verdict": per policy its parts, peak
-reserved and what it says) and the what-if JSON (`what_if`, `cheapest_change`: predict/whatif.py's
-to_json); nothing here reads a prediction object. GROUPS is the one table of the verdict's groups:
-which of the Tracer's categories each holds (predict/verdict.py sums them), its colour here and its
-letter in the text bar. The bars are inline SVG (no script needed, so the panel reads the same in a
-browser and in a test).
+reserved and what it says) and the what-if JSON (`what_if`, `cheapest_change`: predict/whatif/
+answers.py's to_json); nothing here reads a prediction object. Which categories each group holds is
+amem_alloc/categories.py's (predict/analysis/verdict.py sums them); each group's colour and its
+letter in the text bar are here (STYLE). The bars are inline SVG (no script needed, so the panel
+reads the same in a browser and in a test); `text_lines` is the verdict as text.
 """
 from __future__ import annotations
 
+from .. import categories
 from ..introspection import format_bytes
 from .html import esc
 
-GROUPS = (  # (label, colour, the Tracer's categories, the letter of the text bar)
-    ("parameters", "#4e79a7", ("parameter", "parameter (gathered)", "buffer"), "P"),
-    ("gradients", "#f28e2b", ("gradient",), "G"),
-    ("optimizer state", "#e15759", ("optimizer_state",), "O"),
-    ("activations", "#76b7b2", ("activation", "autograd_detail"), "A"),
-    ("autocast copies", "#59a14f", (), "C"),
-    ("temporaries", "#edc948", None, "T"),               # None: every category not named elsewhere
-    ("workspaces", "#b07aa1", ("workspace",), "W"),
-    ("cached but free", "#bab0ac", (), "."),
-)
+# Each group of the verdict (amem_alloc/categories.py says which categories it holds): its colour
+# here and its letter in the text bar.
+STYLE = {"parameters": ("#4e79a7", "P"), "gradients": ("#f28e2b", "G"), "optimizer state": ("#e15759", "O"),
+         "activations": ("#76b7b2", "A"), "autocast copies": ("#59a14f", "C"), "temporaries": ("#edc948", "T"),
+         "workspaces": ("#b07aa1", "W"), "cached but free": ("#bab0ac", ".")}
+GROUPS = tuple((label, STYLE[label][0], cats, STYLE[label][1]) for label, cats in categories.GROUPS)
 BAR_WIDTH = 600     # px of the usable memory in the panel
 
 
@@ -79,3 +76,23 @@ def _what_if_table(what_if: dict) -> str:
             "<th>change</th><th>policy</th><th>peak allocated</th><th>peak reserved</th><th>fits</th>"
             f"<th>saving (reserved)</th></tr>{''.join(body)}</table>"
             + (f"<p>Cheapest change that makes it fit:</p><ul>{cheapest}</ul>" if picks else ""))
+
+
+# ============================================================================ text
+def _bar(split: dict[str, int], usable: int, width: int = 50) -> str:
+    scale = width / max(usable, 1)
+    cells = ""
+    for label, _, _, letter in GROUPS:
+        cells += letter * round(split.get(label, 0) * scale)
+    return cells[:width] + "|" + cells[width:] if len(cells) > width else cells.ljust(width) + "|"
+
+
+def text_lines(v: dict) -> list[str]:
+    """The lines that open `amem predict`'s text, from the verdict's data (the JSON's "verdict")."""
+    lines = [f"Verdict for {v['card']} (usable {format_bytes(v['usable_bytes'])}; '|' marks it):"]
+    width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
+    for r in v["policies"]:
+        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'])}] {r['says']}")
+    legend = ", ".join(f"{letter} {label}" for label, _, _, letter in GROUPS)
+    lines.append(f"  ({legend}; parts as live at the peak of allocated memory)")
+    return lines + [""]

@@ -4,8 +4,8 @@ Design note
 -----------
 For each policy, the peak reserved memory against the card's usable memory, split into what the
 storages live at the peak of allocated memory are (the Tracer's categories, grouped as
-report/verdict.py's GROUPS say: parameters, gradients, optimizer state, activations, autocast
-copies, temporaries, workspaces) and what the policy reserved beyond them (cached but free:
+amem_alloc/categories.py's GROUPS say: parameters, gradients, optimizer state, activations,
+autocast copies, temporaries, workspaces) and what the policy reserved beyond them (cached but free:
 fragmentation and the cache). Those parts are measured at the peak of allocated memory, the same
 for every policy; the policy's peak reserved may come at another moment, so "cached but free" is
 peak reserved less allocated at that peak (never below 0). Autocast copies are the storages that
@@ -13,33 +13,26 @@ autocast's casts made (predict/autocast.py notes each cast it makes); the rest o
 the Tracer says.
 
 `verdict(p)` is the data (the JSON's "verdict", from which report/verdict.py draws the panel that
-opens the predict report); `text_lines` the text that opens `amem predict`'s output.
+opens the predict report and the lines that open `amem predict`'s text).
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ...categories import GROUPS, group_of
 from ...introspection import format_bytes
-from ...report.verdict import GROUPS
-
-
-def _group_of(category: str) -> str:
-    for label, _, cats, _ in GROUPS:
-        if cats and category in cats:
-            return label
-    return "temporaries"
 
 
 def parts_at_peak(p: Any) -> dict[str, int]:
     """Bytes live at the peak of allocated memory per group (cached but free left out)."""
-    out = {label: 0 for label, *_ in GROUPS if label != "cached but free"}
+    out = {label: 0 for label, _ in GROUPS if label != "cached but free"}
     autocast = getattr(p, "autocast_keys", frozenset())
     for key, n in (p.at_peak.live or {}).items():
         if key in autocast:
             out["autocast copies"] += n
         else:
             info = p.infos.get(key)
-            out[_group_of(getattr(info, "category", None) or "unknown")] += n
+            out[group_of(getattr(info, "category", None) or "unknown")] += n
     return out
 
 
@@ -67,23 +60,3 @@ def says(r: Any, usable: int) -> str:
         return (f"fits only by emptying its cache when a cudaMalloc fails (needs {format_bytes(r.min_capacity)}; "
                 f"peak reserved {format_bytes(r.peak_reserved)})")
     return f"fits, {format_bytes(r.headroom)} to spare"
-
-
-# ============================================================================ text
-def _bar(split: dict[str, int], usable: int, width: int = 50) -> str:
-    scale = width / max(usable, 1)
-    cells = ""
-    for label, _, _, letter in GROUPS:
-        cells += letter * round(split.get(label, 0) * scale)
-    return cells[:width] + "|" + cells[width:] if len(cells) > width else cells.ljust(width) + "|"
-
-
-def text_lines(v: dict) -> list[str]:
-    """The lines that open `amem predict`'s text, from verdict(p)."""
-    lines = [f"Verdict for {v['card']} (usable {format_bytes(v['usable_bytes'])}; '|' marks it):"]
-    width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
-    for r in v["policies"]:
-        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'])}] {r['says']}")
-    legend = ", ".join(f"{letter} {label}" for label, _, _, letter in GROUPS)
-    lines.append(f"  ({legend}; parts as live at the peak of allocated memory)")
-    return lines + [""]

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...patching import PatchSet, declare
 from ..engine import stream_uses
 
 _c10d = torch.ops.c10d
@@ -73,7 +74,7 @@ class CollectiveMode(TorchDispatchMode):
         receive): one per process group, as ProcessGroupNCCL keeps one per device."""
         name = group if isinstance(group, str) else _group_name(group)
         if name not in self.streams:
-            from ..shims.cuda import FakeStream
+            from ..shims.devices import FakeStream
             self.streams[name] = FakeStream().stream_id
         return self.streams[name]
 
@@ -178,24 +179,30 @@ class WorkWaits:
         from torch._C._distributed_c10d import FakeWork, Work
         from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-        self.saved = [(cls, "wait", cls.__dict__["wait"]) for cls in (Work, FakeWork) if "wait" in cls.__dict__]
-        self.saved += [(dist, name, getattr(dist, name)) for name in _WAITING_INSIDE if hasattr(dist, name)]
-        for owner, name, original in self.saved:
-            setattr(owner, name, _waiting(original, self.mode))
+        self.patches = PatchSet()
+        for cls in (Work, FakeWork):
+            if "wait" in cls.__dict__:
+                self.patches.apply(WORK_WAIT, cls, "wait", _waiting(cls.__dict__["wait"], self.mode))
+        for name in _WAITING_INSIDE:
+            if hasattr(dist, name):
+                self.patches.apply(WAITING_INSIDE, dist, name, _waiting(getattr(dist, name), self.mode))
         # An AsyncCollectiveTensor waits from inside its own __torch_dispatch__, where this mode is
         # popped and wait_tensor would reach its meta kernel (a copy): it waits here instead.
         act = AsyncCollectiveTensor
-        self.saved += [(act, "trigger_wait", act.trigger_wait), (act, "wait", act.wait)]
-        act.trigger_wait = _act_waiting(self.mode, once=True)
-        act.wait = _act_waiting(self.mode, once=False)
+        self.patches.apply(ACT_WAIT, act, "trigger_wait", _act_waiting(self.mode, once=True))
+        self.patches.apply(ACT_WAIT, act, "wait", _act_waiting(self.mode, once=False))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for owner, name, original in self.saved:
-            setattr(owner, name, original)
+        self.patches.close()
 
 
 _WAITING_INSIDE = ("_broadcast_coalesced",)
+WORK_WAIT = declare("torch._C._distributed_c10d.Work, FakeWork", "wait",
+                    "work.wait(): the current stream waits for the NCCL streams (held frees complete)")
+WAITING_INSIDE = declare("torch.distributed", "_broadcast_coalesced", "C++ that waits for its works inside waits too")
+ACT_WAIT = declare("torch.distributed._functional_collectives.AsyncCollectiveTensor", "trigger_wait, wait",
+                   "its first use waits for the NCCL streams here (inside its dispatch the mode is popped)")
 
 
 def _act_waiting(mode: CollectiveMode, once: bool):

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ...patching import PatchSet, declare, declare_many
+
 
 def _allreduce_in_place(group, bucket):  # DDP checks the annotations: set below
     import torch
@@ -57,7 +59,7 @@ class _Buckets:
     storages it makes and keeps (its buckets) are gradients (they hold them: the Tracer's category)."""
 
     def __init__(self, session: Any, device: str, waited: Callable[[], None]) -> None:
-        from ..engine.execution import _Device
+        from ..engine.devices import OnDevice as _Device
 
         self.session, self.device, self.waited = session, _Device(device), waited
 
@@ -101,24 +103,23 @@ class FakeGroupDDP:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.saved = [(DDP, name, DDP.__dict__[name]) for name in _WRAPPED]
-        self.original_reducer = dist.Reducer
-        dist.Reducer = _reducer_class(dist.Reducer, self.session, self.waited)
+        self.patches = PatchSet()
+        self.patches.apply(REDUCER, dist, "Reducer", _reducer_class(dist.Reducer, self.session, self.waited))
         _annotate()
-        DDP.register_comm_hook = _noting_hook(DDP.register_comm_hook)
-        DDP._register_builtin_comm_hook = _noting_hook(DDP._register_builtin_comm_hook)
-        DDP.forward = _hooked_at_first_forward(DDP.forward)
+        for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+            self.patches.apply(DDP_HOOKS[name], DDP, name, _noting_hook(getattr(DDP, name)))
+        self.patches.apply(DDP_HOOKS["forward"], DDP, "forward", _hooked_at_first_forward(DDP.forward))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import torch.distributed as dist
-
-        for owner, name, original in self.saved:
-            setattr(owner, name, original)
-        dist.Reducer = self.original_reducer
+        self.patches.close()
 
 
-_WRAPPED = ("register_comm_hook", "_register_builtin_comm_hook", "forward")
+REDUCER = declare("torch.distributed", "Reducer", "DDP's buckets are allocated on the parameters' (fake CUDA) device")
+DDP_HOOKS = {**declare_many("torch.nn.parallel.DistributedDataParallel", ("register_comm_hook", "_register_builtin_comm_hook"),
+                            "notes that the DDP has a comm hook of the script's"),
+             "forward": declare("torch.nn.parallel.DistributedDataParallel", "forward",
+                                "a DDP with no comm hook of the script's gets the in-place all-reduce at its first forward")}
 
 
 def _noting_hook(register: Callable) -> Callable:

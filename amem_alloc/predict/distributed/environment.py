@@ -12,7 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ...patching import PatchSet, declare
 from .launch import Launch
+
+TORCHRUN_VARIABLES = declare("os.environ", "torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...)",
+                             "each in-process rank sees the environment torchrun would give it")
 
 
 def rank_variables(launch: Launch, rank: int) -> dict[str, str]:
@@ -32,17 +36,13 @@ class RankEnvironment:
 
     def __init__(self, launch: Launch, rank: int) -> None:
         self.values = rank_variables(launch, rank)
-        self.saved: dict[str, str | None] = {}
+        self.patches = PatchSet()
 
     def __enter__(self) -> "RankEnvironment":
         for name, value in self.values.items():
-            self.saved[name] = os.environ.get(name)
-            os.environ[name] = value
+            self.patches.setenv(TORCHRUN_VARIABLES, name, value)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for name, value in self.saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        self.patches.close()
+        self.patches = PatchSet()

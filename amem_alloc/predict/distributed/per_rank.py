@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...introspection import format_bytes
-from ...replay.evaluation import align
 from ..analysis.prediction import NOTE, Prediction
 from .launch import Launch
 
@@ -75,36 +73,13 @@ class RankPrediction:
                              f"(e.g. trace_rank{RANK_FIELD}.pickle)")
         return [x.prediction.write_trace(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
 
-    def write_report(self, path: str) -> list[Path]:
-        """The HTML report of each rank ({rank} in the path), or one page: the worst rank's, with
-        every rank's timeline side by side."""
-        if RANK_FIELD in path:
-            return [x.prediction.write_report(path.replace(RANK_FIELD, str(x.rank))) for x in self.ranks]
-        ranks = [(x.rank, x.prediction) for x in self.ranks] if len(self.ranks) > 1 else None
-        return [self.worst.prediction.write_report(path, ranks)]
-
-    # ---------------------------------------------------------------- text
-    def format_text(self) -> str:
-        worst = self.worst
-        launch = self.launch
-        lines = [f"amem predict: {launch.world_size} ranks ({launch.nnodes} node{'s' if launch.nnodes > 1 else ''} "
-                 f"x {launch.nproc_per_node} processes), {len(self.ranks)} predicted, "
-                 f"{len(self.distinct())} distinct program{'s' if len(self.distinct()) > 1 else ''}", ""]
-        lines += _rank_table(self.ranks)
-        lines += ["", f"worst rank: {worst.rank} (the one that needs the most memory under "
-                      f"{worst.prediction.rows[0].policy}); its prediction:", ""]
-        lines.append(worst.prediction.format_text())
-        return "\n".join(lines)
-
-
-def _rank_table(ranks: list[RankResult]) -> list[str]:
-    policies = [r.policy for r in ranks[0].prediction.rows]
-    headers = ["rank", "same as", "peak allocated"] + [f"reserved {p}" for p in policies] + ["fits"]
-    body = []
-    for x in ranks:
-        rows = x.prediction.rows
-        fitting = [r.policy for r in rows if r.fits]
-        fits = "all" if len(fitting) == len(rows) else ", ".join(fitting) or "none"
-        body.append([str(x.rank), "-" if x.same_as is None else str(x.same_as), format_bytes(rows[0].peak_allocated)]
-                    + [format_bytes(r.peak_reserved) for r in rows] + [fits])
-    return align([headers] + body, text_columns=2)
+    def rank_snapshots(self) -> list[tuple[int, dict]]:
+        """Every rank's predicted snapshot, for the ranks' page (equal ranks' built once)."""
+        built: dict[int, dict] = {}
+        out = []
+        for x in self.ranks:
+            key = x.prediction.run_key()
+            if key not in built:
+                built[key] = x.prediction.snapshot()
+            out.append((x.rank, built[key]))
+        return out

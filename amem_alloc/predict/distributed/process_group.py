@@ -35,11 +35,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...patching import PatchSet, declare, declare_many
 from .. import notes
 from . import object_collectives
 from .launch import Launch
 
 FAKE = "fake"
+INIT_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d", "init_process_group",
+                             "every process group is torch's fake one (no network), for this rank of the launch")
+OBJECT_COLLECTIVES = declare_many("torch.distributed, torch.distributed.distributed_c10d", object_collectives.FUNCTIONS,
+                                  "object collectives answer from the rank's own objects (object_collectives.py)")
+ACCELERATOR = declare("torch._C", "_get_accelerator", "the accelerator is CUDA (torch asks the C++ runtime)")
+VERIFY_PARAMS = declare("torch.distributed", "_verify_params_across_processes",
+                        "DDP's check of parameter shapes across ranks: nothing to compare with one rank at a time")
+TORCH_META = declare("torch", "meta", "torch.meta (what torch.get_device_module(\"meta\") finds) answers as torch.cuda")
+FSDP1_INIT = declare("torch.distributed.fsdp.FullyShardedDataParallel", "__init__",
+                     "FSDP1 with CPU offload is refused with one line (not modelled)")
 
 
 FSDP1_OFFLOAD_REFUSED = ("FSDP1 (FullyShardedDataParallel) with CPUOffload(offload_params=True) is not modelled "
@@ -73,11 +84,7 @@ class FakeWorld:
 
     def __init__(self, launch: Launch, rank: int) -> None:
         self.launch, self.rank = launch, rank
-        self._saved: list[tuple[Any, str, Any, bool]] = []
-
-    def _set(self, obj: Any, name: str, value: Any) -> None:
-        self._saved.append((obj, name, getattr(obj, name, None), hasattr(obj, name)))
-        setattr(obj, name, value)
+        self.patches = PatchSet()
 
     def __enter__(self) -> "FakeWorld":
         import torch
@@ -102,15 +109,16 @@ class FakeWorld:
 
         objects = object_collectives.replacements({name: getattr(c10d, name) for name in object_collectives.FUNCTIONS})
         for module in (c10d, dist):
-            self._set(module, "init_process_group", init_process_group)
+            self.patches.apply(INIT_PROCESS_GROUP, module, "init_process_group", init_process_group)
             for name, function in objects.items():
-                self._set(module, name, function)
-        self._set(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
-        self._set(dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
-        self._set(torch, "meta", torch.cuda)
+                self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
+        self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        self.patches.apply(VERIFY_PARAMS, dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
+        self.patches.apply(TORCH_META, torch, "meta", torch.cuda)
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        self._set(FullyShardedDataParallel, "__init__", _refusing_cpu_offload(FullyShardedDataParallel.__init__))
+        self.patches.apply(FSDP1_INIT, FullyShardedDataParallel, "__init__",
+                           _refusing_cpu_offload(FullyShardedDataParallel.__init__))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -121,9 +129,5 @@ class FakeWorld:
                 dist.destroy_process_group()
             _forget_accelerate_state()
         finally:
-            while self._saved:
-                obj, name, value, existed = self._saved.pop()
-                if existed:
-                    setattr(obj, name, value)
-                else:
-                    delattr(obj, name)
+            self.patches.close()
+            self.patches = PatchSet()

@@ -37,8 +37,7 @@ def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
     """The per-policy analysis that `predicting` makes on exit (api.py), of one rank's recording."""
     from ..analysis.prediction import analyse
 
-    return analyse(recording.target, gpu, policies, recording.ops, recording.infos, recording.markers,
-                   recording.trace_conf, recording.seconds, notes=recording.notes)
+    return analyse(recording.run, gpu, policies)
 
 
 def _equal_rank(first: Any, recording: Recording) -> Any:
@@ -46,7 +45,7 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
     programs can read different values: a rank that receives a broadcast stands in for it)."""
     from ..analysis.prediction import shown_notes
 
-    return dataclasses.replace(first, notes=shown_notes(recording.notes, first.script_folder))
+    return dataclasses.replace(first, notes=shown_notes(recording.run.notes, first.script_folder))
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
@@ -66,10 +65,8 @@ def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies
                 timeout: float, strict: bool) -> Recording:
     """One rank's script run under prediction, as its Recording."""
     run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
-    infos = dict(run.live.infos)
-    infos.update(getattr(run.session, "infos", None) or {})  # the engine's final word on each storage
-    return Recording(rank, run.target, run.live.ops, list(run.live.markers), infos, run.live_policy.conf,
-                     run.session.notes.as_list(), done, seconds)
+    run.recorded.seconds = seconds
+    return Recording(rank, run.recorded, done)
 
 
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,

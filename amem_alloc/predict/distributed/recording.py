@@ -3,9 +3,9 @@ worker processes when the machine has the cores.
 
 Design note
 -----------
-A rank's recording (`Recording`) is what its analysis needs and nothing live: the program (ops,
-markers), what each storage is (infos), the notes, the run's target and live policy, its
-signature (equal programs, equal signatures) and how long it took. Recording is most of a
+A rank's recording (`Recording`) is what its analysis needs and nothing live: its RecordedRun
+(run.py: the program, what each storage is, the notes, the target, the live policy, how long it
+took), the steps its script made, and its signature (equal programs, equal signatures). Recording is most of a
 distributed prediction's time, and ranks are independent (each runs the whole script on its own
 fake world). With W > 1 usable cores and more than two ranks, the first rank is recorded here,
 which builds once what every rank's run shares (the script's imports, torch's first-call caches:
@@ -48,18 +48,17 @@ _POLL_S = 1.0   # how often the parent checks that its workers are alive while i
 @dataclass
 class Recording:
     rank: int
-    target: str
-    ops: list[tuple]
-    markers: list[tuple]
-    infos: dict[int, Any]
-    trace_conf: str
-    notes: list[dict]
+    run: Any            # the rank's RecordedRun (predict/run.py)
     steps: int          # optimizer steps the script made
-    seconds: float      # the rank's recording, wall time
     signature: str = ""
 
     def __post_init__(self) -> None:
-        self.signature = self.signature or program_signature(self.ops, self.markers)
+        self.signature = self.signature or program_signature(self.run.ops, self.run.markers)
+
+    @property
+    def seconds(self) -> float:
+        """The rank's recording, wall time."""
+        return self.run.seconds
 
 
 def program_signature(ops: list[tuple], markers: list[tuple]) -> str:

@@ -27,6 +27,8 @@ import weakref
 
 import torch
 
+from .. import state
+
 LOWER = {"conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
          "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__",
          "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "multi_dot", "linalg_multi_dot",
@@ -44,21 +46,15 @@ FP32_OPT_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put", "scatter_add",
            "tensordot", "stack", "cat", "concat", "concatenate", "index_copy"}
 
-_cache: dict[int, tuple] = {}   # id(leaf) -> (weakref to leaf, cast copy)
-_session = None
-
-
-def install(session) -> None:
-    global _session
-    _session = session
-
-
 def active() -> bool:
-    return _session is not None and torch.is_autocast_enabled("cuda")
+    return state.current() is not None and torch.is_autocast_enabled("cuda")
 
 
 def clear_cache() -> None:
-    _cache.clear()
+    """Drops the emulated cast cache where torch drops its own (torch.clear_autocast_cache)."""
+    st = state.current()
+    if st is not None:
+        st.autocast_cache.clear()
 
 
 def _eligible(t, mode) -> bool:
@@ -71,22 +67,23 @@ def _cast(t, dtype, mode):
     cacheable = (t.is_leaf and t.requires_grad and dtype != torch.float32 and t.dtype == torch.float32
                  and not t._is_view() and torch.is_autocast_cache_enabled()
                  and not torch.is_inference_mode_enabled())   # torch >= 2.9 never caches in inference mode
+    cache = state.current().autocast_cache
     if cacheable:
-        hit = _cache.get(id(t))
+        hit = cache.get(id(t))
         if hit is not None and hit[0]() is t:
             return hit[1]
     out = t.to(dtype)
     _note_copy(out, mode)
     if cacheable:
-        _cache[id(t)] = (weakref.ref(t), out)
+        cache[id(t)] = (weakref.ref(t), out)
     return out
 
 
 def _note_copy(out, mode) -> None:
     """The session's set of storages that autocast's casts made (the verdict shows them apart)."""
     key = mode.storages.key_of(out)
-    if key is not None and _session is not None:
-        _session.__dict__.setdefault("autocast_keys", set()).add(key)
+    if key is not None:
+        state.current().autocast_keys.add(key)
 
 
 def _map(x, fn):

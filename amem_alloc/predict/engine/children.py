@@ -26,9 +26,15 @@ import shutil
 import sys
 import tempfile
 
+from ...patching import PatchSet, declare
 from ..notes import NotModelledError, call_site
 
 ENV = "AMEM_PREDICT_CHILD_REPORTS"
+CHILD_FOLDER = declare("os.environ", ENV, "children of a predicted script write what they did with CUDA there")
+PROCESS_START = declare("multiprocessing.process.BaseProcess", "start",
+                        "a child's target is guarded: its first use of CUDA stops it with one line")
+CHILD_LAZY_INIT = declare("torch.cuda (in a spawned child)", "_lazy_init", "CUDA's first touch stops the child")
+CHILD_AVAILABLE = declare("torch.cuda (in a spawned child)", "is_available", "the child's code takes its CUDA path")
 EXIT_CHILD = 86   # a child's exit status when it stopped at CUDA (any non-zero would do)
 _forked_from: list[int] = []   # the parent's pid, in a child forked during a prediction
 
@@ -82,14 +88,16 @@ class _GuardedTarget:
 
 
 def _guard_cuda() -> None:
-    """In a spawned child (no session there): CUDA's first touch raises NotModelledError."""
+    """In a spawned child (no session there): CUDA's first touch raises NotModelledError. The child
+    keeps these patches for its life (its PatchSet is never closed: the process ends with them)."""
     import torch.cuda
 
     def lazy_init():
         raise NotModelledError("CUDA used in a spawned child process", call_site(2))
 
-    torch.cuda._lazy_init = lazy_init
-    torch.cuda.is_available = lambda: True
+    patches = PatchSet()
+    patches.apply(CHILD_LAZY_INIT, torch.cuda, "_lazy_init", lazy_init)
+    patches.apply(CHILD_AVAILABLE, torch.cuda, "is_available", lambda: True)
 
 
 class ChildWatch:
@@ -97,22 +105,19 @@ class ChildWatch:
 
     def __init__(self) -> None:
         self.folder: str | None = None
-        self._saved_env = None
-        self._saved_start = None
+        self.patches = PatchSet()
 
     def __enter__(self) -> "ChildWatch":
         self.folder = tempfile.mkdtemp(prefix="amem-children-")
-        self._saved_env = os.environ.get(ENV)
-        os.environ[ENV] = self.folder
-        self._saved_start = multiprocessing.process.BaseProcess.start
-        original = self._saved_start
+        self.patches.setenv(CHILD_FOLDER, ENV, self.folder)
+        original = multiprocessing.process.BaseProcess.start
 
         def start(process):
             if getattr(process, "_target", None) is not None and not isinstance(process._target, _GuardedTarget):
                 process._target = _GuardedTarget(process._target)
             return original(process)
 
-        multiprocessing.process.BaseProcess.start = start
+        self.patches.apply(PROCESS_START, multiprocessing.process.BaseProcess, "start", start)
         return self
 
     def reports(self) -> list[dict]:
@@ -128,11 +133,8 @@ class ChildWatch:
         return out
 
     def __exit__(self, *exc) -> None:
-        multiprocessing.process.BaseProcess.start = self._saved_start
-        if self._saved_env is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = self._saved_env
+        self.patches.close()
+        self.patches = PatchSet()
 
     def cleanup(self) -> None:
         if self.folder:

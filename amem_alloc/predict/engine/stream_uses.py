@@ -39,7 +39,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-_active: list["StreamUses"] = []
+from ...patching import declare
+from .. import state
+
 
 
 class StreamUses:
@@ -108,9 +110,14 @@ class StreamUses:
 
 
 # ============================================================================ install
+RECORD_STREAM = declare("torch.Tensor", "record_stream",
+                        "a fake tensor's record_stream holds its storage's free for that stream (stream_uses.py)")
+
+
 def install(session: Any) -> StreamUses:
-    """Routes the session's frees through a StreamUses and patches Tensor.record_stream (restored
-    by the session's own unpatching). Returns it; `finish` completes what is still held."""
+    """Routes the session's frees through a StreamUses and patches Tensor.record_stream (through
+    the session's PatchSet: undone with its other patches). Returns it; `finish` completes what is
+    still held."""
     import torch
 
     from .values import is_fake
@@ -118,6 +125,7 @@ def install(session: Any) -> StreamUses:
     uses = StreamUses(session)
     session.storages.on_free = uses.free
     session.add_listener(_AllocStreams(uses))
+    original = torch.Tensor.record_stream
 
     def record_stream(tensor: Any, stream: Any) -> None:
         if is_fake(tensor) or getattr(stream, "stream_id", None) is not None:
@@ -125,45 +133,48 @@ def install(session: Any) -> StreamUses:
             return
         return original(tensor, stream)
 
-    original = torch.Tensor.record_stream
-    session._set(torch.Tensor, "record_stream", record_stream)
-    _active.append(uses)
+    session.patches.apply(RECORD_STREAM, torch.Tensor, "record_stream", record_stream)
+    session.state.stream_uses = uses
     return uses
 
 
 def finish(uses: StreamUses) -> None:
     """The prediction ends: the device is idle, every held free completes."""
     uses.synchronised(None)
-    if uses in _active:
-        _active.remove(uses)
+
+
+def _every() -> list[StreamUses]:
+    return [st.stream_uses for st in state.active_states() if st.stream_uses is not None]
 
 
 def synchronised(stream: int | None, before: int | None = None) -> None:
-    """Called by torch.cuda's stand-ins (cuda_shims) when a stream (None: the device) is waited for,
+    """Called by torch.cuda's stand-ins (shims/) when a stream (None: the device) is waited for,
     up to an event's `position` (None: up to now)."""
-    for uses in _active:
+    for uses in _every():
         uses.synchronised(stream, before)
 
 
 def position() -> int | None:
     """The running session's place in the order of held frees (an event recorded now keeps it)."""
-    return _active[-1].position if _active else None
+    uses = current()
+    return uses.position if uses is not None else None
 
 
 def record(tensor: Any, stream: int) -> None:
     """record_stream from inside amem (the collectives' NCCL stream), on the running session."""
-    for uses in _active:
+    for uses in _every():
         uses.record(uses.session.storages.key_of(tensor), stream)
 
 
 def launched(stream: int) -> None:
     """A collective was queued on the (tracked) NCCL `stream`, on the running session."""
-    for uses in _active:
+    for uses in _every():
         uses.launched(stream)
 
 
 def current() -> StreamUses | None:
-    return _active[-1] if _active else None
+    st = state.current()
+    return st.stream_uses if st is not None else None
 
 
 class _AllocStreams:

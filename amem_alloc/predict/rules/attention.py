@@ -56,6 +56,7 @@ import torch
 
 from . import dropout, platform
 from .scratch import Scratch, ceil_div, nbytes, round_up
+from .registry import Stage, aten_op, rule
 from .sdpa_select import Params, select
 
 aten = torch.ops.aten
@@ -182,6 +183,7 @@ def _arg(args, kwargs, i: int, name: str, default=None):
     return args[i] if len(args) > i else default
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_flash_attention"), source="aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp (mha_fwd)")
 def flash_forward(args, kwargs, s: Scratch, session) -> None:
     q, k = args[0], args[1]
     drop = float(_arg(args, kwargs, 3, "dropout_p", 0.0))
@@ -227,6 +229,7 @@ def _num_splits_heuristic(batch_nheads_mblocks: int, num_sms: int, num_n_blocks:
     return 1
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_flash_attention_backward"), source="flash_api.cpp (mha_bwd), attention_backward.cu")
 def flash_backward(args, kwargs, s: Scratch, session) -> None:
     grad_out, q, k, _, out = args[:5]
     _contiguous_copy(s, grad_out.transpose(1, 2), "grad_out.contiguous")
@@ -245,6 +248,7 @@ def flash_backward(args, kwargs, s: Scratch, session) -> None:
         s.take(nbytes((b, lk, h, d), q.dtype), "dv_expanded")
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_efficient_attention"), source="aten/src/ATen/native/transformers/cuda/attention.cu")
 def efficient_forward(args, kwargs, s: Scratch, session) -> None:
     q, v = args[0], args[2]
     if q.dtype in _HALF and max(q.shape[-1], v.shape[-1]) > 128:   # kNeedsOutputAccumulatorBuffer
@@ -252,6 +256,7 @@ def efficient_forward(args, kwargs, s: Scratch, session) -> None:
         s.take(nbytes((b, lq, h, v.shape[-1]), torch.float32), "output_accum")
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_efficient_attention_backward"), source="aten/src/ATen/native/transformers/cuda/attention_backward.cu")
 def efficient_backward(args, kwargs, s: Scratch, session) -> None:
     grad_out, q, _, v, _, out = args[:6]
     _contiguous_copy(s, grad_out.transpose(1, 2), "grad_out.contiguous")
@@ -272,10 +277,12 @@ def efficient_backward(args, kwargs, s: Scratch, session) -> None:
                    "the gradQ accumulator, taken as [B, H, round64(Lq), round64(D)] float32")
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_cudnn_attention"), source="aten/src/ATen/native/cudnn/MHA.cpp")
 def cudnn_forward(args, kwargs, s: Scratch, session) -> None:
     s.estimate(0, "cuDNN attention forward workspace", "cuDNN's engine chooses it at run time; taken as 0")
 
 
+@rule(Stage.KERNEL, aten_op("_scaled_dot_product_cudnn_attention_backward"), source="aten/src/ATen/native/cudnn/MHA.cpp")
 def cudnn_backward(args, kwargs, s: Scratch, session) -> None:
     grad_out, q, k, v, out = args[:5]
     plat = platform.of(session)
@@ -293,6 +300,7 @@ def cudnn_backward(args, kwargs, s: Scratch, session) -> None:
                "the engine's own part is taken as 0")
 
 
+@rule(Stage.KERNEL, aten_op("_safe_softmax"), source="aten/src/ATen/native/transformers/attention.cpp")
 def safe_softmax(args, kwargs, s: Scratch, session) -> None:
     x, dim = args[0], _arg(args, kwargs, 1, "dim", -1)
     dtype = _arg(args, kwargs, 2, "dtype") or x.dtype
@@ -314,21 +322,21 @@ def _deterministic() -> bool:
     return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
 
 
-BEFORE_OP = {
-    "_scaled_dot_product_flash_attention": flash_forward,
-    "_scaled_dot_product_flash_attention_backward": flash_backward,
-    "_scaled_dot_product_efficient_attention": efficient_forward,
-    "_scaled_dot_product_efficient_attention_backward": efficient_backward,
-    "_scaled_dot_product_cudnn_attention": cudnn_forward,
-    "_scaled_dot_product_cudnn_attention_backward": cudnn_backward,
-    "_safe_softmax": safe_softmax,
-}
 
 
-def host_outputs(name: str, args, kwargs) -> tuple[int, ...]:
-    """Outputs (by position among the op's tensors) that CUDA does not allocate on the device."""
-    if name == "_scaled_dot_product_efficient_attention":
-        return (2, 3)   # philox seed and offset: CPU scalars outside graph capture
-    if name == "_scaled_dot_product_cudnn_attention" and not _arg(args, kwargs, 4, "compute_log_sumexp", False):
-        return (1,)     # run_cudnn_SDP_fprop allocates softmax stats only when asked
-    return ()
+@rule(Stage.HOST_OUTPUTS, aten_op("_scaled_dot_product_efficient_attention"),
+      source="aten/src/ATen/native/transformers/cuda/attention.cu")
+def efficient_host_outputs(args, kwargs) -> tuple[int, ...]:
+    """The philox seed and offset: CPU scalars outside graph capture."""
+    return (2, 3)
+
+
+@rule(Stage.HOST_OUTPUTS, aten_op("_scaled_dot_product_cudnn_attention"), source="aten/src/ATen/native/cudnn/MHA.cpp")
+def cudnn_host_outputs(args, kwargs) -> tuple[int, ...]:
+    """run_cudnn_SDP_fprop allocates the softmax stats only when asked for the log-sum-exp."""
+    return () if _arg(args, kwargs, 4, "compute_log_sumexp", False) else (1,)
+
+
+@rule(Stage.FUNCTION, "scaled_dot_product_attention", source="aten/src/ATen/native/transformers/attention.cpp")
+def sdpa_function(func, args, kwargs, mode):
+    return scaled_dot_product_attention(args, kwargs, mode)

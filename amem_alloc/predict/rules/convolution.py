@@ -36,12 +36,14 @@ from __future__ import annotations
 import torch
 
 from . import platform
+from .registry import Stage, aten_op, rule
 from .scratch import Scratch, nbytes
 
 _HALF = (torch.float16, torch.bfloat16)
 _WHY = "estimated: NCHW tensors transposed to NHWC for tensor-core engines; cuDNN's choice is unknown"
 
 
+@rule(Stage.KERNEL, aten_op("convolution"), source="aten/src/ATen/native/cudnn/Conv_v8.cpp")
 def forward(args, kwargs, s: Scratch, session) -> None:
     x, w = args[0], args[1]
     stride, padding, dilation, transposed, output_padding, groups = (_arg(args, kwargs, i, n) for i, n in _FWD)
@@ -53,6 +55,7 @@ def forward(args, kwargs, s: Scratch, session) -> None:
     s.estimate(workspace(x, fmt, (x.shape, y, w.shape), session), "cuDNN convolution workspace, forward", _WHY)
 
 
+@rule(Stage.KERNEL, aten_op("convolution_backward"), source="aten/src/ATen/native/cudnn/Conv_v8.cpp")
 def backward(args, kwargs, s: Scratch, session) -> None:
     dy, x, w = args[0], args[1], args[2]
     transposed, groups = _arg(args, kwargs, 7, "transposed"), _arg(args, kwargs, 9, "groups")
@@ -72,6 +75,7 @@ def backward(args, kwargs, s: Scratch, session) -> None:
                    "cuDNN convolution workspace, backward filter", _WHY)
 
 
+@rule(Stage.LAYOUT, aten_op("convolution"), source="aten/src/ATen/native/Convolution.cpp")
 def layout(args, kwargs, out):
     """`convolution`'s output in the memory format cuDNN returns it in (the meta kernel's is
     always contiguous): a fresh meta tensor of the same shape, restrided."""

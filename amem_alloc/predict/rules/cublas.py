@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 
+from .registry import Stage, aten_op, rule
+
 BLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "addbmm", "_addmm_activation", "dot", "vdot",
             "addr", "_scaled_mm", "_int_mm"}
 
@@ -27,5 +29,6 @@ def workspace_bytes(capability: tuple[int, int]) -> int:
     return sum(int(size) * 1024 for size, _ in sizes) if sizes else default
 
 
+@rule(Stage.KERNEL, *(aten_op(name) for name in sorted(BLAS_OPS)), source="aten/src/ATen/cuda/CublasHandlePool.cpp")
 def before_op(args, kwargs, scratch, session) -> None:
     session._cublas_workspace()

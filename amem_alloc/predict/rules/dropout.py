@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .registry import Stage, rule
+
 _NAMES = ("input", "p", "training", "inplace")
 
 
@@ -20,7 +22,8 @@ def fused(x, p: float):
     return torch.ops.aten.native_dropout(x, p, True)[0]
 
 
-def function(args, kwargs, mode):
+@rule(Stage.FUNCTION, "dropout", source="aten/src/ATen/native/Dropout.cpp (is_fused_kernel_acceptable)")
+def function(func, args, kwargs, mode):
     """The CUDA output of F.dropout, or None where the fused kernel is not taken."""
     p = dict(zip(_NAMES, args))
     p.update(kwargs)

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import torch
 
+from .registry import Stage, aten_op, rule
 from .scratch import Scratch, ceil_div, nbytes
 
 _HALF = (torch.float16, torch.bfloat16)
 _WHY = "cub's own temporary storage, estimated"
 
 
+@rule(Stage.KERNEL, aten_op("embedding_dense_backward"), source="aten/src/ATen/native/cuda/Embedding.cu")
 def dense_backward(args, kwargs, s: Scratch, session) -> None:
     grad, indices = args[0], args[1]
     scale = bool(args[4]) if len(args) > 4 else bool(kwargs.get("scale_grad_by_freq", False))

@@ -11,7 +11,8 @@ arguments in place and return nothing (`_amp_update_scale_` returns its first ar
 CUDA kernels take no memory of their own: `multi_tensor_apply` passes the tensor lists' addresses
 as kernel arguments (MultiTensorApply.cuh), so they allocate nothing on the device. Their Meta
 kernels therefore only return, and are registered (torch.library, dispatch key Meta) only where
-`torch._C._dispatch_has_kernel_for_dispatch_key` says torch has none, once per process.
+`torch._C._dispatch_has_kernel_for_dispatch_key` says torch has none, by each prediction session
+while it runs (MetaKernels): outside one, torch is as it was.
 """
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", 
             "_fused_adagrad_", "_fused_adagrad_.tensor_lr", "_fused_adam_", "_fused_adamw_",
             "_amp_foreach_non_finite_check_and_unscale_")
 RETURNS_SELF = ("_amp_update_scale_",)
-
-_library = None
-registered: list[str] = []
-
 
 def _nothing(*args, **kwargs):
     return None
@@ -40,15 +37,25 @@ def _exists(name: str) -> bool:
     return packet is not None and (overload or "default") in packet.overloads()
 
 
-def install() -> list[str]:
-    """Registers the missing Meta kernels; returns the overloads registered in this process."""
-    global _library
-    if _library is not None:
-        return registered
-    _library = torch.library.Library("aten", "IMPL")
-    for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first)):
-        for name in names:
-            if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                _library.impl(name, kernel, "Meta")
-                registered.append(name)
-    return registered
+class MetaKernels:
+    """Context manager: the Meta kernels torch lacks, registered on enter, removed on exit (a session
+    inside another registers none: the outer one's are there)."""
+
+    def __init__(self) -> None:
+        self.library = None
+        self.registered: list[str] = []
+
+    def __enter__(self) -> "MetaKernels":
+        for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first)):
+            for name in names:
+                if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                    if self.library is None:
+                        self.library = torch.library.Library("aten", "IMPL")
+                    self.library.impl(name, kernel, "Meta")
+                    self.registered.append(name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.library is not None:
+            self.library._destroy()
+            self.library = None

@@ -26,13 +26,18 @@ from __future__ import annotations
 import torch
 import torch._prims_common as prims
 
+from .registry import Stage, rule
+
 _F_NAMES = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _TORCH_NAMES = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
                 "cudnn_enabled")
 
 
+@rule(Stage.FUNCTION, "batch_norm", source="aten/src/ATen/native/Normalization.cpp (_batch_norm_impl_index)")
 def batch_norm(func, args, kwargs, mode):
     """The CUDA output of F.batch_norm / torch.batch_norm where cuDNN runs it; None otherwise."""
+    if func is not torch.nn.functional.batch_norm and func is not torch.batch_norm:
+        return None
     functional = func is torch.nn.functional.batch_norm
     p = dict(zip(_F_NAMES if functional else _TORCH_NAMES, args))
     p.update(kwargs)

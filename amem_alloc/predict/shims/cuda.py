@@ -34,261 +34,53 @@ runs: whether the run fits is answered afterwards, per policy (outcome.py).
 """
 from __future__ import annotations
 
-import contextlib
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ... import replay
-from ..._C import CoreAllocator
-from ...introspection import format_bytes, parse_stats
-from .. import notes
+from ...introspection import format_bytes
+from ...patching import PatchSet, declare_many
+from .. import notes, state
 from ..engine import stream_uses
 from ..gpus import Gpu
-
-TRACE_ACTIONS_PER_OP = 4  # a ring big enough for a re-simulation: alloc/free plus segment events
-
-
-class LiveAllocator:
-    """Listener: feeds the recorded allocations into the core (sim backend) as they happen."""
-
-    def __init__(self, conf: str = "") -> None:
-        self.conf = conf
-        self.core = CoreAllocator("sim", conf, 0)
-        self.ops: list[tuple[int, int, int, int]] = []   # (kind, key, size, stream) as replay.pack takes
-        self.infos: dict[int, Any] = {}                   # key -> AllocInfo
-        self.markers: list[tuple[int, str]] = []          # (ops before it, name)
-        self.live: dict[int, int] = {}                    # key -> address in the core
-        self.unknown_frees = 0
-        self.record_windows: list[list[int | None]] = []  # [start op, end op or None]
-
-    # ---------------------------------------------------------------- the listener protocol
-    def on_alloc(self, key: int, stream: int, info: Any) -> None:
-        size = int(info.requested)
-        self.ops.append((replay.ALLOC, key, size, stream))
-        self.infos[key] = info
-        if key in self.live:                      # a key reused without its free: release the old block
-            self.core.free(self.live.pop(key))
-        address = self.core.malloc(size, stream)
-        if address:
-            self.live[key] = address
-
-    def on_free(self, key: int) -> None:
-        self.ops.append((replay.FREE, key, 0, 0))
-        address = self.live.pop(key, None)
-        if address is None:
-            self.unknown_frees += 1
-        else:
-            self.core.free(address)
-
-    def on_marker(self, name: str) -> None:
-        self.markers.append((len(self.ops), name))
-
-    # ---------------------------------------------------------------- what scripts ask
-    def release(self) -> None:
-        """torch.cuda.empty_cache(): the core empties its cache; the program gets a release op."""
-        self.ops.append((replay.RELEASE, 0, 0, 0))
-        self.core.empty_cache()
-
-    def stats(self) -> dict[str, int]:
-        return parse_stats(self.core.stats_json())
-
-    def reset_peaks(self) -> None:
-        self.core.reset_peak_stats()
-
-    def program(self) -> replay.Program:
-        return replay.Program(replay.pack(self.ops))
-
-    def start_record(self) -> None:
-        if not self.record_windows or self.record_windows[-1][1] is not None:
-            self.record_windows.append([len(self.ops), None])
-
-    def stop_record(self) -> None:
-        if self.record_windows and self.record_windows[-1][1] is None:
-            self.record_windows[-1][1] = len(self.ops)
-
-    def record_start(self) -> int:
-        """Where the trace of a dump made now begins: the open window's start, else the whole run."""
-        if self.record_windows and self.record_windows[-1][1] is None:
-            return self.record_windows[-1][0]
-        return 0
-
-
-# ============================================================================ fake device objects
-class FakeDeviceProperties:
-    """What torch.cuda.get_device_properties returns, for the chosen card."""
-
-    def __init__(self, gpu: Gpu) -> None:
-        self.name = gpu.name
-        self.major, self.minor = gpu.capability
-        self.total_memory = gpu.total_memory
-        self.multi_processor_count = gpu.multi_processor_count
-        self.is_integrated = False
-        self.is_multi_gpu_board = False
-        self.L2_cache_size = 50 << 20
-        self.warp_size = 32
-        self.gcnArchName = "NVIDIA CUDA"
-        self.uuid = "00000000-0000-0000-0000-amem-predict"
-
-    def __repr__(self) -> str:
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-                f"total_memory={self.total_memory >> 20}MB, multi_processor_count={self.multi_processor_count}) "
-                "[predicted: no GPU]")
-
-
-def _device_index(device: Any) -> int:
-    if device is None:
-        return _DEVICE.index
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        _, _, idx = device.partition(":")
-        return int(idx) if idx else _DEVICE.index
-    index = getattr(device, "index", None)
-    return _DEVICE.index if index is None else int(index)
-
-
-class _Device(threading.local):
-    def __init__(self) -> None:
-        self.index = 0
-
-
-_DEVICE = _Device()
-
-
-class _StreamState(threading.local):
-    def __init__(self) -> None:
-        self.current: "FakeStream | None" = None
-
-
-_STREAMS = _StreamState()
-_next_stream_id = [0]
-_stream_lock = threading.Lock()
-
-
-class FakeStream:
-    """torch.cuda.Stream stand-in: a stable id, nothing runs. Equal streams share the id."""
-
-    def __init__(self, device: Any = None, priority: int = 0, *, stream_id: int | None = None, **_: Any) -> None:
-        if stream_id is None:
-            with _stream_lock:
-                _next_stream_id[0] += 1
-                stream_id = _next_stream_id[0]
-        self.stream_id = stream_id
-        self.cuda_stream = stream_id      # torch's raw handle; the default stream is 0
-        self.device_index = _device_index(device)
-        self.priority = priority
-
-    @property
-    def device(self) -> Any:
-        import torch
-
-        return torch.device("cuda", self.device_index)
-
-    def wait_stream(self, stream: Any) -> None:
-        stream_uses.synchronised(getattr(stream, "stream_id", None))
-
-    def wait_event(self, event: Any) -> None:
-        event.wait(self)
-
-    def synchronize(self) -> None:
-        stream_uses.synchronised(self.stream_id)
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:
-        return False
-
-    def record_event(self, event: Any = None) -> "FakeEvent":
-        event = event or FakeEvent()
-        event.record(self)
-        return event
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, FakeStream) and other.stream_id == self.stream_id
-
-    def __hash__(self) -> int:
-        return hash(("amem-fake-stream", self.stream_id))
-
-    def __repr__(self) -> str:
-        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x} [predicted]>"
-
-
-DEFAULT_STREAM = FakeStream(stream_id=0)
-
-
-class FakeEvent:
-    """torch.cuda.Event stand-in: recording and waiting do nothing; no time passes."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self.stream: FakeStream | None = None
-        self.position: int | None = None   # the point of the program it marks (stream_uses.position)
-
-    def record(self, stream: Any = None) -> None:
-        self.stream = stream or current_stream()
-        self.position = stream_uses.position()
-
-    def wait(self, stream: Any = None) -> None:
-        if self.stream is not None:   # waiting for an event: its stream's work up to it is done
-            stream_uses.synchronised(self.stream.stream_id, self.position)
-
-    def synchronize(self) -> None:
-        if self.stream is not None:   # the CPU waits for the device to reach it (see stream_uses.py)
-            stream_uses.synchronised(None, self.position)
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end_event: Any) -> float:
-        return 0.0
-
-
-def current_stream(device: Any = None) -> FakeStream:
-    return _STREAMS.current or DEFAULT_STREAM
-
-
-def current_stream_id() -> int:
-    """The id of the stream a `with torch.cuda.stream(s)` block made current (0: the default)."""
-    return current_stream().stream_id
-
-
-def default_stream(device: Any = None) -> FakeStream:
-    return DEFAULT_STREAM
-
-
-def set_stream(stream: Any) -> None:
-    _STREAMS.current = stream if isinstance(stream, FakeStream) else None
-
-
-class FakeStreamContext:
-    """`with torch.cuda.stream(s):` makes s current for the block; None leaves the stream as it is."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.previous = stream, None
-
-    def __enter__(self) -> Any:
-        self.previous = _STREAMS.current
-        if self.stream is not None:
-            set_stream(self.stream)
-        return self.stream
-
-    def __exit__(self, *exc: Any) -> None:
-        _STREAMS.current = self.previous
-
-
+from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
+                      current_device, current_stream, default_stream, set_current_device, set_stream)
+from .live import LiveAllocator
+from ...replay.traced import describe_infos, traced_snapshot
+from ..run import NOTE, RunRecorder
 
 
 # ============================================================================ the patch set
+CUDA_NAMES = ("is_available", "is_initialized", "init", "_lazy_init", "device_count", "current_device", "set_device",
+              "device", "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
+              "mem_get_info", "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream",
+              "default_stream", "set_stream", "memory_allocated", "max_memory_allocated", "memory_reserved",
+              "max_memory_reserved", "memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
+              "reset_max_memory_cached", "memory_stats", "memory_summary", "empty_cache", "_record_memory_history",
+              "_snapshot", "_dump_snapshot", "is_current_stream_capturing", "set_per_process_memory_fraction",
+              "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+              "get_rng_state_all", "set_rng_state", "set_rng_state_all", "graph", "CUDAGraph",
+              "make_graphed_callables", "graph_pool_handle")
+ACCELERATOR_NAMES = ("current_stream", "set_stream", "synchronize", "device_count", "current_device_index",
+                     "current_device_idx", "set_device_index", "set_device_idx", "device_index", "empty_cache",
+                     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                     'memory_stats', 'reset_peak_memory_stats', 'get_memory_info')
+_WHY = "torch.cuda answers from the chosen card and the predicted run (shims/cuda.py)"
+CUDA = declare_many("torch.cuda", CUDA_NAMES, _WHY)
+CUDA_MEMORY = declare_many("torch.cuda.memory", CUDA_NAMES, _WHY + "; where scripts reach them by that path")
+ACCELERATOR = declare_many("torch.accelerator", ACCELERATOR_NAMES,
+                           "torch.accelerator asks the C++ runtime for devices and streams: answered by the shims too")
+
+
 class CudaShims:
     """Context manager: torch.cuda answers from `gpu` and `live` until exit (then all is restored)."""
 
-    def __init__(self, gpu: Gpu, live: LiveAllocator, device_count: int = 1,
+    def __init__(self, gpu: Gpu, live: LiveAllocator, session: Any, recording: RunRecorder, device_count: int = 1,
                  on_dump: Callable[[Path], None] | None = None) -> None:
         self.gpu, self.live, self.device_count = gpu, live, device_count
+        self.session, self.recording = session, recording   # the engine, and the run it records (run.py)
         self.on_dump = on_dump
-        self._saved: list[tuple[Any, str, Any, bool]] = []
+        self.record_windows: list[list[int | None]] = []   # [start op, end op or None] (_record_memory_history)
+        self.patches = PatchSet()
 
     # ---------------------------------------------------------------- device
     def _check(self, device: Any) -> int:
@@ -311,7 +103,7 @@ class CudaShims:
         return self.gpu.capability
 
     def set_device(self, device: Any) -> None:
-        _DEVICE.index = self._check(device)
+        set_current_device(self._check(device))
 
     def synchronize(self, device: Any = None) -> None:
         self._check(device)
@@ -337,12 +129,12 @@ class CudaShims:
                 self.idx, self.prev_idx = _device_index(device), -1
 
             def __enter__(self) -> None:
-                self.prev_idx = _DEVICE.index
+                self.prev_idx = current_device()
                 if self.idx >= 0:
                     shims.set_device(self.idx)
 
             def __exit__(self, *exc: Any) -> None:
-                _DEVICE.index = self.prev_idx
+                set_current_device(self.prev_idx)
 
         return device
 
@@ -360,7 +152,7 @@ class CudaShims:
         self.live.reset_peaks()
 
     def empty_cache(self) -> None:
-        self.live.release()
+        self.session.release()   # the listeners hear it: the run gets a release op, the live core empties
 
     def memory_summary(self, device: Any = None, abbreviated: bool = False) -> str:
         s = self.memory_stats(device)
@@ -371,15 +163,25 @@ class CudaShims:
 
     # ---------------------------------------------------------------- traces
     def record_memory_history(self, enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        now = len(self.recording.ops)
+        open_window = bool(self.record_windows) and self.record_windows[-1][1] is None
         if enabled in (None, False):
-            self.live.stop_record()
-        else:
-            self.live.start_record()
+            if open_window:
+                self.record_windows[-1][1] = now
+        elif not open_window:
+            self.record_windows.append([now, None])
+
+    def _record_start(self) -> int:
+        """Where the trace of a dump made now begins: the open window's start, else the whole run."""
+        if self.record_windows and self.record_windows[-1][1] is None:
+            return self.record_windows[-1][0]
+        return 0
 
     def snapshot(self, *args: Any, **kwargs: Any) -> dict:
-        from ..analysis.prediction import predicted_snapshot
-
-        return predicted_snapshot(self.live.ops, self.live.infos, self.live.conf, start=self.live.record_start())
+        run = self.recording.finish("", live_conf=self.live.conf)   # the run so far
+        snap = traced_snapshot(run.ops, describe_infos(run.infos), run.live_conf, start=self._record_start())
+        snap["allocator_settings"]["prediction"] = NOTE
+        return snap
 
     def dump_snapshot(self, filename: Any = "dump_snapshot.pickle") -> None:
         from ...snapshot import save_snapshot
@@ -397,7 +199,7 @@ class CudaShims:
             "init": noop(),
             "_lazy_init": noop(),
             "device_count": lambda: self.device_count,
-            "current_device": lambda: _DEVICE.index,
+            "current_device": current_device,
             "set_device": self.set_device,
             "device": self._device_class(),
             "get_device_properties": self.get_device_properties,
@@ -464,35 +266,24 @@ class CudaShims:
         import torch.cuda.memory
 
         table = self._table()
-        patches = [(torch.cuda, table, False), (torch.cuda.memory, table, True),
-                   (torch.accelerator, self._accelerator_table(), True)]
+        if state.current() is None:   # an engine without a state of its own (a test double): one here
+            own = state.SessionState()
+            self.patches.callback(state.leave, own, state.enter(own))
         try:
-            for module, names, existing_only in patches:
-                for name, value in names.items():
-                    if existing_only and not hasattr(module, name):
-                        continue
-                    self._saved.append((module, name, getattr(module, name, None), hasattr(module, name)))
-                    setattr(module, name, value)
+            self.patches.apply_all(CUDA, torch.cuda, table)
+            self.patches.apply_all(CUDA_MEMORY, torch.cuda.memory, table, existing_only=True)
+            self.patches.apply_all(ACCELERATOR, torch.accelerator, self._accelerator_table(), existing_only=True)
         except BaseException:
-            self._restore()
+            self.patches.close()
             raise
-        _DEVICE.index = 0
-        _STREAMS.current = None
+        set_current_device(0)
+        set_stream(None)
         return self
 
-    def _restore(self) -> None:
-        while self._saved:
-            module, name, value, existed = self._saved.pop()
-            if existed:
-                setattr(module, name, value)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(module, name)
-        _STREAMS.current = None
-        _DEVICE.index = 0
-
     def __exit__(self, *exc: Any) -> None:
-        self._restore()
+        set_stream(None)
+        set_current_device(0)
+        self.patches.close()
 
 
 # ============================================================================ RNG state, CUDA graphs

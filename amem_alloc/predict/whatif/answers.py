@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...introspection import format_bytes
-from ...replay.evaluation import align, signed_bytes
 
 # the changes, cheapest first where they cost nothing (changes.py applies them; torch loads with it)
 NAMES = ("grads=set-to-none", "optimizer=fused", "optimizer=for-loop", "checkpoint=blocks", "checkpoint=sqrt")
@@ -92,55 +90,6 @@ def parse(spec: Any) -> list[str]:
     if not names:
         raise ValueError(f"--what-if needs one or more of {', '.join(NAMES)}")
     return list(dict.fromkeys(names))
-
-
-# ============================================================================ text
-def _flops(n: float) -> str:
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e6:.1f} MFLOP"
-
-
-def cost_text(w: WhatIf) -> str:
-    if not w.costs_compute:
-        return "no recompute"
-    share = w.recompute_share
-    stack = f"{w.blocks} blocks of {w.stack}" + (f" in segments of {w.segment}" if w.segment > 1 else "")
-    pct = f", about +{share:.0%} of the step's compute (backward taken as 2x forward)" if share is not None else ""
-    return f"recomputes up to {_flops(w.recompute_flops)} over the predicted run ({stack}){pct}"
-
-
-def format_text(base: Any, results: list[WhatIf]) -> list[str]:
-    """The what-if lines of `amem predict`'s text."""
-    if not results:
-        return []
-    lines = ["", "What if (each change applied by amem and the code predicted again; saving against the "
-                 "unchanged run):"]
-    body = []
-    for w in results:
-        if w.failed:
-            body.append([w.change, "-", "-", "-", "-", "could not be predicted"])
-            continue
-        for r in w.rows:
-            b = base.row(r.policy)
-            body.append([w.change, r.policy, format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
-                         "yes" if r.fits else "NO", signed_bytes(b.peak_reserved - r.peak_reserved)])
-    headers = ["change", "policy", "peak allocated", "peak reserved", "fits", "saving (reserved)"]
-    lines += ["  " + ln for ln in align([headers] + body)]
-    for w in results:
-        extra = ([w.failed] if w.failed else []) + w.notes + ([cost_text(w)] if w.costs_compute and w.applied else [])
-        lines += [f"  {w.change}: {e}" for e in extra]
-    picks = cheapest(base, results)
-    for policy, change in picks.items():
-        if change is None:
-            lines.append(f"  {policy}: none of these changes makes it fit")
-        else:
-            w = next(x for x in results if x.change == change)
-            lines.append(f"  cheapest change that makes it fit under {policy}: {change} ({cost_text(w)})")
-    if not picks:
-        lines.append("  the unchanged run fits under every policy")
-    return lines
 
 
 def to_json(base: Any) -> dict:

@@ -35,10 +35,19 @@ from typing import Any
 
 import torch
 
+from ...patching import PatchSet, declare
+
+ZERO_GRAD = declare("torch.optim.Optimizer, torch.nn.Module", "zero_grad",
+                    "what-if grads=set-to-none: every zero_grad sets gradients to None")
+OPTIMIZER_INIT = declare("every torch.optim optimizer class", "__init__",
+                         "what-if optimizer=fused|foreach|for-loop: built with that implementation")
+BLOCK_FORWARD = declare("each block of the model's repeated stack (the instance)", "forward",
+                        "what-if checkpoint=blocks|sqrt: the blocks run under non-reentrant checkpointing")
 
 
 class Change:
-    """A patch of torch or the user's model, active between __enter__ and __exit__."""
+    """A patch of torch or the user's model, active between __enter__ and __exit__ (its PatchSet:
+    every change declared above, undone on exit)."""
 
     name = ""
     costs_compute = False
@@ -46,23 +55,14 @@ class Change:
     def __init__(self) -> None:
         self.applied = 0
         self.notes: list[str] = []
-        self._undo: list = []
-
-    def _set(self, owner: Any, attr: str, value: Any) -> None:
-        had = attr in vars(owner)
-        self._undo.append((owner, attr, vars(owner).get(attr), had))
-        setattr(owner, attr, value)
+        self.patches = PatchSet()
 
     def __enter__(self) -> "Change":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for owner, attr, old, had in reversed(self._undo):
-            if had:
-                setattr(owner, attr, old)
-            else:
-                delattr(owner, attr)
-        self._undo = []
+        self.patches.close()
+        self.patches = PatchSet()
 
     def finish(self) -> None:
         """Called after the run: notes for a change that did nothing."""
@@ -74,7 +74,7 @@ class GradsToNone(Change):
 
     def __enter__(self) -> "GradsToNone":
         for owner in (torch.optim.Optimizer, torch.nn.Module):
-            self._set(owner, "zero_grad", self._wrap(owner.zero_grad))
+            self.patches.apply(ZERO_GRAD, owner, "zero_grad", self._wrap(owner.zero_grad))
         return self
 
     def _wrap(self, zero_grad):
@@ -127,7 +127,7 @@ class OptimizerImpl(Change):
 
     def __enter__(self) -> "OptimizerImpl":
         for cls in _optimizer_classes():
-            self._set(cls, "__init__", self._wrap(cls, vars(cls)["__init__"], self._forced(cls)))
+            self.patches.apply(OPTIMIZER_INIT, cls, "__init__", self._wrap(cls, vars(cls)["__init__"], self._forced(cls)))
         return self
 
     def _wrap(self, cls: type, init, forced: dict | None):
@@ -222,7 +222,6 @@ class Checkpoint(Change):
         self.flops = {"recompute": 0, "forward": 0}   # the recomputed ops' / the roots' grad-enabled forward FLOPs
         self._roots: list[torch.nn.Module] = []
         self._known: set[int] = set()            # ids of the roots' modules (alive while the run is)
-        self._wrapped: list[torch.nn.Module] = []
         self._missing: list[str] = []
 
     # ---------------------------------------------------------------- finding the stack
@@ -237,8 +236,6 @@ class Checkpoint(Change):
     def __exit__(self, *exc: Any) -> None:
         for h in self._hooks:
             h.remove()
-        for block in self._wrapped:
-            block.__dict__.pop("forward", None)
         super().__exit__(*exc)
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
@@ -303,10 +300,9 @@ class Checkpoint(Change):
                 return out
             return forward
 
-        blocks[0].forward = first
+        self.patches.apply(BLOCK_FORWARD, blocks[0], "forward", first)
         for i, block in enumerate(blocks[1:], 1):
-            block.forward = passed_on(i)
-        self._wrapped += blocks
+            self.patches.apply(BLOCK_FORWARD, block, "forward", passed_on(i))
 
     def finish(self) -> None:
         if not self.applied:

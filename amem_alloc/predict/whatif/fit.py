@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...introspection import format_bytes
-from ...replay.evaluation import signed_bytes
 
 MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried"
 
@@ -107,26 +106,6 @@ class FitResult:
         from ...atomic_write import write_text
 
         return write_text(path, json.dumps(self.to_dict(), indent=1))
-
-    def format_text(self) -> str:
-        lines = [f"amem fit: the largest --{self.arg} that fits {self.gpu.name} (usable "
-                 f"{format_bytes(self.gpu.usable)}), {len(self.trials)} predictions in {self.seconds:.1f} s:"]
-        for p in self.policies:
-            lines.append("  " + _policy_line(self.arg, p))
-        return "\n".join(lines)
-
-
-def _policy_line(arg: str, p: PolicyFit) -> str:
-    if p.largest is None:
-        return f"{p.policy}: does not fit at any value tried"
-    line = (f"{p.policy}: --{arg} {p.largest} (needs {format_bytes(p.needed)}; peak reserved "
-            f"{format_bytes(p.peak_reserved)}, headroom {signed_bytes(p.headroom)}"
-            + (": fits only by emptying its cache when a cudaMalloc fails" if p.headroom < 0 else "") + ")")
-    if p.first_failing is None:
-        return line + f"; fits at every value tried, up to {p.largest}"
-    if p.needed_at_first_failing is not None:
-        return line + f"; {p.first_failing} does not fit: it needs {format_bytes(p.needed_at_first_failing)}"
-    return line + f"; {p.first_failing} could not be predicted: {p.why_first_failing}"
 
 
 class _Trials:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from . import answers
 from . import changes as changes_mod
 from . import trial
 from .answers import WhatIf
@@ -49,4 +50,5 @@ def run_all(names: list[str], body: Callable[[Any], None], base: Any, predicting
             progress(f"what-if {name}: predicting again with the change applied...")
         out.append(run_one(name, body, base, predicting, blocks=blocks, strict=strict, policies=policies))
     base.what_if = out
+    base.what_if_json = answers.to_json(base)   # what the JSON, text and report show
     return out

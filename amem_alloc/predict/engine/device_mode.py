@@ -1,0 +1,204 @@
+"""DeviceMode: the torch-function level of fake execution. CPU work runs for real; CUDA tensors are
+meta tensors that answer as CUDA (`.device`, `is_cuda`, `get_device()`, `data_ptr()`); factories and
+`.to()`/`.cuda()` put fake tensors on CUDA; CUDA's autocast policy applies (autocast.py); a read of
+a fake tensor's value gets a stand-in (values.py); calls that CUDA routes differently from a meta
+tensor meet the rules (rules/, the FUNCTION stage). engine/__init__.py says how the pieces fit.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .. import notes as notes_mod
+from .. import rules
+from . import autocast as autocast_rules
+from . import known as known_mod
+from . import values
+from .devices import META, Implicit, OnDevice, cuda_index, device_type, leaves, spoofing, wrapper_subclass
+from .storages import Storages
+
+
+_FACTORIES = None
+_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
+def _factories() -> set:
+    global _FACTORIES
+    if _FACTORIES is None:
+        from torch.utils._device import _device_constructors
+        _FACTORIES = set(_device_constructors())
+    return _FACTORIES
+
+
+def _parse_to(func, args: tuple, kwargs: dict, type_of: Callable):
+    """(target device type or None, to()'s other arguments as keywords) of Tensor.to/.cuda/.cpu;
+    type_of(tensor) is the device type a tensor claims (for .to(other))."""
+    nb = kwargs.get("non_blocking", False)
+    fmt = kwargs.get("memory_format")
+    if func is torch.Tensor.cuda:
+        return "cuda", {"non_blocking": nb or (len(args) > 2 and bool(args[2])), "memory_format": fmt}
+    if func is torch.Tensor.cpu:
+        return "cpu", {"memory_format": fmt}
+    rest = dict(kwargs)
+    copy = rest.pop("copy", False)
+    other = rest.pop("other", None)
+    positional = list(args[1:])
+    if positional and isinstance(positional[0], torch.Tensor):   # .to(other): its device and dtype
+        other = positional.pop(0)
+    if other is not None:
+        device, dtype = type_of(other), other.dtype
+        nb = bool(positional[0]) if positional else nb
+        copy = bool(positional[1]) if len(positional) > 1 else copy
+        return device, {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
+    if len(positional) > 3:   # to(device, dtype, non_blocking, copy): _parse_to takes no copy
+        copy = bool(positional.pop(3))
+    device, dtype, nb, fmt = torch._C._nn._parse_to(*positional, **rest)
+    return (device.type if device is not None else None), {"dtype": dtype, "non_blocking": nb, "copy": copy,
+                                                           "memory_format": fmt}
+
+
+class DeviceMode(TorchFunctionMode):
+    """Real CPU, fake CUDA: CPU work runs for real; CUDA tensors are meta tensors that answer as CUDA;
+    reading a fake tensor's value gets a stand-in (values.py)."""
+
+    def __init__(self, storages: Storages, session: Any):
+        super().__init__()
+        self.storages, self.session = storages, session
+        self._opening = None   # the Python-level function whose body _open has just started
+        self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
+                        torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
+                        torch.Tensor.is_meta: lambda t: False}
+        # Tensor methods a fake tensor answers as a CUDA tensor does (func -> handler(func, args, kwargs))
+        self.methods = {torch.Tensor.data_ptr: self._data_ptr, torch.Tensor.get_device: self._get_device,
+                        torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to}
+
+    def _type(self, t: torch.Tensor) -> str:
+        kind = self.storages.device_of(t)
+        if kind is None and wrapper_subclass(type(t)):   # a DTensor is on its local tensor's device
+            inner, _ = t.__tensor_flatten__()
+            kind = self.storages.device_of(getattr(t, inner[0])) if inner else None
+        return kind or "cpu"
+
+    def _device(self, t: torch.Tensor) -> torch.device:
+        kind = self._type(t)
+        return torch.device("cuda", cuda_index()) if kind == "cuda" else torch.device(kind)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._opening is not None:   # the first call in an opened body (see _open)
+            if func is self._opening:
+                self._opening = None
+                return func(*args, **kwargs)
+            self._opening = None
+        getter = self.getters.get(getattr(func, "__self__", None))
+        if getter is not None and getattr(func, "__name__", "") == "__get__":
+            return getter(args[0]) if spoofing() else func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
+                               self.session.known.value(args[0]))
+        method = self.methods.get(func)
+        if method is not None:
+            return method(func, args, kwargs)
+        if func in _factories() or (name in _LIKE and "device" in kwargs):
+            return self._factory(func, args, kwargs)
+        with Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
+            if autocast_rules.active():                     # from nothing (a wrapped scalar)
+                return autocast_rules.call(func, name, args, kwargs, self)
+            return rules.function(func, name, args, kwargs, self)
+
+    def _get_device(self, func, args, kwargs) -> int:
+        return cuda_index() if self._type(args[0]) == "cuda" else -1
+
+    def _data_ptr(self, func, args, kwargs) -> int:
+        """A fake tensor's address: its storage's fake address plus its offset (a meta tensor's own
+        data_ptr is 0 for all, and programs key tensors by it)."""
+        t = args[0]
+        if t.device.type != "meta" or wrapper_subclass(type(t)):
+            return func(t)
+        return self.storages.address(t.untyped_storage()) + t.storage_offset() * t.element_size()
+
+    def opens(self, func) -> bool:
+        """Whether `func` is a Python-level torch function whose body runs under this mode (see
+        _open)."""
+        return type(func) is types.FunctionType and func.__module__ in _OPENED_MODULES and func is not self._opening
+
+    def call(self, func, args, kwargs):
+        """Run a torch function as CUDA would: a Python-level one (F.multi_head_attention_forward,
+        F.layer_norm, ...) with this mode on for the calls in its body, any other as it is."""
+        if not self.opens(func):
+            return func(*args, **kwargs)
+        return self._open(func, args, kwargs)
+
+    def _open(self, func, args, kwargs):
+        """A torch function mode is popped while it handles a call, so the body of a Python-level
+        function would run with no mode at all: its scaled_dot_product_attention would take the meta
+        math path, its linears would miss autocast, its factories would make meta tensors. The body
+        runs here with the mode pushed again, from a copy of the function whose own
+        has_torch_function checks answer False (otherwise the body would hand itself back to the
+        mode at its first line). A body that checks another way still hands itself back: that call
+        (`_opening`) runs the old way, with the mode popped."""
+        body = types.FunctionType(func.__code__, {**func.__globals__, **_NO_OVERRIDE}, func.__name__,
+                                  func.__defaults__, func.__closure__)
+        body.__kwdefaults__ = func.__kwdefaults__
+        outer, self._opening = self._opening, func
+        try:
+            with self:
+                return body(*args, **kwargs)
+        finally:
+            self._opening = outer
+
+    def _call_device(self, args, kwargs) -> str | None:
+        seen = None
+        for a in leaves(args, kwargs):
+            if isinstance(a, torch.Tensor):
+                kind = self.storages.device_of(a)
+                if kind == "cuda":
+                    return kind
+                seen = seen or kind
+        return seen
+
+    def _factory(self, func, args, kwargs):
+        name = getattr(func, "__name__", "factory")
+        device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
+        kwargs = dict(kwargs)
+        if kwargs.pop("pin_memory", False) and device == "cpu":
+            notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
+        if device in ("cpu", "meta"):
+            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; meta is asked for
+        kwargs["device"] = META
+        with OnDevice(device):
+            out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
+            self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
+            if out.numel() <= known_mod.MAX_ELEMENTS:   # nor does the value it holds (known.py)
+                kwargs["device"] = "cpu"
+                self.session.known.remember(out, func(*args, **kwargs))
+        # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)
+        return out
+
+    def _to(self, func, args, kwargs):
+        t = args[0]
+        target, options = _parse_to(func, args, kwargs, self._type)
+        options = {k: v for k, v in options.items() if v is not None}
+        source = self._type(t)
+        if target is None or (target == "meta" and t.device.type == "meta"):
+            target = source   # "meta" is a fake tensor's real device, as code below the mode sees it
+        if target == "cpu" and t.device.type != "meta":
+            return torch.Tensor.to(t, **options)            # real stays real
+        if target == source:
+            return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
+        with OnDevice(target):   # a copy across devices: torch copies even when nothing else changes
+            return torch.Tensor.to(t, device=META, **{**options, "copy": True})
+
+
+# Modules whose Python-level torch functions run their bodies under the mode (DeviceMode._open):
+# torch.nn.functional and torch.functional, whose bodies call the ops that CUDA's autocast and the
+# kernel rules must see. Tensor methods written in Python (torch._tensor: backward, __repr__, ...)
+# keep running as they are.
+_OPENED_MODULES = {"torch.nn.functional", "torch.functional"}
+_NO_OVERRIDE = {name: (lambda *a, **k: False)
+                for name in ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")}
+
+

@@ -1,0 +1,183 @@
+"""Recorder: the dispatch level of fake execution. Below autograd it sees every aten op; each new
+storage of an op on fake tensors is an allocation on the op's device, and what CUDA's kernels and
+autograd engine do beyond the meta kernels comes from the rules (rules/: the AUTOGRAD, KERNEL,
+LAYOUT and HOST_OUTPUTS stages). engine/__init__.py says how the pieces fit.
+
+An op goes through these steps, each a small method below:
+
+1. pass through: a wrapper subclass (DTensor) first, torch's own FakeTensorMode (DTensor's sharding
+   propagation on global shapes), and real CPU work run as they are and record nothing;
+2. values: a read of known values gets the true answer (known.py); a scalar read or a
+   data-dependent shape gets a stand-in (values.py);
+3. the op itself: the kernel's temporaries are taken (KERNEL rules), an AUTOGRAD rule may do what
+   CUDA's engine does instead, else the meta kernel runs (through the meta cache) and its output is
+   laid out as CUDA's kernel lays it (LAYOUT rules); composite ops with no CUDA kernel are opened;
+4. the outputs are seen (new storages are allocations, HOST_OUTPUTS rules aside) and the kernel's
+   temporaries freed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from .. import rules
+from . import values
+from .devices import META, explicit_device, implicit_device, leaves, unspoofed, wrapper_subclass
+from .meta_cache import MetaCache
+from .storages import Storages
+
+_CREATE_ON_TARGET = {"_to_copy", "to", "copy"}   # ops whose output goes to the copy's target device
+_UNANSWERED = object()
+
+
+class Recorder(TorchDispatchMode):
+    """Below autograd: every op's new storages are allocations on the op's device."""
+
+    def __init__(self, storages: Storages, session: Any):
+        super().__init__()
+        self.storages, self.session = storages, session
+        self.cache = MetaCache()
+        self.last_op = None   # the previous op's name (AUTOGRAD rules ask what it made)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with unspoofed():   # inside an op, fake tensors are what they are: meta
+            return self._dispatch(func, types, args, kwargs or {})
+
+    def _dispatch(self, func, types, args, kwargs):
+        if any(wrapper_subclass(t) for t in types):
+            return NotImplemented   # a wrapper subclass (DTensor) first: its ops on plain tensors come back here
+        if _fake_mode_active():   # DTensor's sharding propagation runs ops on global shapes under
+            return func(*args, **kwargs)   # a FakeTensorMode of its own: shapes only, no allocation
+        args_leaves = leaves(args, kwargs)
+        if kwargs.get("device") != META and not any(_is_meta(a) for a in args_leaves):
+            return func(*args, **kwargs)   # real CPU work: runs, nothing to record
+        known = None if _decomposes(func) else self.session.known.inputs(func, args, kwargs, args_leaves)
+        answer = self._from_values(func, args, kwargs, args_leaves, known)
+        if answer is not _UNANSWERED:
+            return answer
+        return self._run(func, args, kwargs, args_leaves, known)
+
+    # ------------------------------------------------------------------ step 2: values
+    def _from_values(self, func, args, kwargs, args_leaves, known):
+        """The answer from values, or _UNANSWERED: known values' true answer, a scalar read's
+        stand-in, or a data-dependent shape at its upper bound (values.py)."""
+        if known is not None and values.reads_values(func, args):
+            return self._read_known(func, known, args_leaves)
+        strict = self.session.strict
+        read = values.scalar_op(func, args, strict) or values.shape_op(func, args, kwargs, strict)
+        if read is None:
+            return _UNANSWERED
+        if isinstance(read[0], torch.Tensor):   # a shape from values, taken at its upper bound
+            self._see(read[0], self._device(func, args_leaves), func.__name__)
+        return read[0]
+
+    def _read_known(self, func, known, args_leaves):
+        """A value or data-dependent shape read of known values (known.py): the true answer, with
+        fake outputs of the true shapes that know their values."""
+        device = self._device(func, args_leaves)
+        make = lambda r: torch.empty_strided(tuple(r.shape), r.stride(), dtype=r.dtype, device=META)  # noqa: E731
+        out = self.session.known.outputs_of(func, known, make)
+        if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            self._see(out, device, func.__name__)
+        return out
+
+    # ------------------------------------------------------------------ step 3: the op
+    def _run(self, func, args, kwargs, args_leaves, known):
+        real = [a for a in args_leaves if isinstance(a, torch.Tensor) and a.device.type != "meta"]
+        if any(a.dim() > 0 for a in real):
+            args, kwargs = _fakeify(args, kwargs)
+            args_leaves = leaves(args, kwargs)
+        device = self._device(func, args_leaves)
+        temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
+        if _decomposes(func):   # with autograd off, composite ops reach the mode whole:
+            with self:          # open them as CUDA would, so their inner allocations show
+                out = func.decompose(*args, **kwargs)
+            self._free(temporaries)
+            return out
+        out = rules.instead_of_op(func, args, kwargs, self) if device == "cuda" else rules.NOT_APPLICABLE
+        if out is rules.NOT_APPLICABLE:
+            out = self.cache.run(func, args, kwargs, args_leaves) if not real else func(*args, **kwargs)
+            if device == "cuda":
+                out = rules.layout(func, args, kwargs, out)
+        else:
+            known = None   # an in-place update the rule made: what the op wrote is unknown
+        self._learn_values(func, args, kwargs, known, out)
+        self.last_op = func.__name__
+        host = rules.host_outputs(func, args, kwargs) if device == "cuda" and not isinstance(out, torch.Tensor) else ()
+        self._see(out, device, func.__name__, host)
+        self._free(temporaries)   # the kernel's own temporaries die with the kernel
+        return out
+
+    def _learn_values(self, func, args, kwargs, known, out) -> None:
+        if known is not None:
+            self.session.known.after(func, known, out)
+        else:
+            self.session.known.written(func, args, kwargs)
+
+    def _free(self, keys) -> None:
+        for key in keys:
+            self.storages.on_free(key)
+
+    # ------------------------------------------------------------------ step 4: the outputs
+    def _see(self, out, device: str, op: str, host: tuple = ()) -> None:
+        """Every tensor of an op's output: a new storage is an allocation on `device`, except the
+        outputs at positions `host`, which CUDA's kernel keeps on the CPU (HOST_OUTPUTS rules)."""
+        if isinstance(out, torch.Tensor):
+            self.storages.see(out, device, op)
+            return
+        for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+            self.storages.see(t, "cpu" if i in host else device, op)
+
+    def _device(self, func, args_leaves) -> str:
+        """The device of an op's outputs: a copy's target, else CUDA if any input is, else the
+        inputs', the call's, the backward graph's (CUDA), or the default device."""
+        explicit = explicit_device()
+        if explicit is not None and (func.__name__.split(".")[0] in _CREATE_ON_TARGET):
+            return explicit
+        seen = None
+        for a in args_leaves:
+            if isinstance(a, torch.Tensor):
+                kind = self.storages.device_of(a)
+                if kind == "cuda":
+                    return "cuda"
+                seen = seen or kind
+        return seen or explicit or implicit_device() or self._without_inputs()
+
+    def _without_inputs(self) -> str:
+        if torch._C._current_graph_task_id() != -1:   # made by the engine (zeros for a missing
+            return "cuda"                              # gradient) on the graph's device
+        return "cuda" if self.session.default_cuda() else "cpu"
+
+
+def _is_meta(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.device.type == "meta"
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
+_DECOMPOSES: dict = {}
+
+
+def _decomposes(func) -> bool:
+    """Whether CUDA runs `func` as its CompositeImplicitAutograd decomposition (no CUDA kernel)."""
+    hit = _DECOMPOSES.get(func)
+    if hit is None:
+        name = func.name()
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        hit = has(name, "CompositeImplicitAutograd") and not has(name, "CUDA")
+        _DECOMPOSES[func] = hit
+    return hit
+
+
+def _fakeify(args, kwargs):
+    """Real tensors made before the session (a CPU constant, a numpy array) become meta tensors."""
+    if not any(isinstance(a, torch.Tensor) and a.device.type != "meta" and a.dim() > 0
+               for a in tree_leaves((args, kwargs))):
+        return args, kwargs
+    conv = lambda a: a.to(META) if isinstance(a, torch.Tensor) and a.device.type != "meta" and a.dim() > 0 else a  # noqa: E731
+    return tree_map(conv, args), tree_map(conv, kwargs)

@@ -1,0 +1,221 @@
+"""What a prediction session changes in torch while it runs: each change declared here (the table
+docs/predict.md prints, amem_alloc/patching.py) and applied through the session's PatchSet, so all
+of it is undone when the session ends, whatever happened inside.
+
+The changes, and why:
+
+* autocast's "is CUDA available" check and `torch.cuda.is_bf16_supported`: `torch.autocast("cuda")`
+  stays on with no GPU (autocast.py applies CUDA's policy to fake tensors);
+* `torch.clear_autocast_cache`: the emulated cast cache is dropped where torch drops its own;
+* torch.nn.init's in-place initializers: they only write values (some loop on them, e.g.
+  trunc_normal_'s rejection sampling), so they return the tensor unchanged;
+* `torch.nn.Parameter.__new__`, `Tensor.pin_memory`, `Tensor.is_pinned`: parameters are fake
+  wherever they are made (their values never decide what CUDA allocates; a 7B model on the CPU
+  would need 28 GB), and pinning host memory, which needs a CUDA driver, makes an ordinary copy;
+  both on the classes, not in the modes: the DataLoader pins batches in a thread of its own;
+* `torch.compile` and `nn.Module.compile`: compiled code runs as eager and the output says so
+  (keeping what compiling changes for an optimizer step: capturable state);
+* `UntypedStorage.resize_` and `UntypedStorage.data_ptr`: FSDP frees and refills storages outside
+  any op, and programs key tensors by address (no mode sees either call);
+* `torch.autograd._engine_run_backward`: backward's hooks and checkpoint recomputation run with the
+  device mode pushed again (a torch function mode is popped while it handles backward());
+* `_push_saved_tensors_default_hooks`: saved-tensor unpack hooks see tensors as their pack hooks
+  did (meta), as checkpoint's device check needs.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ...patching import PatchSet, declare
+from .. import notes as notes_mod
+from . import autocast as autocast_rules
+from .device_mode import DeviceMode
+from .devices import unspoofed
+from .values import is_fake
+
+AMP_AVAILABLE = declare("torch.cuda.amp.common", "amp_definitely_not_available",
+                        "autocast(\"cuda\") stays on without a GPU (autocast.py applies CUDA's policy)")
+BF16 = declare("torch.cuda", "is_bf16_supported", "the chosen card's bf16 support, not this machine's")
+CLEAR_CACHE = declare("torch", "clear_autocast_cache", "drops the emulated cast cache where torch drops its own")
+INIT = declare("torch.nn.init", "every in-place initializer (name_)",
+               "initializers only write values: they return the tensor unchanged (no minutes of real init)")
+PARAMETER = declare("torch.nn.Parameter", "__new__", "parameters are fake wherever they are made")
+PIN = declare("torch.Tensor", "pin_memory", "pinning needs a CUDA driver: an ordinary copy")
+IS_PINNED = declare("torch.Tensor", "is_pinned", "answers for the copies pin_memory made")
+COMPILE = declare("torch", "compile", "compiled code runs as eager, noted (its optimizer step's capturable state kept)")
+MODULE_COMPILE = declare("torch.nn.Module", "compile", "compiled code runs as eager, noted")
+RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills storages outside any op: recorded")
+DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
+RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
+                       "backward's hooks and recomputation run with the device mode pushed again")
+UNPACK_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
+                       "unpack hooks see tensors as their pack hooks did (checkpoint's device check)")
+
+_UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
+COMPILE_NOTE = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
+                "and inductor's buffer reuse and fusion of temporaries are not modelled; a compiled "
+                "optimizer step's capturable state is)")
+
+
+def apply(session: Any, patches: PatchSet) -> None:
+    """Every change the session makes to torch, through `patches`."""
+    _autocast(session, patches)
+    _init(patches)
+    _host(patches)
+    _compile(session, patches)
+    _storages(session, patches)
+    _backward(session, patches)
+
+
+# ============================================================================ autocast
+def _autocast(session: Any, patches: PatchSet) -> None:
+    import torch.cuda.amp.common as amp_common
+
+    cap = session.capability
+    patches.apply(AMP_AVAILABLE, amp_common, "amp_definitely_not_available", lambda: False)
+    patches.apply(BF16, torch.cuda, "is_bf16_supported", lambda *a, **k: cap[0] >= 8)
+    orig_clear = torch.clear_autocast_cache
+
+    def clear():
+        autocast_rules.clear_cache()
+        orig_clear()
+    patches.apply(CLEAR_CACHE, torch, "clear_autocast_cache", clear)
+
+
+# ============================================================================ values and host memory
+def _value_only(fn):
+    """torch.nn.init's in-place initializers write a weight's values, nothing else: under prediction
+    they return the tensor unchanged, on fake tensors and on real CPU ones alike (a weight made on
+    the CPU becomes a fake parameter; initialising a 7B model for real takes minutes and 28 GB)."""
+    def init(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor):
+            return tensor
+        return fn(tensor, *args, **kwargs)
+    init.__name__ = fn.__name__
+    return init
+
+
+def _init(patches: PatchSet) -> None:
+    import torch.nn.init as init
+
+    for name in dir(init):
+        fn = getattr(init, name)
+        if name.endswith("_") and not name.startswith("_") and callable(fn):
+            patches.apply(INIT, init, name, _value_only(fn))
+
+
+def _host(patches: PatchSet) -> None:
+    """Parameters are fake wherever they are made, and pinning makes an ordinary copy (see the note)."""
+    orig_new = torch.nn.Parameter.__new__
+    pinned = weakref.WeakSet()
+
+    def parameter(cls, data=None, requires_grad=True):
+        if isinstance(data, torch.Tensor) and not is_fake(data):
+            with torch._C.DisableTorchFunction(), _disable_current_modes():
+                data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
+        return orig_new(cls, data, requires_grad)
+
+    def pin_memory(t, device=None):
+        if is_fake(t):
+            return t
+        out = t.clone()
+        pinned.add(out)
+        return out
+
+    patches.apply(PARAMETER, torch.nn.Parameter, "__new__", parameter)
+    patches.apply(PIN, torch.Tensor, "pin_memory", pin_memory)
+    patches.apply(IS_PINNED, torch.Tensor, "is_pinned", lambda t, device=None: t in pinned)
+
+
+# ============================================================================ torch.compile
+def _compile(session: Any, patches: PatchSet) -> None:
+    """torch.compile: compiled code is predicted as eager, and the output says so. One thing
+    compiling changes is kept: an optimizer step run inside a compiled function gets
+    `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py
+    `_set_capturable`), so its `step` counts live on the GPU (see FakeCudaSession._opt_pre)."""
+    def compile(model=None, **kwargs):
+        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
+        if model is None:
+            return lambda fn: compile(fn, **kwargs)
+        if isinstance(model, torch.nn.Module) or not callable(model):
+            return model
+        return session.compiled(model)
+
+    def module_compile(module, *args, **kwargs):
+        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
+
+    patches.apply(COMPILE, torch, "compile", compile)
+    patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
+
+
+# ============================================================================ storages
+def _unsharding(frame, depth: int = 3) -> bool:
+    """Whether a storage's resize_ comes from FSDP refilling an unsharded parameter: FSDP2's
+    `alloc_storage` (the all-gather output a parameter is a view of), FSDP1's `_alloc_storage`
+    (the padded flat parameter, and under MixedPrecision the low-precision copy of the shard it is
+    gathered from, through TypedStorage._resize_). torch regrows a freed storage
+    with resize_ for nothing else; the storage's earlier life (the first all-gather output, made
+    by torch.empty) was the same parameter and is labelled with it."""
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name in _UNSHARDING and "distributed" in frame.f_code.co_filename:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
+
+
+def _storages(session: Any, patches: PatchSet) -> None:
+    storages = session.storages
+    orig_resize = torch.UntypedStorage.resize_
+
+    def resize_(storage, size):   # outside any op: FSDP frees and refills storages so
+        before = storages.key_of_storage(storage)
+        out = orig_resize(storage, size)
+        if storage.device.type == "meta":
+            storages.resized(storage, int(size))
+            if int(size) > 0 and _unsharding(sys._getframe(1)):
+                session.gathered_params.update({before, storages.key_of_storage(storage)} - {None})
+        return out
+    patches.apply(RESIZE, torch.UntypedStorage, "resize_", resize_)
+    orig_data_ptr = torch.UntypedStorage.data_ptr
+
+    def data_ptr(storage):   # not a torch function: no mode sees it (transformers' id_tensor_storage asks)
+        return storages.address(storage) if storage.device.type == "meta" else orig_data_ptr(storage)
+    patches.apply(DATA_PTR, torch.UntypedStorage, "data_ptr", data_ptr)
+
+
+# ============================================================================ backward
+def _backward(session: Any, patches: PatchSet) -> None:
+    orig_run = torch.autograd._engine_run_backward
+
+    def run_backward(*args, **kwargs):
+        # backward() is a torch function: the mode runs it with itself popped. Push a mode
+        # again so that the hooks backward runs (FSDP's, DDP's, a script's) see CUDA devices
+        # as in forward, and checkpoint recomputation gets CUDA's autocast and kernels.
+        with DeviceMode(session.storages, session):
+            return orig_run(*args, **kwargs)
+    patches.apply(RUN_BACKWARD, torch.autograd, "_engine_run_backward", run_backward)
+    _unpack_hooks(patches)
+
+
+def _unpack_hooks(patches: PatchSet) -> None:
+    """Saved-tensor pack hooks run inside the op that saves (the mode popped: fake tensors show
+    their real device, meta); their unpack hooks run in backward, where devices answer CUDA.
+    Each unpack hook runs `unspoofed`, so it sees the tensors as its pack hook did: checkpoint
+    compares the recomputed tensors' devices with the ones its pack hook recorded
+    (torch/utils/checkpoint.py, `_default_meta_extractor`)."""
+    import torch._C._autograd as autograd_c
+    push = autograd_c._push_saved_tensors_default_hooks
+
+    def push_hooks(pack_hook, unpack_hook):
+        @functools.wraps(unpack_hook)
+        def unpack(packed):
+            with unspoofed():
+                return unpack_hook(packed)
+        return push(pack_hook, unpack)
+    patches.apply(UNPACK_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)

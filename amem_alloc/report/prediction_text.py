@@ -1,0 +1,217 @@
+"""`amem predict`'s and `amem fit`'s text, from their JSON: one process, every rank of a job, the
+what-ifs, and amem fit's answer. Nothing here reads a prediction object: each function takes the
+dict that `.to_dict()` gives (or anything with a `to_dict()`), so the text and the JSON cannot
+disagree.
+
+    print(format_prediction(amem_alloc.predict(step)))
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..introspection import format_bytes
+from ..replay.evaluation import align, format_table, signed_bytes
+from .predict import note_line
+from .verdict import text_lines as verdict_lines
+
+POLICY_COLUMNS = ("policy", "peak allocated", "peak reserved", "min capacity", "fits", "headroom", "frag. at peak")
+NO_ALLOCATION = ("No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
+                 "(device=\"cuda\", .cuda(), .to(\"cuda\"))?")
+
+
+def _data(x: Any) -> dict:
+    return x.to_dict() if hasattr(x, "to_dict") else x
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+# ============================================================================ one process
+def format_prediction(prediction: Any, top: int = 8) -> str:
+    """The text of one prediction (a Prediction, or its JSON)."""
+    d = _data(prediction)
+    lines = _heading(d)
+    if d["policies"]:
+        lines += verdict_lines(d["verdict"])
+    lines += _policy_table(d["policies"])
+    lines += _at_peak(d, top)
+    lines += _markers_text(d.get("at_markers") or [], top)
+    lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {d['gpu']['memory_source']}."]
+    lines += _notes_text(d.get("notes") or [])
+    lines += format_what_if(d)
+    return "\n".join(lines)
+
+
+def _heading(d: dict) -> list[str]:
+    g = d["gpu"]
+    ctx = f"context ~{format_bytes(g['context_bytes'])} ({g['context_source']})" if g["context_bytes"] else \
+        "no context taken"
+    lines = [f"amem predict: {d['target']} on {g['name']} ({format_bytes(g['capacity_bytes'])}; {ctx}; "
+             f"usable {format_bytes(g['usable_bytes'])})", d["note"], ""]
+    stopped = d.get("stopped_after")
+    if stopped:
+        lines[-1:-1] = [stopped[0].upper() + stopped[1:] + "."]
+    if not d["program"]["allocations"]:
+        lines += [NO_ALLOCATION, ""]
+    return lines
+
+
+def _policy_table(rows: list[dict]) -> list[str]:
+    lines = format_table(rows, POLICY_COLUMNS)
+    if any(r["fits"] and r["headroom"] < 0 for r in rows):
+        lines.append("* fits only by emptying its cache when a cudaMalloc fails (torch retries), which costs time")
+    best = min(rows, key=lambda r: (r["min_capacity"], r["peak_reserved"]), default=None)
+    if best is not None:
+        lines.append(f"least memory needed: {best['policy']} ({format_bytes(best['min_capacity'])})")
+    return lines
+
+
+def _at_peak(d: dict, top: int) -> list[str]:
+    allocated, cats = d["at_peak_allocated"], d["at_peak"]
+    during = f", in {d['at_peak_phase']}" if d.get("at_peak_phase") else ""
+    lines = ["", f"At the peak ({format_bytes(allocated)} allocated{during}, after allocator call "
+                 f"{d['at_peak_op'] + 1} of {d['program']['ops']}):"]
+    most = d.get("category_peaks") or {}
+    order = list(cats) + [k for k in most if k not in cats]
+    body = [[k, format_bytes(cats.get(k, 0)), _share(cats.get(k, 0), allocated),
+             format_bytes(most[k]) if k in most else "-"] for k in order]
+    lines += ["  " + ln for ln in align([["category", "bytes", "share", "largest in the run"]] + body)]
+    lines += ["", "  by module:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(d["at_peak_modules"].items())[:top]]
+    lines += ["", "  by op / autograd node:"] + [f"    {format_bytes(v):>10}  {k}" for k, v in list(d["at_peak_ops"].items())[:top]]
+    return lines
+
+
+def _markers_text(marks: list[dict], top: int) -> list[str]:
+    if not marks:
+        return []
+    shown = marks if len(marks) <= top else marks[: top - 1] + marks[-1:]
+    out = ["", "  live at each marker (allocated; largest categories):"]
+    for mk in shown:
+        cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in list(mk["categories"].items())[:3])
+        out.append(f"    {mk['marker']} after call {mk['op']}: {format_bytes(mk['allocated'])}" + (f" ({cats})" if cats else ""))
+    if len(shown) < len(marks):
+        out.insert(-1, f"    ... {len(marks) - len(shown)} more")
+    return out
+
+
+def _notes_text(notes: list[dict]) -> list[str]:
+    """What the prediction stood in for, estimated or did not model, one line each."""
+    if not notes:
+        return []
+    out = ["", f"What this prediction stood in for, estimated or did not model ({len(notes)}):"]
+    return out + ["  " + note_line(n) for n in notes]
+
+
+# ============================================================================ what-ifs
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e6:.1f} MFLOP"
+
+
+def cost_text(w: dict) -> str:
+    """What a what-if costs at run time, from its JSON."""
+    r = w.get("recompute")
+    if not r:
+        return "no recompute"
+    stack = f"{r['blocks']} blocks of {r['stack']}" + (f" in segments of {r['blocks_per_segment']}"
+                                                      if r["blocks_per_segment"] > 1 else "")
+    share = r["share_of_step"]
+    pct = f", about +{share:.0%} of the step's compute (backward taken as 2x forward)" if share is not None else ""
+    return f"recomputes up to {_flops(r['flops'])} over the predicted run ({stack}){pct}"
+
+
+def format_what_if(prediction: Any) -> list[str]:
+    """The what-if lines of `amem predict`'s text (none when no what-if was asked)."""
+    d = _data(prediction)
+    results = d.get("what_if") or []
+    if not results:
+        return []
+    lines = ["", "What if (each change applied by amem and the code predicted again; saving against the "
+                 "unchanged run):"]
+    body = []
+    for w in results:
+        if w["failed"]:
+            body.append([w["change"], "-", "-", "-", "-", "could not be predicted"])
+            continue
+        for r in w["policies"]:
+            body.append([w["change"], r["policy"], format_bytes(r["peak_allocated"]), format_bytes(r["peak_reserved"]),
+                         "yes" if r["fits"] else "NO", signed_bytes(r["saving_reserved"])])
+    headers = ["change", "policy", "peak allocated", "peak reserved", "fits", "saving (reserved)"]
+    lines += ["  " + ln for ln in align([headers] + body)]
+    for w in results:
+        costly = "recompute" in w and w["applied"]
+        extra = ([w["failed"]] if w["failed"] else []) + w["notes"] + ([cost_text(w)] if costly else [])
+        lines += [f"  {w['change']}: {e}" for e in extra]
+    return lines + _cheapest_lines(results, d.get("cheapest_change") or {})
+
+
+def _cheapest_lines(results: list[dict], picks: dict) -> list[str]:
+    lines = []
+    for policy, change in picks.items():
+        if change is None:
+            lines.append(f"  {policy}: none of these changes makes it fit")
+        else:
+            w = next(x for x in results if x["change"] == change)
+            lines.append(f"  cheapest change that makes it fit under {policy}: {change} ({cost_text(w)})")
+    if not picks:
+        lines.append("  the unchanged run fits under every policy")
+    return lines
+
+
+# ============================================================================ every rank of a job
+def format_ranks(ranks: Any) -> str:
+    """The text of a distributed prediction (a RankPrediction, or its JSON): the ranks side by side,
+    then the worst rank's prediction."""
+    d = _data(ranks)
+    entries = d["ranks"]
+    distinct = sum(1 for e in entries if e["same_as"] is None)
+    nodes = d["nnodes"]
+    lines = [f"amem predict: {d['world_size']} ranks ({nodes} node{'s' if nodes > 1 else ''} "
+             f"x {d['nproc_per_node']} processes), {len(entries)} predicted, "
+             f"{distinct} distinct program{'s' if distinct > 1 else ''}", ""]
+    lines += _rank_table(entries)
+    worst = next(e for e in entries if e["rank"] == d["worst_rank"])
+    lines += ["", f"worst rank: {worst['rank']} (the one that needs the most memory under "
+                  f"{worst['policies'][0]['policy']}); its prediction:", ""]
+    lines.append(format_prediction({**worst, "gpu": d["gpu"], "note": d["note"], "predicted": True}))
+    return "\n".join(lines)
+
+
+def _rank_table(entries: list[dict]) -> list[str]:
+    policies = [r["policy"] for r in entries[0]["policies"]]
+    headers = ["rank", "same as", "peak allocated"] + [f"reserved {p}" for p in policies] + ["fits"]
+    body = []
+    for e in entries:
+        rows = e["policies"]
+        fitting = [r["policy"] for r in rows if r["fits"]]
+        fits = "all" if len(fitting) == len(rows) else ", ".join(fitting) or "none"
+        body.append([str(e["rank"]), "-" if e["same_as"] is None else str(e["same_as"]),
+                     format_bytes(rows[0]["peak_allocated"])] + [format_bytes(r["peak_reserved"]) for r in rows] + [fits])
+    return align([headers] + body, text_columns=2)
+
+
+# ============================================================================ amem fit
+def format_fit(fit: Any) -> str:
+    """amem fit's answer (a FitResult, or its JSON)."""
+    d = _data(fit)
+    g = d["gpu"]
+    lines = [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable "
+             f"{format_bytes(g['usable_bytes'])}), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
+    lines += ["  " + _fit_line(d["arg"], p) for p in d["policies"]]
+    return "\n".join(lines)
+
+
+def _fit_line(arg: str, p: dict) -> str:
+    if p["largest"] is None:
+        return f"{p['policy']}: does not fit at any value tried"
+    line = (f"{p['policy']}: --{arg} {p['largest']} (needs {format_bytes(p['needed'])}; peak reserved "
+            f"{format_bytes(p['peak_reserved'])}, headroom {signed_bytes(p['headroom'])}"
+            + (": fits only by emptying its cache when a cudaMalloc fails" if p["headroom"] < 0 else "") + ")")
+    if p["first_failing"] is None:
+        return line + f"; fits at every value tried, up to {p['largest']}"
+    if p["needed_at_first_failing"] is not None:
+        return line + f"; {p['first_failing']} does not fit: it needs {format_bytes(p['needed_at_first_failing'])}"
+    return line + f"; {p['first_failing']} could not be predicted: {p['why_first_failing']}"
