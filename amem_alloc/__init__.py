@@ -84,7 +84,7 @@ def __getattr__(name: str):
         module = importlib.import_module(".predict", __name__)
         return module if name == "predict" else module.predicting
     if name == "fit":  # amem fit: bisection over predictions
-        from .predict.whatif.fit import fit
+        from .predict.fit import fit
 
         return fit
     if name in _LAZY:  # replay and compare import numpy: loaded on first use too

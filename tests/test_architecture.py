@@ -159,3 +159,70 @@ def test_policies_are_evaluated_in_replay():
                  for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
                  if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in own}
     assert not offenders, f"per-policy evaluation outside replay/: {sorted(offenders)}"
+
+
+# ---------------------------------------------------------------------------- predict/'s pipeline
+PREDICT = PACKAGE / "predict"
+# predict/'s units in the order data flows (docs/architecture.md, "From a script to a prediction"):
+# a unit imports only units of a lower tier. patch_table is a tool over all of them (it loads each
+# by name to print the patch catalogue).
+PREDICT_TIERS = {
+    "state": 0, "gpus": 0, "run": 0,
+    "notes": 1,
+    "rules": 2,
+    "engine": 3,
+    "shims": 4, "analysis": 4, "script": 4,
+    "whatif": 5,
+    "api": 6,
+    "fit": 7, "distributed": 7,
+    "patch_table": 8, "__init__": 8,
+}
+
+
+def _predict_unit(path: Path) -> str:
+    parts = path.relative_to(PREDICT).with_suffix("").parts
+    return parts[0]
+
+
+def _predict_edges() -> set[tuple[str, str]]:
+    edges = set()
+    for path in PREDICT.rglob("*.py"):
+        source = _predict_unit(path)
+        for target, names in _imports(path):
+            if not target.startswith("amem_alloc.predict"):
+                continue
+            rest = target[len("amem_alloc.predict"):].lstrip(".")
+            for unit in ([rest.split(".")[0]] if rest else names):
+                if unit != source:
+                    edges.add((source, unit))
+    return edges
+
+
+def test_predict_tiers_name_every_unit():
+    units = {_predict_unit(p) for p in PREDICT.rglob("*.py")}
+    assert units == set(PREDICT_TIERS), (units ^ set(PREDICT_TIERS))
+
+
+def test_predict_data_flows_down_its_pipeline():
+    upward = [f"{a} (tier {PREDICT_TIERS[a]}) imports {b} (tier {PREDICT_TIERS[b]})"
+              for a, b in sorted(_predict_edges()) if PREDICT_TIERS[b] >= PREDICT_TIERS[a]]
+    assert not upward, "predict/ imports against its pipeline:\n" + "\n".join(upward)
+
+
+def test_predict_and_provenance_make_no_pages_or_text():
+    """Every text, markdown and HTML renderer lives in report/: predict/ and provenance/ hand it data."""
+    offenders = sorted({_relative(p) for folder in ("predict", "provenance") for p in (PACKAGE / folder).rglob("*.py")
+                        for target, _ in _imports(p) if target.startswith("amem_alloc.report")})
+    assert not offenders, f"these import report/: {offenders}"
+
+
+def test_predict_has_no_long_function_or_file():
+    long = []
+    for path in PREDICT.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 600:
+            long.append(f"{_relative(path)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{_relative(path)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, "over 600 lines a file or 60 a function in predict/:\n" + "\n".join(long)

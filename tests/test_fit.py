@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import amem_alloc  # noqa: E402
-from amem_alloc.predict.whatif import fit as fit_mod  # noqa: E402
+from amem_alloc.predict import fit as fit_mod  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parent / "whatif_programs"
 sys.path.insert(0, str(PROGRAMS))

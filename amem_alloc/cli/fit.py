@@ -23,7 +23,7 @@ def _fail(message: str) -> None:
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    from ..predict.whatif import fit as fit_mod
+    from ..predict import fit as fit_mod
     from .parser import existing_script as _script
 
     script = _script(args.target)

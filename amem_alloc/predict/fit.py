@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...introspection import format_bytes
+from ..introspection import format_bytes
 
 MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried"
 
@@ -103,7 +103,7 @@ class FitResult:
     def write_json(self, path: Any) -> Any:
         import json
 
-        from ...atomic_write import write_text
+        from ..atomic_write import write_text
 
         return write_text(path, json.dumps(self.to_dict(), indent=1))
 
@@ -124,7 +124,7 @@ class _Trials:
         return self.done[value]
 
     def _run(self, value: int) -> Trial:
-        from . import trial
+        from .whatif import trial
 
         started = time.perf_counter()
         quiet = contextlib.redirect_stdout(io.StringIO()) if self.quiet else contextlib.nullcontext()
@@ -217,9 +217,9 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
     """The largest value of `arg` that fits the card, per policy. target: a script's argv
     (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
     (called as target(value) under prediction). steps/timeout: per trial, as amem predict's."""
-    from .. import api
-    from .. import script as script_mod
-    from . import trial
+    from . import api
+    from . import script as script_mod
+    from .whatif import trial
 
     card = api.resolve_gpu(gpu, capacity_gb)
     chosen = api.resolve_policies(policies)
