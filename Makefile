@@ -1,6 +1,8 @@
 # amem_alloc — the commands the README gives. Each sets up what it needs first.
 #
 #   make demo     set up, build, and run the main job: amem compare on a GPT workload (predicted without a GPU)
+#   make test-fast  the quick tests a newcomer runs first (C++ tests, and the Python tests that run no
+#                 real program; a few minutes)
 #   make test     set up, build, and run every test (Python, C++, and the C++ tests again under
 #                 AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer)
 #   make bench    run every benchmark and write benchmarks/RESULTS.md (not part of `make test`;
@@ -22,7 +24,7 @@ SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
                  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
                  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: setup build demo test test-python test-cpp test-sanitize test-gpu gpu-check test-torch-versions bench gtest chromium clean
+.PHONY: setup build demo test test-fast test-python test-cpp test-sanitize test-gpu gpu-check test-torch-versions bench gtest chromium clean
 
 setup: $(VENV)/.ready $(VENV)/.programs build
 
@@ -47,6 +49,13 @@ demo: setup
 	$(VENV)/bin/amem compare --workload gpt --out build/compare/gpt
 
 test: setup test-python test-cpp test-sanitize
+
+# The tests that run real programs, many predictions or benchmarks are left out (make test runs them).
+SLOW_TESTS := test_predict_programs.py test_predict_lightning.py test_predict_distributed.py test_predict_lm_medium.py \
+              test_predict_whatif.py test_fit.py test_bench_fragmentation.py test_benchmarks_smoke.py test_compare.py \
+              test_workloads_hard.py test_patches.py test_report_browser.py test_stress_hostile.py
+test-fast: setup test-cpp
+	$(PY) -m pytest -q -x tests $(addprefix --ignore=tests/,$(SLOW_TESTS))
 
 test-python: chromium
 	$(PY) -m pytest -q tests

@@ -1,4 +1,4 @@
-"""A test double of the engine's FakeCudaSession (amem_alloc/predict/session.py): the test itself
+"""A test double of the engine's FakeCudaSession (amem_alloc/predict/engine/session.py): the test itself
 says which allocations happen, so the surface (shims, analysis, output) is tested on exactly known
 sequences. Not an engine: nothing here runs torch code on fake tensors."""
 from __future__ import annotations

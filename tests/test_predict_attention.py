@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention as CUDA runs it (amem_alloc/predict/kernels/sdpa_select.py and
+"""scaled_dot_product_attention as CUDA runs it (amem_alloc/predict/rules/sdpa_select.py and
 attention.py): the backend sdp_utils.cpp picks for a card and inputs, and what each backend's
 kernels allocate, save and free, checked against byte counts worked out from the CUDA sources
 (flash_api.cpp, attention.cu, attention_backward.cu, MHA.cpp, attention.cpp)."""

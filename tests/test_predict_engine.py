@@ -1,4 +1,4 @@
-"""The prediction engine (amem_alloc/predict/session.py): fake CUDA tensors, torch's own autograd,
+"""The prediction engine (amem_alloc/predict/engine/session.py): fake CUDA tensors, torch's own autograd,
 and the allocation sequence CUDA's caching allocator would receive, checked against numbers worked
 out by hand from the model's shapes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CUDA's kernels as CUDA runs them (amem_alloc/predict/kernels/): fused and foreach optimizers,
+"""CUDA's kernels as CUDA runs them (amem_alloc/predict/rules/): fused and foreach optimizers,
 GradScaler, cuDNN batch norm, cross-entropy under autocast, embedding backward, cuDNN convolution.
 Byte counts are worked out here from the model's shapes and torch's sources (named per test)."""
 from __future__ import annotations

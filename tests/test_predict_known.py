@@ -1,4 +1,4 @@
-"""Known values (amem_alloc/predict/known.py): small fake CUDA tensors made from known data keep
+"""Known values (amem_alloc/predict/engine/known.py): small fake CUDA tensors made from known data keep
 their real values, so reads of them give what a GPU gives, with no stand-in; values computed from
 unknowable data (random numbers, what an op with an unknown input writes) still get stand-ins."""
 from __future__ import annotations

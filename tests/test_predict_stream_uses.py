@@ -1,4 +1,4 @@
-"""record_stream under prediction (amem_alloc/predict/stream_uses.py): a storage used on another
+"""record_stream under prediction (amem_alloc/predict/engine/stream_uses.py): a storage used on another
 stream is freed when that stream is synchronised with, as the caching allocator's events allow."""
 import pytest
 

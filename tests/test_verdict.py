@@ -1,4 +1,4 @@
-"""The verdict at a glance (predict/verdict.py's data and text, report/verdict.py's panel), in `amem predict`'s text, JSON and report.
+"""The verdict at a glance (predict/analysis/verdict.py's data and text, report/verdict.py's panel), in `amem predict`'s text, JSON and report.
 
 * the bar's parts are what is live at the peak of allocated memory, grouped, and add up to it
   exactly; parameters and autocast's copies against first principles;

@@ -4,13 +4,16 @@
     with amem_alloc.predicting(gpu="A100-40GB") as run: ...
     amem predict --gpu H100-80GB -- python train.py ...    # the CLI (amem_alloc/cli/predict.py)
 
-session.py runs code on fake CUDA tensors and records the allocation sequence; cuda_shims.py
-makes torch.cuda answer from the prediction; outcome.py evaluates the sequence per policy
-(replay/evaluation.py: peaks, smallest capacity, fits), says what holds memory at the peak and
-writes the JSON, text and trace that report/predict.py draws its page from; verdict.py is the
-verdict's data and text; gpus.py is the card table;
-api.py and amem_alloc/cli/predict.py are the two ways in. See docs/predict.md. Submodules load on first use, so
-`amem --help` does not pay for numpy and torch.
+The pipeline, one package per stage (data flows down; tests/test_architecture.py checks it):
+engine/ runs code on fake CUDA tensors, following rules/ (what CUDA's kernels and autograd engine
+do beyond the meta kernels); run.py is the run it records (one listener, one RecordedRun);
+shims/ makes torch.cuda answer from the prediction while it runs; analysis/ evaluates the run per
+policy (replay/evaluation.py: peaks, smallest capacity, fits) and says what holds memory (JSON and
+trace; report/ makes the text and page from the JSON); whatif/ re-predicts with a change; api.py
+and amem_alloc/cli/predict.py are the two ways in, fit.py and distributed/ run many predictions.
+state.py holds a running session's state, notes.py what it stood in for, gpus.py the card table.
+See docs/predict.md and docs/architecture.md. Submodules load on first use, so `amem --help` does
+not pay for numpy and torch.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Design note
 -----------
 `amem replay` (replay/trace.py), `amem compare` (compare/child.py, compare/table.py) and `amem
-predict` (predict/outcome.py) all ask the same question of a program: per policy, the peaks,
+predict` (predict/analysis/prediction.py) all ask the same question of a program: per policy, the peaks,
 the fragmentation at the peak, the device calls, and whether it fits a device. `evaluate` answers
 it through the C++ loop on the sim backend (program.run), one PolicyRow per policy; the row is
 plain data (`to_dict`, `from_dict`), so a row computed in `amem compare`'s child process crosses

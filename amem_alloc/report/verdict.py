@@ -3,7 +3,7 @@ against the card's usable memory, split into what fills it.
 
 Design note
 -----------
-The data is predict/verdict.py's `verdict(p)` (the JSON's "verdict": per policy its parts, peak
+The data is predict/analysis/verdict.py's `verdict(p)` (the JSON's "verdict": per policy its parts, peak
 reserved and what it says) and the what-if JSON (`what_if`, `cheapest_change`: predict/whatif/
 answers.py's to_json); nothing here reads a prediction object. Which categories each group holds is
 amem_alloc/categories.py's (predict/analysis/verdict.py sums them); each group's colour and its

@@ -9,7 +9,7 @@ autocast copies, temporaries, workspaces) and what the policy reserved beyond th
 fragmentation and the cache). Those parts are measured at the peak of allocated memory, the same
 for every policy; the policy's peak reserved may come at another moment, so "cached but free" is
 peak reserved less allocated at that peak (never below 0). Autocast copies are the storages that
-autocast's casts made (predict/autocast.py notes each cast it makes); the rest of a category is as
+autocast's casts made (predict/engine/autocast.py notes each cast it makes); the rest of a category is as
 the Tracer says.
 
 `verdict(p)` is the data (the JSON's "verdict", from which report/verdict.py draws the panel that

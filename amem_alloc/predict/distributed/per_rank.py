@@ -3,7 +3,7 @@ worst rank, side by side in text and in JSON (`"ranks": [...]`), one trace per r
 
 Design note
 -----------
-A rank's figures are a `Prediction` (outcome.py) like a single process's. The worst rank is the
+A rank's figures are a `Prediction` (analysis/prediction.py) like a single process's. The worst rank is the
 one that needs the most memory under the first policy asked (its min capacity, then its peak
 reserved): on a job whose ranks differ (uneven shards, pipeline stages, rank 0's extra work) it is
 the rank that decides whether the job fits. `--trace` takes a path with `{rank}` in it and writes

@@ -24,7 +24,7 @@ FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat 
 sharded, all-gathered on its unshard stream (refilled with `resize_` through torch/distributed/
 utils.py's `_alloc_storage`), freed with `record_stream` on the compute stream, gradients
 reduce-scattered on its post-backward stream, its `limit_all_gathers` rate limiter blocking on
-events (cuda_shims.FakeEvent, stream_uses.py). Its hooks in backward check the flat parameter's
+events (shims/devices.FakeEvent, stream_uses.py). Its hooks in backward check the flat parameter's
 device against the compute device: backward's hooks see CUDA devices as forward's code does
 (session.py, execution.unspoofed). CPU offload (`CPUOffload(offload_params=True)`) is refused
 (NotModelledError, exit 4): its gradients, made on the GPU, are assigned to the CPU flat

@@ -30,7 +30,7 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
 
 A `device` argument is accepted everywhere torch takes one; an index outside device_count raises
 like torch does. The core is unlimited, so a script never sees an out-of-memory error while it
-runs: whether the run fits is answered afterwards, per policy (outcome.py).
+runs: whether the run fits is answered afterwards, per policy (analysis/prediction.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ change's figures per policy against the unchanged run, and the cheapest change t
 
 Design note
 -----------
-whatif_run.run_all re-predicts the code once per change (trial.predict, the change active around
+whatif/run.py's run_all re-predicts the code once per change (trial.predict, the change active around
 the code) and attaches the answers, WhatIf here, to the unchanged Prediction (`.what_if`), so that
 its text, JSON and report carry them. Nothing here estimates: every figure is a re-prediction's
 replay. cli/predict_whatif.py holds `amem predict --what-if`'s options.
