@@ -53,7 +53,7 @@ test: setup test-python test-cpp test-sanitize
 # The tests that run real programs, many predictions or benchmarks are left out (make test runs them).
 SLOW_TESTS := test_predict_programs.py test_predict_lightning.py test_predict_distributed.py test_predict_lm_medium.py \
               test_predict_whatif.py test_fit.py test_bench_fragmentation.py test_benchmarks_smoke.py test_compare.py \
-              test_workloads_hard.py test_patches.py test_report_browser.py test_stress_hostile.py
+              test_workloads_hard.py test_patches.py test_stress_hostile.py
 test-fast: setup test-cpp
 	$(PY) -m pytest -q -x tests $(addprefix --ignore=tests/,$(SLOW_TESTS))
 
