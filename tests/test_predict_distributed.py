@@ -229,16 +229,17 @@ def test_a_rank_failing_in_a_worker_fails_the_prediction_with_its_status(tmp_pat
 
 def test_a_worker_that_dies_leaves_its_rank_to_be_recorded_here():
     from amem_alloc.predict.distributed import recording
+    from amem_alloc.predict.run import RecordedRun
 
     parent = os.getpid()
 
     def record(rank):
         if rank == 2 and os.getpid() != parent:
             os._exit(1)   # the worker crashes without answering
-        return recording.Recording(rank, f"rank {rank}", [(ALLOC, 1, rank + 1, 0)], [], {}, "", [], 0, 0.0)
+        return recording.Recording(rank, RecordedRun(f"rank {rank}", [(ALLOC, 1, rank + 1, 0)], {}, []), 0)
 
     got = list(recording.record_all([0, 1, 2, 3], record, workers=2))
-    assert [(r.rank, r.ops[0][2]) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert [(r.rank, r.run.ops[0][2]) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 # ---------------------------------------------------------------------------- the command
