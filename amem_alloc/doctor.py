@@ -127,7 +127,7 @@ def _vmm(device: int) -> str:
 def _gpu(torch: Any) -> list[Finding]:
     if torch is None:
         return []
-    from .compare.runner import gpu_problem
+    from .cuda import gpu_problem
 
     problem = gpu_problem()
     if problem:
