@@ -5,8 +5,10 @@ import is still a dependency) becomes an edge between *units*: a sub-package (am
 ...) or a top-level module (amem_alloc/policies.py ...). The checks:
 
 * no cycle between units: data flows down (commands -> packages -> runtime modules -> _C);
-* no module below the package's own __init__ reads a name defined there (the version is in
-  version.py, a leaf); importing a sibling module through `from .. import x` is fine;
+* no module below the package's own __init__ reads a name defined there, neither by `from
+  amem_alloc import enable` nor by `amem_alloc.enable(...)` after `import amem_alloc` (the
+  version is in version.py, a leaf); importing a sibling module through `from .. import x` (or
+  reading `amem_alloc.report` after `import amem_alloc`) is fine;
 * the layers of docs/architecture.md: nothing imports cli/ (the commands are on top), and the
   units drawn as leaves import no other unit.
 * one home per concept, as the page says: pages are built in report/, modules are tracked by
@@ -100,13 +102,34 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+IMPORT_SYSTEM = {"__file__", "__path__", "__name__", "__spec__", "__loader__", "__package__"}  # Python sets these
+
+
+def _package_reads(source: str) -> list[str]:
+    """X of every `amem_alloc.X` in a module that does `import amem_alloc` (a.X after `import amem_alloc as a`)."""
+    tree = ast.parse(source)
+    bound = {a.asname or "amem_alloc" for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+             if a.name == "amem_alloc" or (a.asname is None and a.name.startswith("amem_alloc."))}
+    return [node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound]
+
+
 def test_no_module_reads_a_name_from_the_package_init():
-    known = _submodules()
+    known = _submodules() | IMPORT_SYSTEM
+    below = [path for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"]
     offenders = [f"{path.relative_to(PACKAGE.parent)}: from amem_alloc import {name}"
-                 for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"
-                 for target, names in _imports(path) if target == "amem_alloc"
+                 for path in below for target, names in _imports(path) if target == "amem_alloc"
                  for name in names if name not in known]
+    offenders += [f"{path.relative_to(PACKAGE.parent)}: amem_alloc.{name}"
+                  for path in below for name in _package_reads(path.read_text(encoding="utf-8")) if name not in known]
     assert not offenders, "names defined in amem_alloc/__init__.py, read from below it:\n" + "\n".join(offenders)
+
+
+def test_the_init_rule_sees_attribute_reads():
+    source = "def f():\n    import amem_alloc\n    amem_alloc.enable()\n    return amem_alloc.report.x, amem_alloc.__file__\n"
+    assert sorted(_package_reads(source)) == ["__file__", "enable", "report"]
+    assert _package_reads("import amem_alloc as a\na.record()\n") == ["record"]
+    assert _package_reads("import amem_alloc.report as r\nr.write_report()\n") == []
 
 
 def test_the_commands_are_on_top_and_the_leaves_are_leaves():
