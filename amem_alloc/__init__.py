@@ -25,7 +25,8 @@ from .trace_export import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
 from .recording import record, tag
 from .report import format_prediction, render_report, write_prediction_report, write_report
-from .snapshot import SnapshotError, build_snapshot, dump_snapshot, load_snapshot
+from .snapshot import SnapshotError, load_snapshot
+from .snapshot_dump import build_snapshot, dump_snapshot
 from .version import __version__
 
 __all__ = [

@@ -84,7 +84,8 @@ def _finish(native: bool, out: Path, policy: str) -> tuple[dict, dict]:
     import torch
 
     from ..devices import memory_stats
-    from ..snapshot import build_snapshot, save_snapshot
+    from ..snapshot import save_snapshot
+    from ..snapshot_dump import build_snapshot
 
     if native:
         stats, snap = torch.cuda.memory_stats(0), torch.cuda.memory._snapshot()
