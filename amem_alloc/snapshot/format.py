@@ -7,7 +7,7 @@ EXTRA_COLUMNS, PICKLE_PROTOCOL) is defined by its writer, amem_alloc/snapshot_du
 from __future__ import annotations
 
 from .. import _C
-from ..snapshot_dump import EXTRA_COLUMNS, FORMAT_VERSION  # noqa: F401 - the writer's layout; load.py checks the version
+from ..snapshot_dump import EXTRA_COLUMNS, FORMAT_VERSION  # noqa: F401 - the writer's layout (load.py: the version)
 
 MAX_FILE_BYTES = 512 << 20  # the default size cap of load_snapshot (--max-trace-mb raises it); loading
                             # costs about 10-20x the file's size in memory
