@@ -8,7 +8,7 @@
     a = amem_alloc.Allocator(backend="sim")  # the same C++ core, on a CPU
 
     with amem_alloc.Tracer(model) as t: ...  # which op, module, autograd node owns each block
-    amem_alloc.provenance(tensor); t.activations(); t.report()
+    amem_alloc.provenance(tensor); t.activations(); t.report(); amem_alloc.provenance_html(t, "prov.html")
 
     amem_alloc.predict(step_fn, gpu="H100-80GB")  # GPU memory predicted without a GPU (docs/predict.md)
 
@@ -25,7 +25,9 @@ from .trace_export import chrome_trace, rmm_csv
 from .introspection import BlockInfo, Fragmentation, SegmentInfo
 from .recording import record, tag
 from .report import format_prediction, render_report, write_prediction_report, write_report
-from .snapshot import SnapshotError, build_snapshot, dump_snapshot, load_snapshot
+from .report.provenance import provenance_html
+from .snapshot import SnapshotError, load_snapshot
+from .snapshot_dump import build_snapshot, dump_snapshot
 from .version import __version__
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "replay_program",
     "replay_trace",
     "provenance",
+    "provenance_html",
     "reset_peak_memory_stats",
     "rmm_csv",
     "segments",

@@ -108,7 +108,7 @@ class Allocator:
             return None
         return {"address": start, "size": size, "requested_size": requested, "stream": stream, "alloc_seq": seq}
 
-    # ---------------------------------------------------------------- traces (amem_alloc.recording, .snapshot)
+    # ---------------------------------------------------------------- traces (amem_alloc.recording, .snapshot_dump)
     def record(self, enabled: bool = True, max_entries: int | None = None, stacks: str | None = None) -> None:
         """Starts (or with enabled=False stops) recording this allocator's events; see amem_alloc.record."""
         from . import recording
@@ -118,13 +118,13 @@ class Allocator:
 
     def snapshot(self) -> dict:
         """This allocator's segments and recorded trace in torch.cuda.memory._snapshot()'s format."""
-        from .snapshot import build_snapshot
+        from .snapshot_dump import build_snapshot
 
         return build_snapshot(self)
 
     def dump_snapshot(self, path: Any) -> Any:
         """Writes snapshot() to `path` (a pickle torch's _memory_viz reads); returns the Path."""
-        from .snapshot import dump_snapshot
+        from .snapshot_dump import dump_snapshot
 
         return dump_snapshot(path, allocator=self)
 

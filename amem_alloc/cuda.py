@@ -3,11 +3,14 @@
 enable() must run before torch initializes CUDA (the first CUDA tensor, torch.cuda.init(), ...):
 torch refuses to swap an allocator that has served memory. `amem run script.py` and
 AMEM_ENABLE=1 put it in place before any user code runs. What amem holds per device is read
-through amem_alloc.devices (re-exported here).
+through amem_alloc.devices (re-exported here). Why it cannot run here is said by
+pluggable_problem (this torch) and gpu_problem (this machine), which `amem doctor` and
+`amem compare` ask too.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -51,6 +54,18 @@ def pluggable_problem(torch: Any) -> str | None:
         return (f"torch {torch.__version__} has no pluggable CUDA allocator (torch._C._cuda_customAllocator is "
                 "missing: a build without CUDA); install a CUDA build of torch")
     return None
+
+
+def gpu_problem() -> str | None:
+    """Why no CUDA device is usable here (None: one is); cheap when there is no NVIDIA driver at all."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
+        return "this machine has no NVIDIA driver (no /dev/nvidiactl)"
+    try:
+        import torch
+
+        return None if torch.cuda.is_available() else "torch sees no CUDA device (torch.cuda.is_available() is False)"
+    except Exception as err:  # noqa: BLE001 - no usable torch means no GPU run
+        return f"torch cannot be imported ({type(err).__name__}: {err})"
 
 
 def _register_hooks(pluggable: Any, lib: ctypes.CDLL) -> None:

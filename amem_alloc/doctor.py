@@ -44,10 +44,10 @@ def hook_path() -> Path | None:
 
 
 def _package() -> list[Finding]:
-    import amem_alloc
-    from amem_alloc import _C
+    from . import _C
+    from .version import __version__
 
-    where = Path(amem_alloc.__file__).parent
+    where = Path(__file__).parent  # the package's folder (doctor.py sits beside its __init__.py)
     finders = [f for d in _site_dirs() for f in d.glob("__editable___amem_alloc*finder.py")]
     if any(str(where) in f.read_text(errors="replace") for f in finders):
         how = "an editable install"
@@ -55,7 +55,7 @@ def _package() -> list[Finding]:
         how = "installed"
     else:
         how = "a source tree on sys.path (PYTHONPATH or the working folder)"
-    return [(True, f"amem_alloc {amem_alloc.__version__} from {where} ({how}); extension {Path(_C.__file__).name}")]
+    return [(True, f"amem_alloc {__version__} from {where} ({how}); extension {Path(_C.__file__).name}")]
 
 
 def _hook() -> list[Finding]:
@@ -127,7 +127,7 @@ def _vmm(device: int) -> str:
 def _gpu(torch: Any) -> list[Finding]:
     if torch is None:
         return []
-    from .compare.runner import gpu_problem
+    from .cuda import gpu_problem
 
     problem = gpu_problem()
     if problem:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import _C
-from .snapshot import dump_snapshot
+from .snapshot_dump import dump_snapshot
 from .sources import Source, device_source
 from .stacks import capture_stack, frames_for, intern_tag, tag_name, tag_names  # noqa: F401 - public here too
 

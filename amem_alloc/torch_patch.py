@@ -25,7 +25,7 @@ from typing import Any, Callable
 from . import devices
 from .patching import PatchSet, declare_many
 from .recording import record
-from .snapshot import build_snapshot
+from .snapshot_dump import build_snapshot
 
 PATCHED_NAMES = (
     "memory_stats_as_nested_dict",

@@ -4,9 +4,16 @@ Every `import` and `from ... import` in amem_alloc (at module level or inside a 
 import is still a dependency) becomes an edge between *units*: a sub-package (amem_alloc/replay/
 ...) or a top-level module (amem_alloc/policies.py ...). The checks:
 
-* no cycle between units: data flows down (commands -> packages -> runtime modules -> _C);
-* no module below the package's own __init__ reads a name defined there (the version is in
-  version.py, a leaf); importing a sibling module through `from .. import x` is fine;
+* the tiers of docs/architecture.md, lowest first: runtime (the top-level modules that talk to _C
+  and torch) -> formats (snapshot/ and what is rebuilt from a snapshot) -> domain packages ->
+  report/ -> workflows (compare/) -> commands (cli/). TIERS places every unit; a unit imports its
+  own tier or lower ones, never a higher one;
+* no cycle between units, within a tier too: data flows down (commands -> packages -> runtime
+  modules -> _C);
+* no module below the package's own __init__ reads a name defined there, neither by `from
+  amem_alloc import enable` nor by `amem_alloc.enable(...)` after `import amem_alloc` (the
+  version is in version.py, a leaf); importing a sibling module through `from .. import x` (or
+  reading `amem_alloc.report` after `import amem_alloc`) is fine;
 * the layers of docs/architecture.md: nothing imports cli/ (the commands are on top), and the
   units drawn as leaves import no other unit.
 * one home per concept, as the page says: pages are built in report/, modules are tracked by
@@ -100,13 +107,98 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+IMPORT_SYSTEM = {"__file__", "__path__", "__name__", "__spec__", "__loader__", "__package__"}  # Python sets these
+
+
+def _package_reads(source: str) -> list[str]:
+    """X of every `amem_alloc.X` in a module that does `import amem_alloc` (a.X after `import amem_alloc as a`)."""
+    tree = ast.parse(source)
+    bound = {a.asname or "amem_alloc" for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+             if a.name == "amem_alloc" or (a.asname is None and a.name.startswith("amem_alloc."))}
+    return [node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound]
+
+
 def test_no_module_reads_a_name_from_the_package_init():
-    known = _submodules()
+    known = _submodules() | IMPORT_SYSTEM
+    below = [path for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"]
     offenders = [f"{path.relative_to(PACKAGE.parent)}: from amem_alloc import {name}"
-                 for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"
-                 for target, names in _imports(path) if target == "amem_alloc"
+                 for path in below for target, names in _imports(path) if target == "amem_alloc"
                  for name in names if name not in known]
+    offenders += [f"{path.relative_to(PACKAGE.parent)}: amem_alloc.{name}"
+                  for path in below for name in _package_reads(path.read_text(encoding="utf-8")) if name not in known]
     assert not offenders, "names defined in amem_alloc/__init__.py, read from below it:\n" + "\n".join(offenders)
+
+
+def test_the_init_rule_sees_attribute_reads():
+    source = ("def f():\n    import amem_alloc\n    amem_alloc.enable()\n"
+              "    return amem_alloc.report.x, amem_alloc.__file__\n")
+    assert sorted(_package_reads(source)) == ["__file__", "enable", "report"]
+    assert _package_reads("import amem_alloc as a\na.record()\n") == ["record"]
+    assert _package_reads("import amem_alloc.report as r\nr.write_report()\n") == []
+
+
+# ---------------------------------------------------------------------------- the tiers
+# Every unit of the package, by tier, lowest first. A unit imports units of its own tier or of
+# the tiers below it, never above (docs/architecture.md draws the same table). _C, the extension,
+# sits below them all and is no unit here.
+TIERS = {
+    # the top-level modules that talk to _C and torch, and the leaves they share
+    "runtime": {"_autoenable", "allocator", "atomic_write", "calibration", "categories", "code_files", "config", "cuda",
+                "devices", "doctor", "introspection", "patching", "policies", "provenance_format", "recording",
+                "snapshot_dump", "sources", "stacks", "torch_patch", "user_input", "user_script", "version"},
+    # torch's snapshot format read and checked, and what is rebuilt or exported from a snapshot
+    "formats": {"snapshot", "timeline", "trace_export"},
+    # the packages that do amem's work on that data (the replay program format is replay/program.py);
+    # predict/ counts as one unit here (its own pipeline is PREDICT_TIERS, below)
+    "domain": {"replay", "provenance", "predict", "workloads"},
+    "report": {"report"},  # every page, plot and text rendering, from data
+    "workflows": {"compare"},  # runs domain packages end to end and writes report/'s page and plot
+    "commands": {"cli", "__main__"},
+}
+TIER = {unit: rank for rank, units in enumerate(TIERS.values()) for unit in units}
+
+
+def _module_edges() -> set[tuple[str, str]]:
+    """(importing module, imported module) for every import in the package; `from .. import x` imports amem_alloc.x."""
+    return {(_module_name(path), f"amem_alloc.{name}" if target == "amem_alloc" else target)
+            for path in PACKAGE.rglob("*.py") for target, names in _imports(path)
+            for name in (names if target == "amem_alloc" else [None])}
+
+
+def _upward(edges, tier=TIER) -> list[str]:
+    """The edges that go from a unit to a unit of a higher tier."""
+    out = []
+    for module, target in sorted(edges):
+        source, dest = _unit(module), _unit(target)
+        if source in tier and dest in tier and tier[dest] > tier[source]:
+            names = list(TIERS)
+            out.append(f"{module} ({names[tier[source]]}) imports {target} ({names[tier[dest]]})")
+    return out
+
+
+def test_no_unit_imports_a_higher_tier():
+    offenders = _upward(_module_edges())
+    assert not offenders, ("a lower tier imports a higher one (move the function down, or the module up: "
+                           "docs/architecture.md):\n" + "\n".join(offenders))
+
+
+def test_the_tier_check_finds_an_upward_edge():
+    assert _upward({("amem_alloc.recording", "amem_alloc.snapshot.load")}) == [
+        "amem_alloc.recording (runtime) imports amem_alloc.snapshot.load (formats)"]
+    assert _upward({("amem_alloc.snapshot.load", "amem_alloc.recording"), ("amem_alloc.cli.main", "amem_alloc.report"),
+                    ("amem_alloc.predict.api", "amem_alloc.provenance.scope")}) == []
+    assert _upward({("amem_alloc.predict.api", "amem_alloc.report.predict"),
+                    ("amem_alloc.doctor", "amem_alloc.compare")}) == [
+        "amem_alloc.doctor (runtime) imports amem_alloc.compare (workflows)",
+        "amem_alloc.predict.api (domain) imports amem_alloc.report.predict (report)"]
+
+
+def test_the_tier_table_names_every_unit():
+    units = {_unit(_module_name(p)) for p in PACKAGE.rglob("*.py")} - {None}
+    assert not units - TIER.keys(), f"units with no tier in TIERS (give each one): {sorted(units - TIER.keys())}"
+    assert not TIER.keys() - units, f"TIERS names units that are gone: {sorted(TIER.keys() - units)}"
+    assert sum(map(len, TIERS.values())) == len(TIER), "a unit is in two tiers"
 
 
 def test_the_commands_are_on_top_and_the_leaves_are_leaves():

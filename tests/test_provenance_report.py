@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from amem_alloc import Tracer
+from amem_alloc import Tracer, provenance_html
 from amem_alloc.report import provenance as html
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
@@ -62,7 +62,7 @@ def test_everything_is_json(traced, tmp_path):
 
 
 def test_html_is_offline_and_shows_the_tables(traced, tmp_path):
-    page = traced.to_html(tmp_path / "p.html")
+    page = provenance_html(traced, tmp_path / "p.html")
     assert (tmp_path / "p.html").read_text() == page
     assert "<script" not in page and "http:" not in page and "https:" not in page
     assert "ReluBackward0.result" in page and '<table class="prov">' in page

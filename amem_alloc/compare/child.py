@@ -74,32 +74,33 @@ def _start_recording(native: bool) -> None:
 
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, context=None, stacks="python")
     else:
-        import amem_alloc
+        from ..recording import record
 
-        amem_alloc.record(max_entries=MAX_ENTRIES)
+        record(max_entries=MAX_ENTRIES)
 
 
 def _finish(native: bool, out: Path, policy: str) -> tuple[dict, dict]:
     """(stats, snapshot) of device 0; the snapshot is also written next to the result."""
     import torch
 
-    import amem_alloc
+    from ..devices import memory_stats
     from ..snapshot import save_snapshot
+    from ..snapshot_dump import build_snapshot
 
     if native:
         stats, snap = torch.cuda.memory_stats(0), torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
     else:
-        stats, snap = amem_alloc.memory_stats(0), amem_alloc.build_snapshot()
+        stats, snap = memory_stats(0), build_snapshot()
     save_snapshot(snap, out.with_name(f"trace-{policy}.pickle"))
     return stats, snap
 
 
 def _gpu(args: argparse.Namespace) -> dict:
     if not args.native:  # AMEM_ENABLE=1 may have done it at start-up already; then this is a no-op
-        import amem_alloc
+        from ..cuda import enable
 
-        amem_alloc.enable()
+        enable()
     import torch
 
     from .. import workloads
@@ -127,9 +128,9 @@ def _gpu(args: argparse.Namespace) -> dict:
     stats, snap = _finish(args.native, Path(args.out), args.policy)
     timeline, _, at_peak = trace_timeline(snap)
     if not args.native:  # amem keeps the exact figure (block sizes, not rounded requests)
-        import amem_alloc
+        from ..devices import fragmentation
 
-        at_peak = amem_alloc.fragmentation(0).allocated_bytes_at_reserved_peak
+        at_peak = fragmentation(0).allocated_bytes_at_reserved_peak
     row = PolicyRow(args.policy, args.conf, "", stats.get("allocated_bytes.all.peak", 0),
                     stats.get("reserved_bytes.all.peak", 0), at_peak, stats.get("num_device_alloc", 0),
                     stats.get("num_device_free", 0), stats.get("num_ooms", 0) + (0 if stats.get("num_ooms") else int(oom)),

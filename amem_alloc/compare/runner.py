@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .. import atomic_write
 from .. import policies as policies_mod
+from ..cuda import gpu_problem  # read here by `amem compare --mode real` too (cli/compare.py)
 
 MODES = ("auto", "real", "simulated")
 CHILD_TIMEOUT_S = 3600
@@ -147,18 +148,6 @@ def _run_all(policies: list, work: Path, real: bool, child_args, bar, jobs: int)
             bar.set_postfix_str(rows[futures[future]]["policy"])
             bar.update(1)
     return rows  # type: ignore[return-value]
-
-
-def gpu_problem() -> str | None:
-    """Why no CUDA device is usable here (None: one is); cheap when there is no NVIDIA driver at all."""
-    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
-        return "this machine has no NVIDIA driver (no /dev/nvidiactl)"
-    try:
-        import torch
-
-        return None if torch.cuda.is_available() else "torch sees no CUDA device (torch.cuda.is_available() is False)"
-    except Exception as err:  # noqa: BLE001 - no usable torch means no GPU run
-        return f"torch cannot be imported ({type(err).__name__}: {err})"
 
 
 def _cuda_available() -> bool:

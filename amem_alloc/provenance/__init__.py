@@ -9,7 +9,9 @@
 This package is also callable: amem_alloc.provenance(tensor) is provenance.provenance(tensor).
 Files: tracer (the context manager), dispatch (per op), graph (saved tensors), scope (modules and
 phases), allocations (storage table), accounting (bytes per device), classify (categories),
-activations (the per-step report), report/html (text and HTML), lookup (one tensor).
+activations (the per-step report), report (its text), lookup (one tensor). The package makes no
+HTML: amem_alloc.provenance_html(t, path) (amem_alloc/report/provenance.py) draws the page from
+t.to_dict().
 """
 from __future__ import annotations
 

@@ -336,16 +336,6 @@ class Tracer:
             print(text, file=file)
         return text
 
-    def to_html(self, path=None) -> str:
-        from ..report import provenance as html
-
-        if path is not None:
-            output_file(path, "Tracer.to_html")
-        text = html.page(self.to_dict(allocations=False))
-        if path is not None:
-            atomic_write.write_text(path, text)
-        return text
-
     def _flush_if_done(self) -> None:
         if self.pending:  # outputs of the last op before this question
             self.flush()

@@ -249,7 +249,7 @@ def key_value_section(title: str, css: str, mapping: Any) -> str:
 # ============================================================================ the page
 def page(title: str, subtitle: str, body: str, data: Any, version: str) -> str:
     """Fills the template in one pass, so no inserted text is ever read as a placeholder. With
-    data=None the page is static: no script at all (amem_alloc.provenance's Tracer.to_html)."""
+    data=None the page is static: no script at all (report/provenance.py's provenance_html)."""
     scripts = "" if data is None else (f'<script type="application/json" id="amem-data">{_json_for_script(data)}'
                                        f"</script>\n<script>\n{_asset('report.js')}\n</script>")
     parts = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "BODY": body, "SCRIPTS": scripts,

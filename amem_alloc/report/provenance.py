@@ -3,14 +3,17 @@
 No JavaScript and nothing loaded from the network. `section(data)` takes Tracer.to_dict() (or one
 ActivationReport.to_dict()) and is what the offline HTML report of allocator traces embeds when a
 tracer's data is given to it; `page(data)` is that section in the report's own page (its
-template and stylesheet, amem_alloc/report/), so both look alike.
+template and stylesheet, amem_alloc/report/), so both look alike. `provenance_html(tracer, path)`
+(amem_alloc.provenance_html) writes a Tracer's page: the Tracer hands its data, never HTML.
 """
 from __future__ import annotations
 
 import html
 
+from .. import atomic_write
 from ..introspection import format_bytes
 from ..provenance_format import module_label
+from ..user_input import output_file
 
 def _e(x) -> str:
     return html.escape(str(x))
@@ -73,3 +76,16 @@ def page(data: dict) -> str:
     duration = data.get("duration_ms")
     subtitle = f"torch {data.get('torch', '?')}" + (f"; traced for {duration:.1f} ms" if isinstance(duration, (int, float)) else "")
     return report_page(f"amem provenance: {model}", subtitle, section(data), None, __version__)
+
+
+def provenance_html(tracer, path=None) -> str:
+    """The offline page of a Tracer (or of its to_dict()), returned, and written to `path` if one is given.
+
+    amem_alloc.provenance_html(t, "prov.html"): the Tracer hands its data (to_dict), report/ makes the page.
+    """
+    if path is not None:  # a path that cannot be written is said before the work, in one line
+        output_file(path, "amem_alloc.provenance_html")
+    text = page(tracer if isinstance(tracer, dict) else tracer.to_dict(allocations=False))
+    if path is not None:
+        atomic_write.write_text(path, text)
+    return text

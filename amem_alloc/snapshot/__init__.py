@@ -21,10 +21,14 @@ alloc_seq), and the `empty_cache` events, which torch's trace has no action for.
 maps tag ids to names (each entry's user_metadata also carries its tag's name). With these,
 amem_events() gives back amem's own events exactly (ours -> dump -> load -> ours).
 
-The package is split by job: build.py (a device source -> a snapshot, written to disk),
-load.py (reading a file safely and checking every field; the caller's dict is never changed),
-frames.py (reading and formatting stack frames) and format.py (the constants, SnapshotError,
-and reading amem's own events back). Every public name is importable from amem_alloc.snapshot.
+The package is split by job: load.py (reading a file safely and checking every field; the
+caller's dict is never changed), build.py (a dict from elsewhere, checked, written to disk),
+frames.py (reading and formatting stack frames) and format.py (the readers' constants,
+SnapshotError, and reading amem's own events back). Building amem's own snapshot from its
+allocators, and the layout it writes, live one tier down in amem_alloc/snapshot_dump.py: the
+runtime modules write snapshots themselves (recording's AMEM_TRACE dumps, torch_patch's
+torch.cuda.memory._snapshot) and import nothing above them (docs/architecture.md). Every public
+name is importable from amem_alloc.snapshot.
 
 Loading is bounded (load.py's note): regular files or standard input up to a size cap, the
 pickle's opcodes scanned in C++ before unpickling, every class lookup refused, every field
@@ -34,9 +38,10 @@ raises SnapshotError naming the file, the problem and the limit; nothing else es
 """
 from __future__ import annotations
 
-from .build import build_snapshot, dump_snapshot, save_snapshot
-from .format import (BLOCK_STATES, EXTRA_COLUMNS, FORMAT_VERSION, MAX_FILE_BYTES, PICKLE_PROTOCOL, TORCH_ACTIONS,
-                     SnapshotError, amem_events, device_extra, round_block, tag_table)
+from ..snapshot_dump import EXTRA_COLUMNS, FORMAT_VERSION, PICKLE_PROTOCOL, build_snapshot, dump_snapshot
+from .build import save_snapshot
+from .format import (BLOCK_STATES, MAX_FILE_BYTES, TORCH_ACTIONS, SnapshotError, amem_events, device_extra, round_block,
+                     tag_table)
 from .frames import format_frames, frame_fields
 from .load import load_snapshot, max_trace_bytes, parse_snapshot, read_trace_bytes, set_max_trace_bytes
 

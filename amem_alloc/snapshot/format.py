@@ -1,15 +1,14 @@
-"""The snapshot format: its constants, its error, and reading amem's own events back.
+"""The snapshot format: its readers' constants, its error, and reading amem's own events back.
 
 A snapshot is the dict torch.cuda.memory._snapshot() returns, with amem's extras under "amem";
-see amem_alloc/snapshot/__init__.py for the layout.
+see amem_alloc/snapshot/__init__.py for the layout. The layout amem writes (FORMAT_VERSION,
+EXTRA_COLUMNS, PICKLE_PROTOCOL) is defined by its writer, amem_alloc/snapshot_dump.py.
 """
 from __future__ import annotations
 
 from .. import _C
+from ..snapshot_dump import EXTRA_COLUMNS, FORMAT_VERSION  # noqa: F401 - the writer's layout (load.py: the version)
 
-FORMAT_VERSION = 1  # of the "amem" key; load_snapshot refuses newer ones
-PICKLE_PROTOCOL = 4  # torch's web viewer reads protocol <= 4
-EXTRA_COLUMNS = ("seq", "rounded_size", "thread", "tag", "context", "alloc_seq")
 MAX_FILE_BYTES = 512 << 20  # the default size cap of load_snapshot (--max-trace-mb raises it); loading
                             # costs about 10-20x the file's size in memory
 TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
