@@ -572,3 +572,24 @@ def test_accelerate_loop_under_torchrun_runs_every_rank_with_its_ddp_model_state
         state = live_at_end(result.rank(rank).prediction)
         assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
             params, 2 * params, 2 * params), (rank, state)
+
+
+# ---------------------------------------------------------------------------- meta-device initialisation
+def test_a_model_built_on_meta_holds_only_its_shards_after_to_empty():
+    """torchtitan's path: built on meta (nothing allocated, tensors say meta), fully_shard'ed,
+    to_empty(device="cuda") allocates each rank's shards, init fills them. Per rank exactly the
+    shard of the parameters (and their gradients and AdamW state) — no full-size copy of any
+    parameter is ever made outside FSDP's all-gathers."""
+    world, buffer = 2, 64 // 2 * 4   # the freqs buffer, recomputed on the GPU by init_weights (not sharded)
+    p = _predict("dist_meta_init.py", world).rank(0).prediction
+    state = live_at_end(p)
+    assert state.get("parameter") == PARAM_BYTES // world + buffer
+    assert state.get("gradient") == PARAM_BYTES // world
+    assert state.get("optimizer_state") == 2 * PARAM_BYTES // world
+    full = WIDTH * WIDTH * 4
+    made_whole = [p.infos[key] for kind, key, size, _ in p.ops if kind == ALLOC and size == full]
+    # whole: only the all-gathered parameters, and backward's full gradients before their reduce-scatter
+    assert made_whole and all(i.category == "parameter (gathered)" or i.phase == "backward" for i in made_whole), \
+        {(i.op, i.category, i.phase) for i in made_whole}
+    shards = [size for kind, key, size, _ in p.ops if kind == ALLOC and p.infos[key].op == "empty_like.default"]
+    assert sorted(shards) == sorted([WIDTH * WIDTH * 4 // world, WIDTH * 4 // world] * LAYERS + [buffer])   # to_empty

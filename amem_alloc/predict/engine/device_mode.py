@@ -68,7 +68,7 @@ class DeviceMode(TorchFunctionMode):
         self._opening = None   # the Python-level function whose body _open has just started
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
-                        torch.Tensor.is_meta: lambda t: False}
+                        torch.Tensor.is_meta: lambda t: self._type(t) == "meta"}
         # Tensor methods a fake tensor answers as a CUDA tensor does (func -> handler(func, args, kwargs))
         self.methods = {torch.Tensor.data_ptr: self._data_ptr, torch.Tensor.get_device: self._get_device,
                         torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to}
@@ -165,8 +165,14 @@ class DeviceMode(TorchFunctionMode):
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":
             notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
-        if device in ("cpu", "meta"):
-            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; meta is asked for
+        if device == "cpu":
+            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping
+        if device == "meta":   # meta is asked for: a meta tensor, as torch makes it (no memory anywhere)
+            with OnDevice("meta"):
+                out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
+                self.storages.see(out, "meta", name)
+            return out
         kwargs["device"] = META
         with OnDevice(device):
             out = func(*args, **kwargs)
@@ -183,7 +189,7 @@ class DeviceMode(TorchFunctionMode):
         target, options = _parse_to(func, args, kwargs, self._type)
         options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
-        if target is None or (target == "meta" and t.device.type == "meta"):
+        if target is None or (target == "meta" and t.device.type == "meta" and not spoofing()):
             target = source   # "meta" is a fake tensor's real device, as code below the mode sees it
         if target == "cpu" and t.device.type != "meta":
             return torch.Tensor.to(t, **options)            # real stays real

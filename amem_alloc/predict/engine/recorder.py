@@ -90,7 +90,7 @@ class Recorder(TorchDispatchMode):
         if any(a.dim() > 0 for a in real):
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
-        device = self._device(func, args_leaves)
+        device = self._device(func, args_leaves, asked=kwargs.get("device") == META)
         temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
         if _decomposes(func):   # with autograd off, composite ops reach the mode whole:
             with self:          # open them as CUDA would, so their inner allocations show
@@ -131,11 +131,12 @@ class Recorder(TorchDispatchMode):
         for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
             self.storages.see(t, "cpu" if i in host else device, op)
 
-    def _device(self, func, args_leaves) -> str:
-        """The device of an op's outputs: a copy's target, else CUDA if any input is, else the
-        inputs', the call's, the backward graph's (CUDA), or the default device."""
+    def _device(self, func, args_leaves, asked: bool = False) -> str:
+        """The device of an op's outputs: a copy's target or the device the call asked for
+        (`empty_like(t, device=...)`: `asked`), else CUDA if any input is, else the inputs', the
+        call's, the backward graph's (CUDA), or the default device."""
         explicit = explicit_device()
-        if explicit is not None and (func.__name__.split(".")[0] in _CREATE_ON_TARGET):
+        if explicit is not None and (asked or func.__name__.split(".")[0] in _CREATE_ON_TARGET):
             return explicit
         seen = None
         for a in args_leaves:

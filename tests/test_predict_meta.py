@@ -1,0 +1,45 @@
+"""The meta device as torch has it, under prediction: tensors made on meta — by a
+`torch.device("meta")` context, `device="meta"` or `.to("meta")` — stay meta (device and is_meta)
+and take no memory; `to_empty(device="cuda")` allocates what a GPU allocates."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import amem_alloc  # noqa: E402
+
+
+def _predict(body):
+    seen = {}
+    p = amem_alloc.predict(lambda: body(seen), gpu="H100")
+    return seen, p
+
+
+def test_meta_tensors_stay_meta_and_take_no_memory():
+    def body(seen):
+        with torch.device("meta"):
+            a = torch.arange(0, 8, 2).float()
+            lin = torch.nn.Linear(16, 16)
+        b = torch.empty(4, device="meta")
+        c = torch.randn(4, device="cuda").to("meta")
+        seen.update(ctx=(a.device.type, a.is_meta, lin.weight.device.type, lin.weight.is_meta),
+                    kw=(b.device.type, b.is_meta, (b * 2).device.type, (b * 2).is_meta),
+                    to=(c.device.type, c.is_meta), cuda_is_meta=torch.ones(1, device="cuda").is_meta)
+    seen, p = _predict(body)
+    assert seen == {"ctx": ("meta", True, "meta", True), "kw": ("meta", True, "meta", True),
+                    "to": ("meta", True), "cuda_is_meta": False}
+    assert sorted(i.requested for i in p.infos.values()) == [4, 16]   # the two CUDA tensors only
+
+
+def test_to_empty_allocates_on_cuda_what_the_module_holds():
+    def body(seen):
+        with torch.device("meta"):
+            lin = torch.nn.Linear(64, 32)
+        lin.to_empty(device="cuda")
+        torch.nn.init.kaiming_uniform_(lin.weight)
+        seen["after"] = (lin.weight.device.type, lin.weight.is_meta, lin.bias.is_cuda)
+    seen, p = _predict(body)
+    assert seen["after"] == ("cuda", False, True)
+    assert sorted((i.requested, i.op) for i in p.infos.values()) == [(32 * 4, "empty_like.default"),
+                                                                      (64 * 32 * 4, "empty_like.default")]
