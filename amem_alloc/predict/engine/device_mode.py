@@ -165,14 +165,15 @@ class DeviceMode(TorchFunctionMode):
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":
             notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
-        if device == "cpu":
-            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping
-        if device == "meta":   # meta is asked for: a meta tensor, as torch makes it (no memory anywhere)
+        if device == "meta" and spoofing():   # meta asked for by code that sees fake tensors as CUDA: a meta
+            # tensor, as torch makes it (no memory anywhere); where fake tensors show meta (unspoofed), meta is theirs
             with OnDevice("meta"):
                 out = func(*args, **kwargs)
             if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
                 self.storages.see(out, "meta", name)
             return out
+        if device == "cpu" or device == "meta":
+            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; (meta: see above)
         kwargs["device"] = META
         with OnDevice(device):
             out = func(*args, **kwargs)
