@@ -94,4 +94,6 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module 'amem_alloc' has no attribute {name!r}")
+    from .user_script import for_the_script   # Python's own error for a missing name: the caller's
+
+    raise for_the_script(AttributeError(f"module 'amem_alloc' has no attribute {name!r}"))

@@ -7,6 +7,12 @@ included) is printed as Python prints it — the full traceback, from the script
 on (amem's and runpy's frames above it are left out) — and the exit status is Python's: 1 for
 an exception, the code of sys.exit(), 130 for Ctrl-C. amem never turns them into "amem: ..."
 lines. Only problems amem finds before the script starts (no such file or module) are amem's.
+
+Under prediction, amem's own code runs inside the script (fake CUDA tensors), and an exception can
+be amem's although it ends the script: `run(..., amems=...)` lets the caller take those out
+(predict/failures.py decides which). An exception amem raises on purpose for the script to see,
+as torch would raise it for the same call (an invalid device id, no SDPA kernel for the inputs),
+or as amem's own API refuses a call, is marked `for_the_script(err)`: it is the script's.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from .user_input import UsageError
 
@@ -29,6 +36,20 @@ class ScriptFailed(Exception):
     def __init__(self, script: str, status: int) -> None:
         super().__init__(f"{script} exited with status {status}")
         self.script, self.status = script, status
+
+
+_FOR_THE_SCRIPT = "_amem_for_the_script"
+
+
+def for_the_script(err: BaseException) -> BaseException:
+    """Marks an exception that amem raises on purpose for the script to see (see the note): the
+    script's error, whichever frame raised it. Returns it, for `raise for_the_script(...)`."""
+    setattr(err, _FOR_THE_SCRIPT, True)
+    return err
+
+
+def is_for_the_script(err: BaseException) -> bool:
+    return bool(getattr(err, _FOR_THE_SCRIPT, False))
 
 
 def check_target(target: str, module: bool) -> None:
@@ -55,6 +76,12 @@ def _user_frames(tb):
     return None
 
 
+def script_traceback(err: BaseException) -> str:
+    """The traceback of `err` from the script's first frame on, every frame after it included
+    (amem's too: what `amem predict --debug` shows of amem's own failure)."""
+    return "".join(traceback.format_exception(type(err), err, _user_frames(err.__traceback__)))
+
+
 def print_script_error(err: BaseException) -> None:
     """The traceback Python would print, from the script's first frame on. Ctrl-C lands wherever
     the script was, often inside amem's own hooks: those frames are left out of its traceback."""
@@ -77,11 +104,13 @@ def exit_status(code) -> int:
     return 1
 
 
-def run(target: str, args: list[str], module: bool = False, reraise: tuple = ()) -> int:
+def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
+        amems: Callable[[BaseException], BaseException | None] | None = None) -> int:
     """Runs the script or module as __main__; returns its exit status (its traceback printed).
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
-    torch.OutOfMemoryError as the run's OOM).
+    torch.OutOfMemoryError as the run's OOM); so does an exception for which `amems(err)` returns
+    an exception (amem's own failure, predict/failures.py), that one, raised from err.
     """
     sys.argv = [target, *args]
     try:
@@ -95,12 +124,15 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = ())
     except reraise:
         raise
     except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
+        amems_instead = amems(err) if amems is not None else None
+        if amems_instead is not None:
+            raise amems_instead from err
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0
 
 
-def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
+def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None) -> int:
     """Runs the script (run()) and counts its optimizer steps, calling on_step(n) after the n-th;
     returns the count. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -114,7 +146,7 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
 
     hook = register_optimizer_step_post_hook(count)
     try:
-        status = run(argv[0], argv[1:], reraise=reraise)
+        status = run(argv[0], argv[1:], reraise=reraise, amems=amems)
     finally:
         hook.remove()
     if status != 0:

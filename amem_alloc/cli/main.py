@@ -21,7 +21,8 @@ Exit status, the same for every command (the names are cli/exit_status.py's):
          missing, unreadable or not what the option asks for (user_input.UsageError,
          snapshot.SnapshotError: every ValueError); under amem fit also no answer to find
     3    amem predict --strict: the code needs a tensor's value (one line naming the file and line)
-    4    amem predict: the run cannot be predicted (one line naming amem's limit)
+    4    amem predict: the run cannot be predicted (one line naming amem's limit), or amem itself
+         failed inside the script ("cannot model ...; please report it"; --debug: its traceback)
     124  amem predict: past --timeout
     130  Ctrl-C
     the script's own status, under run, compare and predict: its traceback is printed as Python

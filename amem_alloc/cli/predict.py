@@ -1,7 +1,7 @@
 """`amem predict`: a script's or a bundled workload's GPU memory, predicted without a GPU.
 
     amem predict [--gpu NAME | --capacity-gb N] [--policy LIST] [--json PATH] [--trace PATH]
-                 [--report PATH] [--steps N] [--timeout S] [--strict] -- python SCRIPT ARGS...
+                 [--report PATH] [--steps N] [--timeout S] [--strict] [--debug] -- python SCRIPT ARGS...
     amem predict --workload NAME [--size N] [--steps N] [...]
 
 The script runs unchanged in this process (script.py: runpy, sys.argv set, as __main__): real
@@ -9,7 +9,9 @@ CPU, fake CUDA tensors. Exit status: 0 with a prediction; the script's own statu
 non-zero or raises (its traceback printed as Python would); 2 for bad arguments (one line); 3
 when, under --strict, the code needs a value (one line naming the file and line), or an output's
 size depends on values with no upper bound; 4 when the run cannot be predicted (CUDA graphs,
-CUDA in a child process: one line naming amem's limit); 124 past --timeout.
+CUDA in a child process: one line naming amem's limit), or amem itself failed inside the script
+("cannot model ...; please report it": predict_exits.py; --debug adds the traceback); 124 past
+--timeout.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
             else:
                 _run_workload(run, args.workload, args.size, args.steps)
     except predict_exits.failures() as failure:
-        return predict_exits.status_of(failure, run.child_reports)
+        return predict_exits.status_of(failure, run.child_reports, args.debug)
     if script:
         run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps)
     return run.result
@@ -112,6 +114,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "no prediction (default 600; 0: no limit)")
     p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
                    "(loss.item(), print(t)) instead of answering it with a stand-in")
+    p.add_argument("--debug", action="store_true", help="when amem itself fails inside the script, also print "
+                   "the traceback, amem's frames included (for a report)")
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")

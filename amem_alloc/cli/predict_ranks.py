@@ -5,7 +5,8 @@
 
 cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
 Exit statuses are one process's (predict_exits.py): 0 with a prediction, 2 for bad input, the
-script's own status when it fails, 3, 4 and 124 as for one process; a failure names the rank.
+script's own status when it fails, 3, 4 and 124 as for one process (amem's own failure inside a
+rank's script is the same one line, --debug its traceback); a failure names the rank.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def predict_command(args: argparse.Namespace) -> int:
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
-    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
+    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict), args.debug)
     if isinstance(result, int):
         return result
     from ..report.prediction_text import format_ranks
@@ -74,14 +75,14 @@ def predict_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _failures(call: Any) -> Any:
+def _failures(call: Any, debug: bool = False) -> Any:
     """The prediction, or the exit status one process gives the same failure (predict_exits)."""
     from . import predict_exits
 
     try:
         return call()
     except predict_exits.failures() as failure:
-        return predict_exits.status_of(failure)
+        return predict_exits.status_of(failure, debug=debug)
 
 
 def _write_report(result: Any, path: str) -> list[Any]:

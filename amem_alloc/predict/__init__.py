@@ -35,7 +35,9 @@ class _CallableModule(types.ModuleType):
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ..user_script import for_the_script   # Python's own error for a missing name: the caller's
+
+    raise for_the_script(AttributeError(f"module {__name__!r} has no attribute {name!r}"))
 
 
 sys.modules[__name__].__class__ = _CallableModule

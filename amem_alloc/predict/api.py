@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable
 
 from .. import policies as policies_mod
+from ..user_script import for_the_script
 from . import gpus as gpus_mod
 from . import state
 from .engine.children import ChildWatch
@@ -153,7 +154,8 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
     what_if: changes (whatif.NAMES, a list or 'a,b' or 'all'): fn runs again once per change, with the
     change applied by amem (blocks: the stack to checkpoint); the answers are in `.what_if`."""
     if not callable(fn):
-        raise TypeError(f"amem_alloc.predict takes a callable (the code to predict), got {type(fn).__name__}")
+        raise for_the_script(TypeError(f"amem_alloc.predict takes a callable (the code to predict), got "
+                                       f"{type(fn).__name__}"))
     name = getattr(fn, "__qualname__", None) or repr(fn)
     with predicting(gpu, capacity_gb=capacity_gb, policies=policies, live_policy=live_policy,
                     device_count=device_count, target=name, session_factory=session_factory, strict=strict) as run:

@@ -14,14 +14,20 @@ traceback from its first frame, 130 on Ctrl-C). Two bounds keep a prediction sho
   printed: what it would have allocated later is unknown.
 
 Each optimizer step is a "step" marker in the recorded program.
+
+An exception that ends the script is the script's (its traceback printed, its exit status:
+user_script.ScriptFailed) unless failures.py finds it amem's own failure: then it ends the run as
+failures.AmemFailure, one line and exit status 4.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
 
 from .. import user_script
+from . import failures
 from .notes import NotModelledError, call_site
 from .engine.values import DataDependentError
 
@@ -81,8 +87,8 @@ def _in_free_callback(frame: Any) -> bool:
 
 def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
-    user_script.ScriptFailed when it fails; DataDependentError, NotModelledError and
-    PredictionTimeout go on."""
+    user_script.ScriptFailed when it fails, failures.AmemFailure when amem failed inside it;
+    DataDependentError, NotModelledError and PredictionTimeout go on."""
     done = [0]
 
     def after_step(n: int) -> None:
@@ -94,9 +100,18 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
     try:
         with _Deadline(timeout):
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
-                                                                    StopPrediction, PredictionTimeout))
+                                                                    StopPrediction, PredictionTimeout),
+                                         amems=_amems_failure(argv[0], run))
     except StopPrediction:
         return done[0]
+
+
+def _amems_failure(script: str, run: Any):
+    """user_script's `amems` hook: the AmemFailure an exception ending the script is, or None."""
+    folder = os.path.dirname(os.path.abspath(script))
+    storages = getattr(getattr(run, "session", None), "storages", None)
+    user_meta = (lambda: storages.holds("meta")) if storages is not None else (lambda: False)
+    return lambda err: failures.amems_failure(err, folder, (DataDependentError, NotModelledError), user_meta)
 
 
 def stopped_after_line(done: int, steps: int) -> str | None:

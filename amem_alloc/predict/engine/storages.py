@@ -77,6 +77,10 @@ class Storages:
         rec = self.by_id.get(id(t.untyped_storage()))
         return rec[1] if rec else None
 
+    def holds(self, device: str) -> bool:
+        """Whether a live storage is on `device` ("meta": a meta tensor the code itself made)."""
+        return any(rec[1] == device for rec in self.by_id.values())
+
     def key_of(self, t: torch.Tensor) -> int | None:
         return self.key_of_storage(t.untyped_storage())
 

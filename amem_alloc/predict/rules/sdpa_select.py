@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...user_script import for_the_script
 from .platform import Platform
 
 MATH, FLASH, EFFICIENT, CUDNN, OVERRIDEABLE = 0, 1, 2, 3, 4
@@ -64,7 +65,7 @@ def select(p: Params, plat: Platform) -> str:
     is enabled or viable."""
     if not any((torch._C._get_math_sdp_enabled(), torch._C._get_flash_sdp_enabled(),
                 torch._C._get_mem_efficient_sdp_enabled(), torch._C._get_cudnn_sdp_enabled())):
-        raise RuntimeError("No viable backend for scaled_dot_product_attention was found.")
+        raise for_the_script(RuntimeError("No viable backend for scaled_dot_product_attention was found."))
     for backend in priority_order(plat):
         if backend == CUDNN and can_use_cudnn(p, plat):
             return "cudnn"
@@ -74,7 +75,7 @@ def select(p: Params, plat: Platform) -> str:
             return "efficient"
         if backend == MATH and torch._C._get_math_sdp_enabled():
             return "math"
-    raise RuntimeError("No available kernel. Aborting execution.")
+    raise for_the_script(RuntimeError("No available kernel. Aborting execution."))   # as torch, for the script
 
 
 def priority_order(plat: Platform) -> list[int]:

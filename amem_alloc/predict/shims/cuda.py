@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from ...introspection import format_bytes
 from ...patching import PatchSet, declare_many
+from ...user_script import for_the_script
 from .. import notes, state
 from ..engine import stream_uses
 from ..gpus import Gpu
@@ -86,8 +87,8 @@ class CudaShims:
     def _check(self, device: Any) -> int:
         index = _device_index(device)
         if not 0 <= index < self.device_count:
-            raise AssertionError(f"Invalid device id {index} (predicting {self.device_count} "
-                                 f"device{'s' if self.device_count != 1 else ''})")
+            raise for_the_script(AssertionError(f"Invalid device id {index} (predicting {self.device_count} "
+                                                f"device{'s' if self.device_count != 1 else ''})"))
         return index
 
     def get_device_properties(self, device: Any = None) -> FakeDeviceProperties:

@@ -1,0 +1,230 @@
+"""amem's failures are amem's (amem_alloc/predict/failures.py): a script that would run on a GPU but
+stops under prediction because amem failed (its own code, or torch handed fake tensors) ends with one
+line, `amem predict: cannot model <what> at <user file:line> (<library file:line>); please report it`,
+and exit status 4, never "the script failed"; --debug adds the traceback. The user's own errors keep
+their traceback and status. Each script below runs in a fresh `python -m amem_alloc predict`."""
+import re
+import sys
+import textwrap
+
+import pytest
+
+from helpers import run_command
+
+pytest.importorskip("torch")
+pytest.importorskip("amem_alloc.predict.engine.session")
+
+SCRIPT_FAILED = "the script failed"
+
+
+def amem(*args, command="predict", timeout=300):
+    return run_command([sys.executable, "-m", "amem_alloc", command, *map(str, args)], timeout=timeout)
+
+
+def _script(tmp_path, body, name="s.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _amems_line(proc, what, user, library=None):
+    """One line on stderr (after whatever the script printed as a warning), exit 4, the exact form."""
+    assert proc.returncode == 4, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr and SCRIPT_FAILED not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("amem predict:")]
+    assert len(lines) == 1 and proc.stderr.rstrip().endswith(lines[0]), proc.stderr[-3000:]
+    lib = rf" \({re.escape(library)}[\w/.]*:\d+\)" if library else ""
+    pattern = rf"amem predict: cannot model {re.escape(what)}.* at {re.escape(user)}{lib}; please report it"
+    assert re.fullmatch(pattern, lines[0]), (pattern, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- amem's failures
+# (name, script, what the line starts with, the user's line, the library's file prefix or None). Each
+# script runs on a GPU: pickling a CUDA tensor, clip_grad_norm_(foreach=True), the legacy
+# torch.cuda.FloatTensor, vmap, `.data =` a CPU tensor, copysign with a CPU scalar tensor, ...
+AMEMS = [
+    ("copy_out_of_meta", """\
+        import pickle, torch
+        x = torch.randn(4, device="cuda")
+        blob = pickle.dumps(x)
+        """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
+    ("foreach_on_meta", """\
+        import torch
+        m = torch.nn.Linear(4, 4).cuda()
+        m(torch.randn(2, 4, device="cuda")).sum().backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
+        """, "RuntimeError: foreach=True was passed, but can't use the foreach API on meta tensors", "s.py:4",
+     "torch/nn/utils/clip_grad.py"),
+    ("no_nvidia_driver", """\
+        import torch
+        t = torch.cuda.FloatTensor(4)
+        """, "RuntimeError: Found no NVIDIA driver on your system", "s.py:2", None),
+    ("driver_insufficient", """\
+        import torch
+        t = torch.cuda.LongTensor([1, 2])
+        """, "torch.AcceleratorError: CUDA error: CUDA driver version is insufficient", "s.py:2", None),
+    ("batched_tensor_storage", """\
+        import torch
+        x = torch.randn(3, 4, device="cuda")
+        def row(r):
+            return (r * 2).sum()
+        y = torch.vmap(row)(x)
+        """, "NotImplementedError: Cannot access storage of BatchedTensorImpl", "s.py:4", "torch/_functorch/"),
+    ("set_data", """\
+        import torch
+        m = torch.nn.Linear(4, 4).cuda()
+        m.weight.data = torch.randn(4, 4)
+        """, "RuntimeError: Attempted to call `variable.set_data(tensor)`, but `variable` and `tensor` have "
+             "incompatible tensor type", "s.py:3", None),
+    ("device_mismatch_naming_meta", """\
+        import torch
+        x = torch.randn(4, device="cuda")
+        y = torch.copysign(x, torch.tensor(-1.0))
+        """, "RuntimeError: Expected divisor (b) to be on the same device (meta)", "s.py:3", "torch/"),
+    ("masked_fill_value_device", """\
+        import torch
+        x = torch.randn(4, device="cuda")
+        x.masked_fill_(x > 0, torch.tensor(1.0))
+        """, "RuntimeError: Expected `value` to be on same device as `a`", "s.py:3", "torch/_refs/"),
+    ("no_meta_kernel", """\
+        import torch
+        logp = torch.randn(10, 2, 5, device="cuda").log_softmax(-1)
+        target = torch.randint(1, 5, (2, 4), device="cuda")
+        loss = torch.nn.functional.ctc_loss(logp, target, torch.tensor([10, 10]), torch.tensor([4, 3]))
+        """, "NotImplementedError: aten::_ctc_loss.Tensor: attempted to run this operator with Meta tensors",
+     "s.py:4", "torch/nn/functional.py"),
+    ("dlpack_of_meta", """\
+        import torch
+        capsule = torch.utils.dlpack.to_dlpack(torch.randn(4, device="cuda"))
+        """, "BufferError: Cannot pack tensors on meta", "s.py:2", None),
+    ("key_error_in_amems_code", """\
+        import torch
+        from amem_alloc.predict import state
+
+        class Forgetful(dict):   # loses what amem stores in it: amem's next read of it fails
+            def __setitem__(self, key, value):
+                pass
+
+        state.current().session.storages.addresses = Forgetful()
+        x = torch.zeros(4, device="cuda")
+        print(x.data_ptr())
+        """, "KeyError: ", "s.py:10", None),
+    ("caught_and_raised_again_by_the_script", """\
+        import pickle, torch
+        try:
+            pickle.dumps(torch.zeros(2, device="cuda"))
+        except Exception as err:
+            raise RuntimeError("could not save the model") from err
+        """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
+]
+
+
+@pytest.mark.parametrize("name, body, what, user, library", AMEMS, ids=[a[0] for a in AMEMS])
+def test_amems_failure_is_one_line_and_status_4(tmp_path, name, body, what, user, library):
+    script = _script(tmp_path, body)
+    _amems_line(amem("--", "python", script), what, user, library)
+
+
+def test_debug_adds_the_traceback_with_amems_frames_above_the_line(tmp_path):
+    script = _script(tmp_path, AMEMS[4][1])   # vmap: the failure is in amem's own frame
+    proc = amem("--debug", "--", "python", script)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    before, _, line = proc.stderr.rstrip().rpartition("\n")
+    assert line.startswith("amem predict: cannot model NotImplementedError: Cannot access storage of")
+    assert "Traceback (most recent call last)" in before and f'File "{script}", line 4, in row' in before
+    assert "amem_alloc/predict/engine/" in before and "runpy" not in before
+    assert before.rstrip().endswith("NotImplementedError: Cannot access storage of BatchedTensorImpl")
+
+
+def test_a_ranks_failure_is_the_same_line(tmp_path):
+    """Ranks recorded in worker processes (3 ranks on a machine with cores) or in turn: rank 2's
+    amem failure ends the job with the line one process gives."""
+    script = _script(tmp_path, """\
+        import os, torch
+        x = torch.randn(4, device="cuda")
+        if os.environ["RANK"] == "2":
+            t = torch.cuda.FloatTensor(4)
+        """)
+    proc = amem("--nproc-per-node", "3", "--", "python", script)
+    _amems_line(proc, "RuntimeError: Found no NVIDIA driver on your system", "s.py:4")
+    debug = amem("--debug", "--nproc-per-node", "3", "--", "python", script)
+    assert debug.returncode == 4 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------- the user's own errors
+# (name, script, the exception's last line, the line of the user's file that raised it)
+USERS = [
+    ("value_error", """\
+        import torch
+        def check(n):
+            if n < 0:
+                raise ValueError("n must be >= 0")
+        check(-1)
+        """, "ValueError: n must be >= 0", 4),
+    ("shape_mismatch", """\
+        import torch
+        a, b = torch.randn(2, 3, device="cuda"), torch.randn(4, 5, device="cuda")
+        c = a @ b
+        """, "RuntimeError: a and b must have same reduction dim, but got [2, 3] X [4, 5].", 3),
+    ("type_error_in_a_torch_call", """\
+        import torch
+        x = torch.zeros(4, device="cuda")
+        y = torch.cat(x, 0)
+        """, "TypeError: cat(): argument 'tensors' (position 1) must be tuple of Tensors, not Tensor", 3),
+    ("key_error_in_the_users_dict", """\
+        import torch
+        config = {"lr": 0.1}
+        x = torch.zeros(4, device="cuda")
+        print(config["batch_size"])
+        """, "KeyError: 'batch_size'", 4),
+    ("the_users_raise_naming_meta", """\
+        import torch
+        x = torch.zeros(4, device="cuda")
+        raise RuntimeError("Cannot copy out of meta tensor: the meta device is mine")
+        """, "RuntimeError: Cannot copy out of meta tensor: the meta device is mine", 3),
+    ("the_users_own_meta_tensors", """\
+        import torch
+        m = torch.nn.Linear(4, 4, device="meta")
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
+        """, "RuntimeError: foreach=True was passed, but can't use the foreach API on meta tensors", 5),
+    ("an_invalid_device_as_torch_says_it", """\
+        import torch
+        torch.cuda.set_device(3)
+        """, "AssertionError: Invalid device id 3 (predicting 1 device)", 2),
+    ("no_sdpa_kernel_as_torch_says_it", """\
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        q = torch.randn(1, 2, 8, 16, device="cuda")
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):   # flash takes no float32: a GPU refuses it too
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        """, "RuntimeError: No available kernel. Aborting execution.", 5),
+]
+
+
+@pytest.mark.parametrize("name, body, last, line", USERS, ids=[u[0] for u in USERS])
+def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path, name, body, last, line):
+    script = _script(tmp_path, body)
+    proc = amem("--", "python", script)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "cannot model" not in proc.stderr
+    assert f'File "{script}", line {line}' in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.rstrip().splitlines()
+    assert lines[-1] == f"amem predict: {SCRIPT_FAILED} (exit status 1); no prediction"
+    assert lines[-2] == last, lines[-2]
+
+
+# ---------------------------------------------------------------------------- the line's parts
+def test_what_is_the_type_and_the_first_sentence_of_the_first_line():
+    from amem_alloc.predict.failures import what
+
+    assert what(KeyError("x")) == "KeyError: 'x'"
+    assert what(RuntimeError("Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
+                             "and installed a driver from http://www.nvidia.com/Download/index.aspx")) == \
+        "RuntimeError: Found no NVIDIA driver on your system"
+    assert what(RuntimeError("first line.\nsecond line")) == "RuntimeError: first line"
+    assert what(ValueError()) == "ValueError"
+    long = what(RuntimeError("x" * 500))
+    assert len(long) < 200 and long.endswith("...")
