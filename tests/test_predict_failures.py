@@ -152,6 +152,24 @@ def test_a_ranks_failure_is_the_same_line(tmp_path):
     assert debug.returncode == 4 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-3000:]
 
 
+def test_fit_names_amems_failure_and_exits_4(tmp_path):
+    script = _script(tmp_path, """\
+        import argparse, torch
+        p = argparse.ArgumentParser(); p.add_argument("--batch", type=int); args = p.parse_args()
+        x = torch.randn(args.batch, 4, device="cuda")
+        t = torch.cuda.FloatTensor(4)
+        """)
+    proc = amem("--arg", "batch", "--", "python", script, command="fit")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "trial 1: 1: could not be predicted (cannot model RuntimeError: Found no NVIDIA driver" in proc.stdout
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert last == ("amem fit: the run fails at the smallest value, --batch 1: cannot model RuntimeError: Found no "
+                    "NVIDIA driver on your system at s.py:4; please report it"), last
+    assert "Traceback" not in proc.stderr
+    assert "Traceback (most recent call last)" in amem("--debug", "--arg", "batch", "--", "python", script,
+                                                       command="fit").stderr
+
+
 # ---------------------------------------------------------------------------- the user's own errors
 # (name, script, the exception's last line, the line of the user's file that raised it)
 USERS = [

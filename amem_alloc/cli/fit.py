@@ -2,10 +2,12 @@
 per allocator policy, by bisection over predictions (fit.py).
 
     amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--policy LIST] [--steps N] [--timeout S]
-             [--json PATH] -- python SCRIPT ARGS...
+             [--json PATH] [--debug] -- python SCRIPT ARGS...
 
 Exit status (cli/main.py's convention): 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
-fails or does not fit at --lo, or its memory does not grow with the argument): one line each.
+fails or does not fit at --lo, or its memory does not grow with the argument): one line each; 4 when amem itself
+failed inside the run at --lo (its line says "cannot model ...; please report it"; --debug adds the traceback, as
+for each trial that amem failed in).
 """
 from __future__ import annotations
 
@@ -35,9 +37,15 @@ def fit_command(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.json}: its folder does not exist")
     print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
           "output is not shown)", flush=True)
-    result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
-                         lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
-                         progress=lambda line: print(line, flush=True))
+    try:
+        result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
+                             lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
+                             progress=lambda line: print(line, flush=True), debug=args.debug)
+    except fit_mod.FitError as err:
+        if not err.amems:
+            raise   # no answer to find: bad input (cli/main.py)
+        print(f"amem fit: {err}", file=sys.stderr)
+        return exit_status.NOT_MODELLED
     from ..report.prediction_text import format_fit
 
     print(format_fit(result))
@@ -66,6 +74,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps per trial, as amem predict's (default 5)")
     p.add_argument("--timeout", type=float, help="seconds per trial, as amem predict's (default 600)")
     p.add_argument("--json", help="write the answer as JSON")
+    p.add_argument("--debug", action="store_true", help="when amem itself fails inside a trial, also print the "
+                   "traceback, amem's frames included (for a report)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=fit_command)  # bad input, or no answer (FitError, a ValueError): exit 2 in cli/main.py

@@ -38,4 +38,5 @@ def from_cli(args: Any, script: list[str] | None, base: Any, body_for_workload: 
     else:
         body = body_for_workload
     whatif_run.run_all(names, body, base, api.predicting, blocks=args.blocks, strict=args.strict,
-            progress=lambda line: print(f"amem predict: {line}", file=sys.stderr, flush=True))
+            progress=lambda line: print(f"amem predict: {line}", file=sys.stderr, flush=True),
+            debug=getattr(args, "debug", False))

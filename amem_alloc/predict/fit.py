@@ -34,7 +34,12 @@ MAX_DOUBLINGS = 24     # lo * 2**24: past this the run "fits as far as was tried
 
 
 class FitError(ValueError):
-    """The search cannot answer: one line saying why."""
+    """The search cannot answer: one line saying why. `amems`: because amem itself failed inside the
+    run at the smallest value (failures.py; `amem fit` exits 4 then, as amem predict does)."""
+
+    def __init__(self, message: str, amems: bool = False) -> None:
+        super().__init__(message)
+        self.amems = amems
 
 
 # ============================================================================ the argument
@@ -59,6 +64,7 @@ class Trial:
     prediction: Any = None            # outcome.Prediction, or None when it failed
     failed: str | None = None
     seconds: float = 0.0
+    status: int = 0                   # the failed trial's exit status (4: amem's own failure)
 
     def fits(self, policy: str) -> bool:
         return self.prediction is not None and self.prediction.row(policy).fits
@@ -132,7 +138,7 @@ class _Trials:
             with quiet:
                 prediction = self.predict_at(value)
         except trial.TrialFailed as failed:
-            return Trial(value, None, str(failed), time.perf_counter() - started)
+            return Trial(value, None, str(failed), time.perf_counter() - started, failed.status)
         return Trial(value, prediction, None, time.perf_counter() - started)
 
     def _line(self, n: int, t: Trial) -> str:
@@ -161,7 +167,8 @@ def search(predict_at: Callable[[int], Any], arg: str, gpu: Any, policies: list[
 
 def _check_first(arg: str, first: Trial, policies: list[str]) -> None:
     if first.prediction is None:
-        raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}")
+        raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}",
+                       amems=first.status == 4)
     if not any(first.fits(p) for p in policies):
         need = min(first.row(p).min_capacity for p in policies)
         raise FitError(f"the run does not fit even at the smallest value, --{arg} {first.value}: it needs "
@@ -213,10 +220,11 @@ def _bisect(trials: _Trials, policy: str, lo: int, top: int) -> PolicyFit:
 # ============================================================================ the ways in
 def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = None, policies: Any = None,
         lo: int = 1, hi: int | None = None, steps: int | None = None, timeout: float | None = None,
-        progress: Callable[[str], None] | None = None, quiet: bool = True) -> FitResult:
+        progress: Callable[[str], None] | None = None, quiet: bool = True, debug: bool = False) -> FitResult:
     """The largest value of `arg` that fits the card, per policy. target: a script's argv
     (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
-    (called as target(value) under prediction). steps/timeout: per trial, as amem predict's."""
+    (called as target(value) under prediction). steps/timeout: per trial, as amem predict's.
+    debug: amem's own failure in a trial prints its traceback (trial.predict)."""
     from . import api
     from . import script as script_mod
     from .whatif import trial
@@ -232,6 +240,6 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
         else:
             argv = with_value(list(target), arg, value)
             body, name = trial.script_body(argv, steps, timeout), f"script {' '.join(argv)}"
-        return trial.predict(body, api.predicting, card, chosen, name)
+        return trial.predict(body, api.predicting, card, chosen, name, debug=debug)
 
     return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet)

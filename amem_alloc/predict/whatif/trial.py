@@ -12,9 +12,11 @@ shows it in its row, fit treats it as "does not run at this value" or stops with
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable
 
 from ... import user_script
+from .. import failures
 from .. import script as script_mod
 from ..notes import NotModelledError
 from ..engine.values import DataDependentError
@@ -36,9 +38,10 @@ def script_body(argv: list[str], steps: int, timeout: float) -> Callable[[Any], 
 
 
 def predict(body: Callable[[Any], None], predicting: Any, gpu: Any, policies: list, target: str, *,
-            strict: bool = False, change: Any = None) -> Any:
+            strict: bool = False, change: Any = None, debug: bool = False) -> Any:
     """The Prediction of body(run) under `predicting` (api.predicting, passed in: api uses this module)
-    with `change` (a changes.Change, or None) active around the code."""
+    with `change` (a changes.Change, or None) active around the code. debug: amem's own failure's
+    traceback is printed (stderr, where the script's own traceback goes) before its TrialFailed."""
     run = predicting(gpu, policies=policies, target=target, strict=strict)
     try:
         with run:
@@ -50,6 +53,10 @@ def predict(body: Callable[[Any], None], predicting: Any, gpu: Any, policies: li
         raise TrialFailed(str(late), 124) from None
     except (DataDependentError, NotModelledError) as err:
         raise TrialFailed(_first_line(err), 3) from None
+    except failures.AmemFailure as failure:   # amem failed inside the code: its line, exit status 4
+        if debug and failure.details:
+            print(failure.details, end="", file=sys.stderr)
+        raise TrialFailed(str(failure), 4) from None
     if change is not None:
         change.finish()
     return run.result
