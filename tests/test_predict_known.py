@@ -63,3 +63,105 @@ def test_strict_does_not_stop_at_a_known_value():
     with FakeCudaSession(strict=True) as s:
         assert torch.arange(4, device="cuda").sum().item() == 6
     assert not list(s.notes)
+
+
+# ---------------------------------------------------------------------------- writes of unknown values
+def _model_loss():
+    """A fake loss, as an evaluation loop's model gives it (unknown: computed from parameters)."""
+    model = torch.nn.Linear(8, 1).cuda()
+    return model(torch.randn(4, 8, device="cuda")).square().mean()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("read", ["item", "tensor"])
+def test_nanogpts_estimate_loss_pattern_runs(device, read):
+    """nanoGPT's estimate_loss: `losses = torch.zeros(eval_iters)` (on the CPU; some loops put it on
+    the GPU), `losses[k] = loss.item()` or `= loss`, then `losses.mean()` printed. The stand-in
+    (0.0) is what the losses hold; it is noted where it was made."""
+    eval_iters = 3
+    with torch.no_grad(), FakeCudaSession() as s:
+        losses = torch.zeros(eval_iters, device=device)
+        for k in range(eval_iters):
+            loss = _model_loss()
+            losses[k] = loss.item() if read == "item" else loss
+        text = f"{losses.mean():.4f}"
+        listed = losses.tolist()
+    assert text == "0.0000" and listed == [0.0] * eval_iters
+    stand_ins = sorted(n.what for n in _stand_ins(s))
+    if read == "item":   # a stand-in number written: the tensor holds it and stays known, no second note
+        assert stand_ins == ["item() of a CUDA tensor: 0.0"] and _stand_ins(s)[0].count == eval_iters
+    elif device == "cpu":   # a real tensor written from a fake one: zeros written, noted at the write
+        assert stand_ins == ["a CUDA tensor's value written into a CPU tensor (copy_): zeros"]
+    else:   # a known tensor written with an unknown value: unknown, its reads are stand-ins
+        assert stand_ins == ["a formatted value (f-string) of a CUDA tensor: text without a value",
+                             "tolist() of a CUDA tensor: zeros"]
+
+
+UNKNOWN_WRITES = {
+    "index assignment": lambda t, u: t.__setitem__(1, u.sum()),
+    "index_put_": lambda t, u: t.index_put_((torch.tensor([2], device="cuda"),), u[:1]),
+    "copy_": lambda t, u: t.copy_(u),
+    "copy_ into a slice": lambda t, u: t[1:].copy_(u[1:]),
+    "fill_ with a tensor": lambda t, u: t.fill_(u.sum()),
+    "add_ with an unknown operand": lambda t, u: t.add_(u),
+    "out=": lambda t, u: torch.mul(u, 2, out=t),
+    "a view written": lambda t, u: t.view(2, 2)[0].mul_(u[:2]),
+    "masked_fill_ with a tensor": lambda t, u: t.masked_fill_(t > 2, u.sum()),
+    "scatter_": lambda t, u: t.scatter_(0, torch.tensor([0], device="cuda"), u[:1]),
+}
+
+
+@pytest.mark.parametrize("name", list(UNKNOWN_WRITES))
+def test_an_unknown_write_makes_a_known_tensor_and_its_views_unknown(name):
+    """A known tensor (1, 2, 3, 4) written with an unknown value holds no value any more: reads of
+    it, and of a view made before the write, get stand-ins (zeros), never the stale truth."""
+    with FakeCudaSession() as s:
+        t = torch.arange(1.0, 5.0, device="cuda")
+        view = t[2:]
+        assert t.tolist() == [1.0, 2.0, 3.0, 4.0]
+        UNKNOWN_WRITES[name](t, torch.randn(4, device="cuda"))
+        assert t.tolist() == [0.0] * 4 and view.tolist() == [0.0] * 2
+        assert t.sum().item() == 0.0
+    reads = sorted((n.what, n.count) for n in _stand_ins(s))
+    assert reads == [("item() of a CUDA tensor: 0.0", 1), ("tolist() of a CUDA tensor: zeros", 2)], reads
+
+
+def test_known_writes_keep_a_tensor_known():
+    with FakeCudaSession() as s:
+        t = torch.arange(4.0, device="cuda")
+        t[0] = 5
+        t[1:3] += 1
+        t.index_put_((torch.tensor([3], device="cuda"),), torch.tensor([9.0], device="cuda"))
+        t.view(2, 2)[1, 0].mul_(torch.tensor(2.0, device="cuda"))
+        assert t.tolist() == [5.0, 2.0, 6.0, 9.0]
+        cpu = torch.zeros(3)
+        cpu[1] = torch.tensor(7.0, device="cuda")   # a known value into a real tensor: the truth
+        cpu[2:] = t[3:]
+        assert cpu.tolist() == [0.0, 7.0, 9.0]
+    assert not list(s.notes), list(s.notes)
+
+
+def test_a_real_tensor_written_from_an_unknown_one_holds_the_stand_in():
+    """A real CPU tensor cannot hold "unknown": what a fake value writes into it is the stand-in
+    a read of it gets (zeros), noted; the rest of it is untouched."""
+    with FakeCudaSession() as s:
+        buffer = torch.ones(2, 3)
+        buffer[0].copy_(torch.randn(3, device="cuda"))
+        buffer += torch.randn(2, 3, device="cuda").cpu()   # a fake CPU tensor, brought from the GPU
+        assert buffer.tolist() == [[0.0] * 3, [1.0] * 3]
+    assert sorted(n.what for n in _stand_ins(s)) == [
+        "a CUDA tensor's value written into a CPU tensor (copy_): zeros",
+        "a value computed on the GPU written into a CPU tensor (add_): zeros"]
+
+
+def test_a_write_that_cannot_run_on_the_cpu_makes_its_target_unknown():
+    """An in-place op whose kernel CUDA has and the CPU lacks: its known target's shadow is not left
+    holding the values from before the write."""
+    lib = torch.library.Library("amem_known_test", "FRAGMENT")
+    lib.define("bump_(Tensor(a!) x) -> Tensor(a!)")
+    lib.impl("bump_", lambda x: x, "Meta")
+    with FakeCudaSession() as s:
+        t = torch.arange(1.0, 4.0, device="cuda")
+        torch.ops.amem_known_test.bump_(t)
+        assert t.tolist() == [0.0] * 3
+    assert [n.what for n in _stand_ins(s)] == ["tolist() of a CUDA tensor: zeros"]

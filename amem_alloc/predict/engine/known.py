@@ -21,9 +21,19 @@ Rules, per op the recorder sees (execution.Recorder):
   each new output storage is no larger than the cap (`MAX_ELEMENTS` elements, 65,536): outputs
   get shadows, and in-place ops write into the shadows they were given; views share their base's
   storage, hence its shadow;
-* an op with unknown inputs that writes a tensor (in place or `out=`) drops the shadows of what
-  it writes: those values are unknown from then on (GradScaler's `found_inf` after its check);
-* an op that fails on the CPU (a CUDA-only kernel) makes its outputs unknown.
+* an op with unknown inputs that writes a tensor (in place or `out=`: `losses[k] = loss`,
+  `index_put_`, `copy_`, `fill_(t)`, `add_(t)`, into it or into a view of it) drops the shadow of
+  the storage it writes: every tensor on that storage, views included, is unknown from then on
+  and its reads get stand-ins (GradScaler's `found_inf` after its check);
+* an op that fails on the CPU (a CUDA-only kernel) makes its outputs, and what it writes, unknown;
+* an op that writes a *real* tensor from fake ones (nanoGPT's `losses[k] = loss` into a CPU tensor
+  of losses, `cpu_buffer.copy_(t)`) runs on the CPU with each fake input replaced by its known
+  value, or where unknown by zeros of its shape: the stand-in a read of it gets (values.py), noted
+  as a read is. A real tensor cannot become unknown (the program reads it without asking torch),
+  so it holds what a read of the fake value would have given.
+
+A stand-in number is an ordinary number once handed out: `losses[k] = loss.item()` writes 0.0
+(the stand-in, noted where `.item()` read it) into a known tensor, which stays known, holding it.
 
 The cap keeps the cost small: shadows are index-sized tensors (positions, masks over a batch's
 tokens, scalars), never activations or parameters (parameters are always fake, session.py), and
@@ -36,6 +46,8 @@ import weakref
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .. import notes
 
 __all__ = ["KnownValues", "MAX_ELEMENTS"]
 
@@ -130,19 +142,20 @@ class KnownValues:
         except _Unknown:
             return None
 
-    def after(self, func, known, out) -> None:
-        """Run `func` for real on the known inputs and give `out`'s new storages their values."""
+    def after(self, func, args: tuple, kwargs: dict, known, out) -> None:
+        """Run `func` for real on the known inputs and give `out`'s new storages their values
+        (args, kwargs: the op's own, fake, arguments)."""
         outs, _ = tree_flatten(out)
         fresh = [t for t in outs if isinstance(t, torch.Tensor) and t.device.type == "meta"
                  and id(t.untyped_storage()) not in self.by_id]
         if not all(_small(t) for t in fresh):
-            self.written(func, known[0], known[1])   # nothing is run: what it writes is unknown
+            self.written(func, args, kwargs)   # nothing is run: what it writes is unknown
             return
         try:
             with torch._C.DisableTorchFunction():
                 real = func(*known[0], **known[1])
-        except Exception:   # no CPU kernel (a CUDA-only op): its outputs stay unknown
-            self.written(func, known[0], known[1])
+        except Exception:   # no CPU kernel (a CUDA-only op): its outputs, and what it wrote, are unknown
+            self.written(func, args, kwargs)
             return
         reals, _ = tree_flatten(real)
         for fake, value in zip(outs, reals):
@@ -151,16 +164,46 @@ class KnownValues:
 
     def written(self, func, args: tuple, kwargs: dict) -> None:
         """An op whose inputs are not all known: what it writes is unknown from now on."""
+        if self.by_id:
+            for t in self._targets(func, args, kwargs):
+                if t.device.type == "meta":
+                    self.forget(t)
+
+    def _targets(self, func, args: tuple, kwargs: dict):
+        """The tensors among `func`'s arguments that it writes (in place, `out=`)."""
         positions = self._written.get(func)
         if positions is None:
             positions = self._written[func] = _written_arguments(func)
-        if not positions or not self.by_id:
-            return
         for pos in positions:
             a = args[pos] if isinstance(pos, int) and pos < len(args) else kwargs.get(pos) if isinstance(pos, str) else None
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                    self.forget(t)
+            yield from (t for t in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, torch.Tensor))
+
+    # ------------------------------------------------------------------ real tensors written from fake ones
+    def writes_real(self, func, args: tuple, kwargs: dict) -> bool:
+        """Whether `func` writes a real (CPU) tensor among its arguments."""
+        return any(t.device.type != "meta" for t in self._targets(func, args, kwargs))
+
+    def into_real(self, func, args: tuple, kwargs: dict, device_of) -> object:
+        """Runs `func`, which writes a real tensor, on the CPU: each fake input replaced by its known
+        value, or by zeros of its shape (a stand-in, noted) where unknown. device_of(t): the device
+        a fake tensor claims, for the note."""
+        stood_in: list[str] = []
+
+        def real(a):
+            if not (isinstance(a, torch.Tensor) and a.device.type == "meta"):
+                return a
+            v = self.value(a)
+            if v is None:
+                stood_in.append(device_of(a) or "fake")
+                v = torch.zeros((), dtype=a.dtype).expand(a.shape)   # no memory, whatever its size
+            return v
+        with torch._C.DisableTorchFunction():
+            args, kwargs = tree_map(real, args), tree_map(real, kwargs)
+            if stood_in:
+                source = "a CUDA tensor's value" if stood_in[0] == "cuda" else "a value computed on the GPU"
+                notes.record(notes.STAND_IN, f"{source} written into a CPU tensor ({func.__name__.partition('.')[0]}): "
+                             "zeros")
+            return func(*args, **kwargs)
 
     def outputs_of(self, func, known, make) -> object:
         """A data-dependent shape op (nonzero, boolean indexing, unique) on known inputs: its real

@@ -87,6 +87,9 @@ class Recorder(TorchDispatchMode):
     # ------------------------------------------------------------------ step 3: the op
     def _run(self, func, args, kwargs, args_leaves, known):
         real = [a for a in args_leaves if isinstance(a, torch.Tensor) and a.device.type != "meta"]
+        if real and not _decomposes(func) and self.session.known.writes_real(func, args, kwargs):
+            # a real tensor written from fake ones (losses[k] = loss): on the CPU, with known values or stand-ins
+            return self.session.known.into_real(func, args, kwargs, self.storages.device_of)
         if any(a.dim() > 0 for a in real):
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
@@ -113,7 +116,7 @@ class Recorder(TorchDispatchMode):
 
     def _learn_values(self, func, args, kwargs, known, out) -> None:
         if known is not None:
-            self.session.known.after(func, known, out)
+            self.session.known.after(func, args, kwargs, known, out)
         else:
             self.session.known.written(func, args, kwargs)
 
