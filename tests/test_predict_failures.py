@@ -117,6 +117,13 @@ AMEMS = [
         except Exception as err:
             raise RuntimeError("could not save the model") from err
         """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
+    ("caught_and_raised_again_while_handling_it", """\
+        import pickle, torch
+        try:
+            pickle.dumps(torch.zeros(2, device="cuda"))
+        except Exception:
+            raise RuntimeError("could not save the model")
+        """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
 ]
 
 
@@ -208,6 +215,13 @@ USERS = [
             p.grad = torch.zeros_like(p)
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
         """, "RuntimeError: foreach=True was passed, but can't use the foreach API on meta tensors", 5),
+    ("shape_mismatch_raised_while_amem_handles_its_own_exception", """\
+        import torch
+        a = torch.randn(2, 3, dtype=torch.cfloat, device="cuda")
+        b = torch.randn(4, 5, dtype=torch.cfloat, device="cuda")
+        c = a.add(b, alpha=2j)   # amem's meta cache cannot key a complex alpha: it runs the op in its handler
+        """, "RuntimeError: Attempting to broadcast a dimension of length 5 at -1! Mismatching argument at index 1 "
+             "had torch.Size([4, 5]); but expected shape should be broadcastable to [2, 3]", 4),
     ("an_invalid_device_as_torch_says_it", """\
         import torch
         torch.cuda.set_device(3)

@@ -12,8 +12,12 @@ reached the real CUDA driver). The user must not read "the script failed" then: 
 not broken, amem is. Which it is follows from the exception alone, by these rules:
 
 1. The chain. The exception is amem's when any exception of its chain is (itself, then what it
-   was raised from or while handling: `__cause__`, `__context__`): a library or a script that
-   catches amem's failure and raises its own does not make it the user's. The line names that one.
+   was raised from, `__cause__`, and what it was raised while handling, `__context__`): a library
+   or a script that catches amem's failure and raises its own does not make it the user's. The
+   line names that one. An exception met only as a context counts by its signature (rule 6), not
+   for having been raised in amem's code (rule 4): amem raises and handles exceptions of its own as
+   control flow (meta_cache's _Unhashable), and the user's error raised inside such a handler
+   (the meta kernel run there) carries one as its context.
 2. Only an `Exception` can be amem's: Ctrl-C (KeyboardInterrupt, wherever it lands), SystemExit and
    the prediction's own stops (StopPrediction, PredictionTimeout) are BaseExceptions. amem's
    deliberate errors are passed over: NotModelledError and DataDependentError (the caller names
@@ -117,7 +121,7 @@ def amems_failure(err: BaseException, folder: str | None, deliberate: tuple = ()
     """The AmemFailure that `err`, ending the script, is (None: it is the script's own error).
     folder: the script's, for the line's paths; deliberate: amem's own error types that are not its
     failures; user_meta(): whether the script holds meta tensors of its own now."""
-    culprit = next((e for e in _chain(err) if _is_amems(e, deliberate, user_meta)), None)
+    culprit = next((e for e, implicit in _chain(err) if _is_amems(e, deliberate, user_meta, implicit)), None)
     if culprit is None:
         return None
     return AmemFailure(line(culprit, err, folder), user_script.script_traceback(err))
@@ -131,21 +135,23 @@ def line(culprit: BaseException, err: BaseException, folder: str | None) -> str:
 
 
 # ============================================================================ which exception
-def _chain(err: BaseException) -> list[BaseException]:
-    """err, then what it was raised from or while handling, breadth first (bounded, no cycles)."""
-    out, todo, seen = [], [err], set()
+def _chain(err: BaseException) -> list[tuple[BaseException, bool]]:
+    """(exception, met only as a context) for err, then what it was raised from or while handling,
+    breadth first, causes before contexts (bounded, no cycles)."""
+    out, todo, seen = [], [(err, False)], set()
     while todo and len(out) < 16:
-        e = todo.pop(0)
+        e, implicit = todo.pop(0)
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        out.append(e)
-        todo += [e.__cause__, e.__context__]
+        out.append((e, implicit))
+        todo += [(e.__cause__, implicit), (e.__context__, True)]
     return out
 
 
-def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool]) -> bool:
-    """Rules 2 to 6 of the module's note, for one exception of the chain."""
+def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool], implicit: bool = False) -> bool:
+    """Rules 2 to 6 of the module's note, for one exception of the chain (`implicit`: met only as
+    a context, rule 1)."""
     if not isinstance(e, Exception) or isinstance(e, deliberate) or user_script.is_for_the_script(e):
         return False
     tb = _innermost(e.__traceback__)
@@ -154,7 +160,7 @@ def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool]
     owner = _owner(tb.tb_frame.f_code.co_filename)
     by_callee = _raised_by_callee(tb.tb_frame.f_code, tb.tb_lasti)
     if not by_callee and owner in ("amem", "user"):
-        return owner == "amem"
+        return owner == "amem" and not implicit
     sig = _signature(e)
     if sig is None or (sig.amem_call and owner != "amem"):
         return False
