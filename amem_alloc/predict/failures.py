@@ -85,10 +85,13 @@ SIGNATURES = (
     # An op with no meta kernel ("no fake impl or Meta kernel registered", "Could not run ... with
     # arguments from the 'Meta' backend"): on CUDA its kernel runs.
     _sig(r"no fake impl or Meta kernel|from the 'Meta' backend"),
-    # A device check that names meta: the meta tensor is a fake CUDA one, met with a CPU scalar
-    # tensor in a meta implementation that refuses it where CUDA's kernel takes it (copysign's);
-    # "meta-llama/..." and the like are model names, not the device.
-    _sig(r"\bdevices?\b.*\bmeta\b(?![-/'])|\bmeta\b(?![-/']).*\bdevices?\b"),
+    # A device check that finds a tensor on meta ("... on the same device, but found at least two
+    # devices, meta and cpu", "Tensor on device meta is not on the expected device cpu", "Expected
+    # tensor to have meta Device"): the meta tensor is a fake CUDA one, met with a CPU scalar tensor
+    # in a meta implementation that refuses it where CUDA's kernel takes it (copysign's). Not any
+    # message with both words: torch.device("cudaa") lists meta among the device types it knows,
+    # and "meta-llama/..." is a model's name.
+    _sig(r"same device\b.*\bmeta\b(?![-/'])|\bdevice meta\b|expected device meta\b|have meta Device"),
     # torch._refs.masked_fill's check of a tensor value's device, run only for meta tensors (CUDA's
     # kernel takes a 0-dim CPU value).
     _sig(r"Expected `value` to be on same device as `a`"),

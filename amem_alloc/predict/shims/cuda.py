@@ -114,7 +114,7 @@ class CudaShims:
         """Checked like torch's, then only noted: `fits` is judged against the card's usable memory."""
         self._check(device)
         if not isinstance(fraction, float) or not 0 <= fraction <= 1:
-            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+            raise for_the_script(ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1"))
         self.memory_fraction = fraction
 
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
