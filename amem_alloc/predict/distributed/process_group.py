@@ -37,7 +37,7 @@ from typing import Any
 
 from ...patching import PatchSet, declare, declare_many
 from .. import notes
-from . import object_collectives
+from . import barrier, object_collectives
 from .launch import Launch
 
 FAKE = "fake"
@@ -85,6 +85,7 @@ class FakeWorld:
     def __init__(self, launch: Launch, rank: int) -> None:
         self.launch, self.rank = launch, rank
         self.patches = PatchSet()
+        self.backend: Any = None   # the backend the script asked for (a GPU job's NCCL: None or "nccl")
 
     def __enter__(self) -> "FakeWorld":
         import torch
@@ -103,6 +104,7 @@ class FakeWorld:
                 notes.record(notes.NOT_MODELLED, f"init_process_group({backend!r}): torch's fake process group "
                              "(no communication; NCCL's own buffers outside the caching allocator not counted)")
             kwargs.pop("device_id", None)   # binds a real CUDA device (eager NCCL init): nothing to bind
+            world.backend = backend
             if timeout is not None:
                 kwargs["timeout"] = timeout
             return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
@@ -113,6 +115,7 @@ class FakeWorld:
             for name, function in objects.items():
                 self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
         self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        barrier.install(self.patches, (dist, c10d), lambda ids: ids is not None or self.backend in (None, "nccl"))
         self.patches.apply(VERIFY_PARAMS, dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self.patches.apply(TORCH_META, torch, "meta", torch.cuda)
         from torch.distributed.fsdp import FullyShardedDataParallel

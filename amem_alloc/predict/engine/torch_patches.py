@@ -56,6 +56,9 @@ RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
                        "backward's hooks and recomputation run with the device mode pushed again")
 UNPACK_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
                        "unpack hooks see tensors as their pack hooks did (checkpoint's device check)")
+GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
+                          "torch's C++ grouping files fake tensors under the device they claim (cuda), not meta: "
+                          "foreach and fused paths (clip_grad_norm_(foreach=True), optimizers) take CUDA's branch")
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 COMPILE_NOTE = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
@@ -71,6 +74,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _compile(session, patches)
     _storages(session, patches)
     _backward(session, patches)
+    _grouping(session, patches)
 
 
 # ============================================================================ autocast
@@ -219,3 +223,49 @@ def _unpack_hooks(patches: PatchSet) -> None:
                 return unpack_hook(packed)
         return push(pack_hook, unpack)
     patches.apply(UNPACK_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
+
+
+# ============================================================================ foreach's grouping
+def _grouping(session: Any, patches: PatchSet) -> None:
+    """torch._C._group_tensors_by_device_and_dtype keys its groups by each tensor's real device, meta
+    for every fake tensor; torch's Python then asks whether that device has foreach kernels
+    (torch/utils/_foreach_utils.py) and clip_grad_norm_(foreach=True) refuses meta. The groups are
+    keyed here by the device each fake tensor claims, as on a GPU."""
+    original = torch._C._group_tensors_by_device_and_dtype
+
+    def group(tensorlistlist, with_indices=False):
+        out = original(tensorlistlist, with_indices)
+        if not any(key[0].type == "meta" for key in out):
+            return out
+        regrouped: dict = {}
+        for (device, dtype), (lists, indices) in out.items():
+            for claimed, positions in _by_claimed_device(session, device, lists).items():
+                into = regrouped.setdefault((claimed, dtype), ([[] for _ in lists], []))
+                for j in positions:
+                    for k, ts in enumerate(lists):
+                        if ts:   # an empty list (amsgrad's max_exp_avg_sqs off) stays empty, as in torch
+                            into[0][k].append(ts[j])
+                    if indices:
+                        into[1].append(indices[j])
+        return regrouped
+    patches.apply(GROUP_BY_DEVICE, torch._C, "_group_tensors_by_device_and_dtype", group)
+
+
+def _by_claimed_device(session: Any, device: torch.device, lists) -> dict:
+    """Positions of a group's tensors by the device each claims (its first list's tensor: a
+    parameter, with its gradient and state beside it in the other lists)."""
+    if device.type != "meta":
+        return {device: range(len(lists[0]) if lists else 0)}
+    out: dict = {}
+    for j, t in enumerate(lists[0] if lists else []):
+        out.setdefault(_claimed(session, t), []).append(j)
+    return out
+
+
+def _claimed(session: Any, t) -> torch.device:
+    kind = session.storages.device_of(t) if isinstance(t, torch.Tensor) else None
+    if kind == "cuda":
+        from .devices import cuda_index
+
+        return torch.device("cuda", cuda_index())
+    return torch.device(kind) if kind in ("cpu", "meta") else torch.device("meta")
