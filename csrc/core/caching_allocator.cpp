@@ -11,16 +11,16 @@ namespace amem {
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options options)
     : backend_(std::move(backend)), options_(options) {
-  if (options_.expandable_segments && !backend_->supports_expandable())
-    throw ConfigError("AMEM_CONF: expandable_segments:True cannot be used here: " + backend_->why_not_expandable() +
+  if (options_.expandable_segments && !device_.supports_expandable())
+    throw ConfigError("AMEM_CONF: expandable_segments:True cannot be used here: " + device_.why_not_expandable() +
                       "; leave it off on this device");
 }
 
 CachingAllocator::~CachingAllocator() {
   Guard guard(*this);
   for (const auto& [address, segment] : segments_.all()) {  // the list deletes the blocks
-    if (segment->expandable) backend_->release_address_range(segment->address, segment->size);
-    else backend_->release_segment(segment->address, segment->size);
+    if (segment->expandable) device_.release_address_range(segment->address, segment->size);
+    else device_.release_segment(segment->address, segment->size);
   }
 }
 
@@ -53,7 +53,7 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 // two calls (saved registers, values reloaded after them) cost the hot pair 47
 // instructions (callgrind).
 AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
+  if (device_.capped() && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   // No cross-stream handover while capturing: no event may be recorded or waited on then.
   auto cross = [&] { return options_.cross_stream_reuse != CrossStream::kOff && !capturing(); };
@@ -137,7 +137,7 @@ void CachingAllocator::settle_fences(Block* block, StreamId stream) {
 // No cached block fits: get a new segment, freeing cached memory to make room
 // if the backend refuses (torch: the alloc_block / release_* chain in malloc).
 Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
+  if (device_.capped() && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
   if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
   if (release_available_cached_blocks(pool, stream, rounded))
     if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
@@ -152,9 +152,7 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   // Private pools never expand (Note [private pools]): as in torch, a graph's pool gets plain segments.
   if (options_.expandable_segments && pool.owner == kDefaultPool) return allocate_expandable(pool, stream, rounded);
   size_t size = segment_size_for(rounded);
-  int64_t reserved = stats_.reserved_bytes.current();
-  if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
-  uintptr_t address = backend_->allocate_segment(size);
+  uintptr_t address = device_.allocate_segment(size);  // 0 beyond the memory fraction too
   if (address == 0) return nullptr;
 
   Block* block = segments_.create(pool, stream, address, size, false);
@@ -295,9 +293,9 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
 CachingAllocator::StreamEvents CachingAllocator::record_stream_events(const Block* block) {
   StreamEvents events;
   try {
-    for (StreamId s : block->stream_uses) events.emplace_back(s, backend_->record_event(s));
+    for (StreamId s : block->stream_uses) events.emplace_back(s, device_.record_event(s));
   } catch (...) {
-    for (auto& [stream, event] : events) backend_->destroy_event(event);
+    for (auto& [stream, event] : events) device_.destroy_event(event);
     throw;
   }
   return events;
@@ -353,7 +351,7 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
   }
   for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
   if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
-    backend_->synchronize();
+    device_.synchronize();
     fences_.synchronized();
   }
   for (Block* b : expandable) unmap_block(b);
@@ -365,7 +363,7 @@ void CachingAllocator::release_segment_of(Block* block) {
   BlockPool& pool = *block->pool;
   note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
                      segment->stream);  // before the backend call, as torch records it
-  backend_->release_segment(segment->address, segment->size);
+  device_.release_segment(segment->address, segment->size);
   ledger(pool.kind).segment_released(segment->size);
   pool.erase(block);
   segments_.destroy(block);
@@ -402,7 +400,7 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
 // reserved memory is back under the threshold (torch: garbage_collect_cached_blocks).
 void CachingAllocator::garbage_collect_cached_blocks() {
   auto threshold = static_cast<size_t>(options_.garbage_collection_threshold *
-                                       static_cast<double>(allowed_bytes_));
+                                       static_cast<double>(device_.allowed_bytes()));
   auto reserved = static_cast<size_t>(stats_.reserved_bytes.current());
   if (reserved <= threshold) return;
   size_t target = reserved - threshold;
@@ -434,13 +432,8 @@ void CachingAllocator::garbage_collect_cached_blocks() {
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw std::invalid_argument("amem: memory fraction " + std::to_string(fraction) +
-                                " is outside [0, 1]; pass the share of device memory to allow");
   Guard guard(*this);
-  size_t total = backend_->memory_info().total_bytes;
-  allowed_bytes_ = static_cast<size_t>(fraction * static_cast<double>(total));
-  fraction_set_ = true;
+  device_.set_fraction(fraction);
 }
 
 // ================================================================ recording

@@ -26,8 +26,10 @@
 // The mechanisms it composes have their own types: the pools (PoolSet,
 // pool_set.h), segments and their blocks with split and merge (SegmentList,
 // segment_list.h), the counters' transitions (Ledger, accounting.h), frees
-// waiting on events (EventQueue, event_queue.h) and cross-stream fences
-// (StreamFences, stream_fences.h).
+// waiting on events (EventQueue, event_queue.h), cross-stream fences
+// (StreamFences, stream_fences.h) and the memory fraction (DeviceLimit,
+// device_limit.h: an adaptor over the backend that every backend call goes
+// through).
 //
 // Lock contract: every public member takes lock_ through a Guard; every
 // private member expects it held and never takes it. The backend is only
@@ -62,6 +64,7 @@
 #include "allocator_lock.h"
 #include "backend.h"
 #include "block.h"
+#include "device_limit.h"
 #include "errors.h"
 #include "event_queue.h"
 #include "options.h"
@@ -146,8 +149,8 @@ class CachingAllocator {
   void set_segment_log(std::vector<SegmentEvent>* log);
 
   const Options& options() const { return options_; }
-  const char* backend_name() const { return backend_->name(); }
-  Backend& backend() { return *backend_; }
+  const char* backend_name() const { return device_.name(); }
+  Backend& backend() { return *backend_; }  // the device's own, below the memory fraction
 
  private:
   // ------------------------------------------------------------ malloc path
@@ -236,21 +239,20 @@ class CachingAllocator {
   };
 
   mutable AllocatorLock lock_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;                  // the device's, owned; called through device_ only
   Options options_;
+  Stats stats_;
+  Trace trace_;
+  DeviceLimit device_{*backend_, stats_.reserved_bytes};  // the backend under the memory fraction
   PoolSet pools_{options_.small_pool};                // shared and private pools, open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
-  EventQueue events_{*backend_};                      // blocks waiting on other streams' events
-  StreamFences fences_{*backend_, options_.cross_stream_reuse == CrossStream::kWait};
+  EventQueue events_{device_};                        // blocks waiting on other streams' events
+  StreamFences fences_{device_, options_.cross_stream_reuse == CrossStream::kWait};
   uint64_t clock_ = 0;                                // malloc calls (page_reclaim_age)
   int64_t reclaim_unmaps_ = 0;                        // unmaps made by page reclaim (its budget)
   std::vector<SegmentEvent>* segment_log_ = nullptr;  // see set_segment_log
-  Stats stats_;
-  Trace trace_;
-  bool fraction_set_ = false;
-  size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
   uint64_t alloc_seq_ = 0;
 };
 

@@ -74,14 +74,14 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream,
 }
 
 Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size) {
-  size_t total = std::min(backend_->memory_info().total_bytes, kMaxExpandableSpan);
+  size_t total = std::min(device_.memory_info().total_bytes, kMaxExpandableSpan);
   // torch reserves 9/8 of the device; holes that page reclaim unmapped keep their
   // addresses while the segment grows past them, so with reclaim: twice the device.
   size_t addresses = options_.page_reclaim_age >= 0 ? 2 * total : total + total / 8;
   const PageLayout layout = page_layout(pool.kind);
   size_t span = layout.ceil(std::max(addresses, layout.fine_bytes));
   if (span < size) return nullptr;
-  uintptr_t address = backend_->reserve_address_range(span, layout);
+  uintptr_t address = device_.reserve_address_range(span, layout);
   if (address == 0) return nullptr;
   Block* block = segments_.create(pool, stream, address, span, true);
   block->mapped = false;
@@ -93,8 +93,7 @@ Block* CachingAllocator::reserve_expandable_segment(BlockPool& pool, StreamId st
 // (torch: try_allocate_expandable_block).
 Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
   const int64_t reserved = stats_.reserved_bytes.current();
-  if (fraction_set_ && static_cast<size_t>(reserved) + segment_size_for(rounded) > allowed_bytes_)
-    return nullptr;
+  if (!device_.admits(segment_size_for(rounded))) return nullptr;  // as a plain segment would (device_limit.h)
   if (options_.page_reclaim_age >= 0 && rounded >= options_.page_reclaim_min_size && !capturing() &&
       reserved + static_cast<int64_t>(rounded) > stats_.reserved_bytes.peak())  // only to keep the peak down
     reclaim_idle_pages(rounded);
@@ -159,7 +158,7 @@ size_t CachingAllocator::map_ahead_bytes(const Block* start, size_t rounded) con
   const size_t fine_end = page_layout(seg->kind).fine_bytes;  // 0 for the small pool
   const size_t request_end = start->address - seg->address + rounded;
   if (request_end >= fine_end) return 0;
-  if (fraction_set_) return 0;  // under a memory fraction every byte counts: map exactly
+  if (device_.capped()) return 0;  // under a memory fraction every byte counts: map exactly
   const size_t ahead = std::min(options_.map_ahead * rounded, page_size(seg->kind));  // at most one large page
   return std::min(ahead, fine_end - request_end);
 }
@@ -172,7 +171,7 @@ bool CachingAllocator::map_block(Block* block, size_t size) {
   BlockPool& pool = *block->pool;
   const size_t offset = block->address - block->segment->address;  // a page boundary
   const size_t bytes = std::min(page_layout(pool.kind).ceil(offset + size) - offset, block->size);
-  if (!backend_->map_pages(block->address, bytes)) return false;
+  if (!device_.map_pages(block->address, bytes)) return false;
   pool.unmapped.erase(block);
   block->mapped = true;
   if (bytes < block->size) {
@@ -204,7 +203,7 @@ void CachingAllocator::unmap_block(Block* block) {
   block->address = start;
   block->size = end - start;
   block->mapped = false;
-  backend_->unmap_pages(start, end - start);
+  device_.unmap_pages(start, end - start);
   Ledger books = ledger(pool.kind);  // as in map_block: nothing to post
   merge_into(block, block->prev, pool, books);
   merge_into(block, block->next, pool, books);
@@ -243,7 +242,7 @@ void CachingAllocator::reclaim_idle_pages(size_t wanted) {
   const size_t min_bytes = wanted / kReclaimHoleShare;  // small holes cost calls and gain little
   if (!budget() || idle_pages(min_bytes).empty()) return;
   synchronize_and_free_events();  // may free and merge blocks: collect afterwards
-  backend_->synchronize();        // nothing unmapped may still be in use
+  device_.synchronize();          // nothing unmapped may still be in use
   fences_.synchronized();
   size_t reclaimed = 0;
   for (Block* b : idle_pages(min_bytes)) {
@@ -257,7 +256,7 @@ void CachingAllocator::reclaim_idle_pages(size_t wanted) {
 
 void CachingAllocator::release_expandable_segment(Block* block) {
   Segment* segment = block->segment;
-  backend_->release_address_range(segment->address, segment->size);
+  device_.release_address_range(segment->address, segment->size);
   block->pool->unmapped.erase(block);
   segments_.destroy(block);
 }
