@@ -56,8 +56,8 @@ AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId s
   if (device_.capped() && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   // No cross-stream handover while capturing: no event may be recorded or waited on then.
-  auto cross = [&] { return options_.cross_stream_reuse != CrossStream::kOff && !capturing(); };
-  if (it == pool.free_blocks.end()) return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
+  auto cross = [&] { return cross_.on() && !capturing(); };
+  if (it == pool.free_blocks.end()) return cross() ? cross_.find_foreign(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -66,72 +66,9 @@ AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId s
       it = next;
   }
   Block* block = it->block;
-  if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
-  if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
-  return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
-}
-
-bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
-  // Do not hand out an oversize block for a request that is not oversize.
-  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return false;
-  // An oversize request may take a block only slightly larger than itself.
-  return !(rounded >= options_.max_split_size && block->size >= rounded + options_.max_non_split_rounding_size);
-}
-
-// ================================================================ cross-stream reuse
-
-// The best fit among the free blocks of the pool's other streams' segments
-// (Note [cross-stream reuse]): one lower_bound per stream.
-Block* CachingAllocator::find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  constexpr int kMaxSkips = 8;  // blocks not yet reusable looked past, per stream
-  Block* best = nullptr;
-  for (auto at = pool.free_blocks.begin(); at != pool.free_blocks.end();) {
-    const StreamId s = at->stream;
-    if (s != stream) {
-      auto it = pool.lower_bound(s, rounded);
-      for (int skips = 0; it != pool.free_blocks.end() && it->stream == s && skips < kMaxSkips; ++it, ++skips) {
-        if (!reusable_by(it->block, stream)) continue;
-        if (within_oversize_rules(it->block, rounded) && (best == nullptr || it->size < best->size)) best = it->block;
-        break;
-      }
-    }
-    if (s == UINT64_MAX) break;
-    at = pool.lower_bound(s + 1, 0);  // the next stream's first entry
-  }
-  return best;
-}
-
-bool CachingAllocator::reusable_by(const Block* block, StreamId stream) {
-  for (const Fence& f : block->fences) {
-    if (f.stream == stream) continue;             // its own stream orders itself
-    if (capturing()) return false;                // no events during capture (Note [private pools])
-    if (options_.cross_stream_reuse == CrossStream::kHandover) continue;  // ordered when taken
-    if (!fences_.passed(f)) return false;
-  }
-  return true;
-}
-
-// One fence per stream is enough: a later free on a stream passes after an earlier one.
-void CachingAllocator::add_fence(Block* block, Fence fence) {
-  for (Fence& f : block->fences) {
-    if (f.stream != fence.stream) continue;
-    f.seq = std::max(f.seq, fence.seq);
-    return;
-  }
-  block->fences.push_back(fence);
-}
-
-// `block` goes to a request on `stream`: order it after the frees on other streams.
-void CachingAllocator::settle_fences(Block* block, StreamId stream) {
-  if (options_.cross_stream_reuse == CrossStream::kHandover) {
-    std::vector<StreamId> waited;
-    for (const Fence& f : block->fences) {
-      if (f.stream == stream || std::find(waited.begin(), waited.end(), f.stream) != waited.end()) continue;
-      fences_.hand_over(f.stream, stream);
-      waited.push_back(f.stream);
-    }
-  }
-  block->fences.clear();
+  if (!cross_.on()) return within_oversize_rules(block->size, rounded, options_) ? block : nullptr;
+  if (within_oversize_rules(block->size, rounded, options_) && cross_.reusable_by(block, stream)) return block;
+  return cross() ? cross_.find_foreign(pool, stream, rounded) : nullptr;  // Note [cross-stream reuse]
 }
 
 // No cached block fits: get a new segment, freeing cached memory to make room
@@ -187,15 +124,14 @@ AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
     books.add<Shape::kFreePiece>(rest);
-    if (!block->fences.empty())  // its bytes were used where the block's were
-      rest->fences.assign(block->fences.begin(), block->fences.end());
+    CrossStreamReuse::share_fences(block, rest);  // its bytes were used where the block's were
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
   } else {
     pool.erase(block);
   }
-  if (options_.cross_stream_reuse != CrossStream::kOff) settle_fences(block, stream);
+  if (cross_.on()) cross_.settle(block, stream);
   block->used_on = stream;
   block->allocated = true;
   block->requested = requested;
@@ -272,7 +208,7 @@ void CachingAllocator::free_block(Block* block) {
   merge_into(block, block->prev, pool, books);
   merge_into(block, block->next, pool, books);
   if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
+  if (cross_.on()) cross_.note_free(block);
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
   books.add<Shape::kFree>(block);
@@ -352,7 +288,7 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
   for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
   if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
     device_.synchronize();
-    fences_.synchronized();
+    cross_.synchronized();
   }
   for (Block* b : expandable) unmap_block(b);
 }

@@ -26,8 +26,8 @@
 // The mechanisms it composes have their own types: the pools (PoolSet,
 // pool_set.h), segments and their blocks with split and merge (SegmentList,
 // segment_list.h), the counters' transitions (Ledger, accounting.h), frees
-// waiting on events (EventQueue, event_queue.h), cross-stream fences
-// (StreamFences, stream_fences.h) and the memory fraction (DeviceLimit,
+// waiting on events (EventQueue, event_queue.h), cross-stream reuse
+// (CrossStreamReuse, cross_stream_reuse.h) and the memory fraction (DeviceLimit,
 // device_limit.h: an adaptor over the backend that every backend call goes
 // through).
 //
@@ -64,6 +64,7 @@
 #include "allocator_lock.h"
 #include "backend.h"
 #include "block.h"
+#include "cross_stream_reuse.h"
 #include "device_limit.h"
 #include "errors.h"
 #include "event_queue.h"
@@ -155,12 +156,6 @@ class CachingAllocator {
  private:
   // ------------------------------------------------------------ malloc path
   Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
-  Block* find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded);
-  bool within_oversize_rules(const Block* block, size_t rounded) const;
-  // Whether `block` may serve a request on `stream` now (Note [cross-stream reuse]).
-  bool reusable_by(const Block* block, StreamId stream);
-  void settle_fences(Block* block, StreamId stream);
-  static void add_fence(Block* block, Fence fence);
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested, StreamId stream);
@@ -249,7 +244,7 @@ class CachingAllocator {
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
   EventQueue events_{device_};                        // blocks waiting on other streams' events
-  StreamFences fences_{device_, options_.cross_stream_reuse == CrossStream::kWait};
+  CrossStreamReuse cross_{device_, pools_, options_};  // free blocks serving other streams
   uint64_t clock_ = 0;                                // malloc calls (page_reclaim_age)
   int64_t reclaim_unmaps_ = 0;                        // unmaps made by page reclaim (its budget)
   std::vector<SegmentEvent>* segment_log_ = nullptr;  // see set_segment_log
@@ -267,7 +262,7 @@ AMEM_INLINE size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPoo
   if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
   books.remove<Shape::kFreePiece>(src);
   SegmentList::absorb(dst, src);
-  for (const Fence& f : src->fences) add_fence(dst, f);
+  CrossStreamReuse::absorb_fences(dst, src);
   dst->idle_since = std::max(dst->idle_since, src->idle_since);
   if (!src->mapped) {
     pool.unmapped.erase(src);

@@ -64,7 +64,7 @@ Block* CachingAllocator::find_expandable_block(BlockPool& pool, StreamId stream,
   key.stream = stream;
   for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
     Block* start = *it;
-    auto usable = [&](const Block* b) { return b->is_available() && (!b->mapped || reusable_by(b, stream)); };
+    auto usable = [&](const Block* b) { return b->is_available() && (!b->mapped || cross_.reusable_by(b, stream)); };
     if (start->prev != nullptr && usable(start->prev)) start = start->prev;
     size_t room = 0;
     for (Block* b = start; b != nullptr && usable(b) && room < size; b = b->next) room += b->size;
@@ -243,7 +243,7 @@ void CachingAllocator::reclaim_idle_pages(size_t wanted) {
   if (!budget() || idle_pages(min_bytes).empty()) return;
   synchronize_and_free_events();  // may free and merge blocks: collect afterwards
   device_.synchronize();          // nothing unmapped may still be in use
-  fences_.synchronized();
+  cross_.synchronized();
   size_t reclaimed = 0;
   for (Block* b : idle_pages(min_bytes)) {
     if (reclaimed >= wanted || !budget()) break;
