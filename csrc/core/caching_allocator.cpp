@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "merge.h"
+
 namespace amem {
 
 // ================================================================ construction
@@ -93,21 +95,32 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   if (address == 0) return nullptr;
 
   Block* block = segments_.create(pool, stream, address, size, false);
-  note_segment_event(TraceAction::k_segment_alloc, address, size, stream);
+  segment_events_.note(TraceAction::k_segment_alloc, address, size, stream);
 
   ledger(pool.kind).segment_obtained(size);
   return block;
 }
 
-// Every segment event goes through here: the trace, and a replay's log.
-void CachingAllocator::note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream) {
-  if (trace_.on()) trace_.record(action, address, bytes, bytes, stream, 0);
-  if (segment_log_ != nullptr) segment_log_->push_back({action, bytes, 0});
+// Expandable segments: a growth is charged what a plain segment for the
+// request would take (device_limit.h); idle pages go back first if that keeps
+// the peak down (Note [page reclaim]), never during a capture.
+Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
+  if (!device_.admits(segment_size_for(rounded))) return nullptr;
+  if (!capturing() && reclaim_.wanted(rounded)) reclaim_idle_pages(rounded);
+  return expandable_.allocate(pool, stream, rounded);
+}
+
+// Unmapping must not take pages the device may still use: one synchronization.
+void CachingAllocator::reclaim_idle_pages(size_t wanted) {
+  if (!reclaim_.possible(wanted, clock_)) return;
+  synchronize_and_free_events();  // may free and merge blocks: the pages are picked afterwards
+  synchronize_device();
+  reclaim_.unmap_idle(wanted, clock_);
 }
 
 void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
   Guard guard(*this);
-  segment_log_ = log;
+  segment_events_.set_log(log);
 }
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
@@ -205,9 +218,9 @@ void CachingAllocator::free_block(Block* block) {
                   block->used_on, block->alloc_seq);
   Ledger books = ledger(pool.kind);
   books.remove<Shape::kFreed>(block);
-  merge_into(block, block->prev, pool, books);
-  merge_into(block, block->next, pool, books);
-  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
+  merge_free_neighbour(block, block->prev, pool, books, segments_);
+  merge_free_neighbour(block, block->next, pool, books, segments_);
+  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry (merge.h)
   if (cross_.on()) cross_.note_free(block);
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
@@ -286,19 +299,21 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
     else if (!b->is_split()) whole.push_back(b);
   }
   for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
-  if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
-    device_.synchronize();
-    cross_.synchronized();
-  }
-  for (Block* b : expandable) unmap_block(b);
+  if (!expandable.empty()) synchronize_device();  // unmapping does not: wait first (torch too)
+  for (Block* b : expandable) expandable_.unmap_block(b);
+}
+
+void CachingAllocator::synchronize_device() {
+  device_.synchronize();
+  cross_.synchronized();
 }
 
 // `block` is free and spans its whole segment (torch: release_block).
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
-  note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
-                     segment->stream);  // before the backend call, as torch records it
+  segment_events_.note(TraceAction::k_segment_free, segment->address, segment->size,
+                       segment->stream);  // before the backend call, as torch records it
   device_.release_segment(segment->address, segment->size);
   ledger(pool.kind).segment_released(segment->size);
   pool.erase(block);
