@@ -101,28 +101,6 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   return block;
 }
 
-// Expandable segments: a growth is charged what a plain segment for the
-// request would take (device_limit.h); idle pages go back first if that keeps
-// the peak down (Note [page reclaim]), never during a capture.
-Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (!device_.admits(segment_size_for(rounded))) return nullptr;
-  if (!capturing() && reclaim_.wanted(rounded)) reclaim_idle_pages(rounded);
-  return expandable_.allocate(pool, stream, rounded);
-}
-
-// Unmapping must not take pages the device may still use: one synchronization.
-void CachingAllocator::reclaim_idle_pages(size_t wanted) {
-  if (!reclaim_.possible(wanted, clock_)) return;
-  synchronize_and_free_events();  // may free and merge blocks: the pages are picked afterwards
-  synchronize_device();
-  reclaim_.unmap_idle(wanted, clock_);
-}
-
-void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
-  Guard guard(*this);
-  segment_events_.set_log(log);
-}
-
 // Carves `rounded` bytes off the front of a free block, which may still be in
 // its pool's index (torch: alloc_found_block).
 AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size_t rounded, size_t requested,
@@ -158,6 +136,25 @@ AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size
     stats_.allocated_at_reserved_peak =
         std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.current());
   return block;
+}
+
+// ================================================================ expandable segments
+
+// A growth is charged what a plain segment for the request would take
+// (device_limit.h); idle pages go back first if that keeps the peak down
+// (Note [page reclaim]), never during a capture.
+Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
+  if (!device_.admits(segment_size_for(rounded))) return nullptr;
+  if (!capturing() && reclaim_.wanted(rounded)) reclaim_idle_pages(rounded);
+  return expandable_.allocate(pool, stream, rounded);
+}
+
+// Unmapping must not take pages the device may still use: one synchronization.
+void CachingAllocator::reclaim_idle_pages(size_t wanted) {
+  if (!reclaim_.possible(wanted, clock_)) return;
+  synchronize_and_free_events();  // may free and merge blocks: the pages are picked afterwards
+  synchronize_device();
+  reclaim_.unmap_idle(wanted, clock_);
 }
 
 // ================================================================ free
@@ -412,6 +409,11 @@ bool CachingAllocator::tracing() const {
 std::string CachingAllocator::trace_json() const {
   Guard guard(*this);
   return trace_.to_json();
+}
+
+void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
+  Guard guard(*this);
+  segment_events_.set_log(log);
 }
 
 }  // namespace amem
