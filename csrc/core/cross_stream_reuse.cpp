@@ -8,10 +8,6 @@ namespace amem {
 
 // ================================================================ frees
 
-void CrossStreamReuse::note_free(Block* block) {
-  add_fence(block, fences_.mark(block->used_on, !pools_.capturing()));  // no event during a capture
-}
-
 void CrossStreamReuse::add_fence(Block* block, Fence fence) {
   for (Fence& f : block->fences) {
     if (f.stream != fence.stream) continue;

@@ -47,7 +47,9 @@ class CrossStreamReuse {
 
   // ------------------------------------------------------------ frees
   // `block` became free: the work queued on its last stream must pass before another stream takes it.
-  void note_free(Block* block);
+  void note_free(Block* block) {
+    add_fence(block, fences_.mark(block->used_on, !pools_.capturing()));  // no event during a capture
+  }
   // One fence per stream is enough: a later free on a stream passes after an earlier one.
   static void add_fence(Block* block, Fence fence);
   // `dst` absorbs its neighbour `src`: it waits for whatever `src` waited for.
