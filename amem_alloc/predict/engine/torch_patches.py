@@ -61,6 +61,7 @@ GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
                           "foreach and fused paths (clip_grad_norm_(foreach=True), optimizers) take CUDA's branch")
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
+_EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
 COMPILE_NOTE = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
                 "and inductor's buffer reuse and fusion of temporaries are not modelled; a compiled "
                 "optimizer step's capturable state is)")
@@ -144,12 +145,16 @@ def _compile(session: Any, patches: PatchSet) -> None:
     `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py
     `_set_capturable`), so its `step` counts live on the GPU (see FakeCudaSession._opt_pre)."""
     def compile(model=None, **kwargs):
-        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
         if model is None:
             return lambda fn: compile(fn, **kwargs)
+        backend = kwargs.get("backend", "inductor")
+        backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
+        inductor = backend == "inductor"
+        if backend not in _EAGER_BACKENDS:   # (the eager backends run as eager: nothing to note)
+            notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
         if isinstance(model, torch.nn.Module) or not callable(model):
             return model
-        return session.compiled(model)
+        return session.compiled(model, inductor=inductor)
 
     def module_compile(module, *args, **kwargs):
         notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
