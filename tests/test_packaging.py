@@ -133,4 +133,5 @@ def test_the_sdist_carries_what_the_build_reads(tmp_path):
     missing = sorted((needed | built_from | headers) - names)
     assert missing == [], missing
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc"))], "build outputs in the sdist"
+    assert not [n for n in names if n.startswith("tests/")], "tests without their helpers (MANIFEST.in prunes them)"
 
