@@ -45,7 +45,7 @@ def command(args: argparse.Namespace) -> int:
     print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
     if "png" not in result.files:
         try:
-            user_input.require_module("matplotlib", "compare.png")
+            user_input.require_module("matplotlib", "compare.png", parser.PLOTS_EXTRA)
         except user_input.UsageError as missing:  # optional: the table, JSON and page stand without it
             print(f"amem compare: no {missing}", file=sys.stderr)
     return exit_status.FAILED if any(r.get("error") for r in result.rows) else exit_status.OK

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+# What to install for an option that needs matplotlib (`--plot`, compare.png): the extra in pyproject.toml.
+PLOTS_EXTRA = "'amem_alloc[plots]'"
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a mistake is one line (`amem replay: --top: ...; see amem replay --help`), exit 2."""
