@@ -69,10 +69,17 @@ def test_torchrun_command_line_gives_the_shape_and_the_script():
     assert (launch.world_size, launch.chosen(), script) == (2, [1], ["t.py"])
 
 
+def test_torchrun_runs_a_module_as_python_m_does():
+    launch, script = launch_mod.parse_torchrun(["torchrun", "--nproc_per_node=2", "--rdzv_backend", "c10d",
+                                                "--local-ranks-filter", "0", "--tee", "3", "-m", "pkg.train",
+                                                "--module", "llama3"])
+    assert (launch.world_size, script) == (2, ["-m", "pkg.train", "--module", "llama3"])
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["torchrun", "--nproc-per-node", "gpu", "t.py"], "whole number"),
     (["torchrun", "--nnodes", "1:4", "t.py"], "elastic"),
-    (["torchrun", "-m", "pkg.train"], "script's path"),
+    (["torchrun", "-m"], "no script"),
     (["torchrun", "--nproc-per-node", "2"], "no script"),
 ])
 def test_torchrun_shapes_prediction_cannot_take_are_one_line_errors(argv, needle):
