@@ -132,23 +132,32 @@ def _count_package_as_program(module: str) -> None:
 
 
 def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
-    """Runs the script or module (run(); argv as target_of reads it) and counts its optimizer steps, calling on_step(n) after the n-th;
-    returns the count. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    """Runs the script or module (run(); argv as target_of reads it) and counts its optimizer
+    steps, calling on_step(n) after the n-th; returns the count. A step taken inside another
+    (an optimizer container such as torchtitan's, itself an Optimizer, stepping its parts) is
+    part of that one. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    steps = [0]
+    steps, depth = [0], [0]
+
+    def enter(optimizer, args, kwargs) -> None:
+        depth[0] += 1
 
     def count(optimizer, args, kwargs) -> None:
+        depth[0] = max(depth[0] - 1, 0)
+        if depth[0]:
+            return
         steps[0] += 1
         if on_step is not None:
             on_step(steps[0])
 
     target, args, module = target_of(argv)
-    hook = register_optimizer_step_post_hook(count)
+    hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     try:
         status = run(target, args, module=module, reraise=reraise)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     if status != 0:
         raise ScriptFailed(name_of(argv), status)
     return steps[0]
