@@ -3,8 +3,9 @@ fake process group, and ranks whose recorded programs are equal are analysed onc
 
 Design note
 -----------
-A rank's run is `api.predicting` (fake CUDA, the live allocator, torch.cuda's stand-ins with
-`device_count` = processes per node) around, in this order: the rank's environment
+A rank's run is, inside its own fresh libraries (fresh_libraries.py: the script's libraries
+imported afresh, as in the new process torchrun would start), `api.predicting` (fake CUDA, the
+live allocator, torch.cuda's stand-ins with `device_count` = processes per node) around, in this order: the rank's environment
 (environment.py), its fake world (process_group.py), NCCL's streams and lifetimes
 (collectives.py), then the user's script (script.py: steps and time limits, as for one process).
 Every process group is destroyed at the end of a rank. The ranks are recorded in worker processes
@@ -27,6 +28,7 @@ from .. import script as script_mod
 from .collectives import CollectiveMode, WorkWaits
 from .ddp import FakeGroupDDP
 from .environment import RankEnvironment
+from .fresh_libraries import FreshLibraries
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
 from .process_group import FakeWorld
@@ -54,7 +56,7 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
-    with RankEnvironment(launch, rank), run:
+    with FreshLibraries(), RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
             done = script_mod.run(script, run, steps, timeout)
