@@ -51,22 +51,23 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-             timeout: float, strict: bool) -> tuple[Any, int, float]:
-    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script."""
+             timeout: float, strict: bool, sent: dict | None = None) -> tuple[Any, int, float]:
+    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script; `sent`:
+    the job's values sent by broadcasts so far (collectives.py), added to by this rank."""
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
     with FreshLibraries(), RankEnvironment(launch, rank), run:
-        mode = CollectiveMode(run.session)
+        mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
             done = script_mod.run(script, run, steps, timeout)
     return run, done, time.perf_counter() - started
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-                timeout: float, strict: bool) -> Recording:
+                timeout: float, strict: bool, sent: dict | None = None) -> Recording:
     """One rank's script run under prediction, as its Recording."""
-    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent)
     run.recorded.seconds = seconds
     return Recording(rank, run.recorded, done)
 
@@ -80,7 +81,7 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
     rank's."""
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
     record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
-                               timeout=timeout, strict=strict)
+                               timeout=timeout, strict=strict, sent={})   # the ranks in order: what roots sent
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}
     for recording in record_all(launch.chosen(), record, workers):
