@@ -25,9 +25,9 @@ top-level package other than these, which stay, shared by every rank:
 * the standard library; torch, amem and every distribution they declare they need
   (importlib.metadata, transitively: sympy, triton, ...); `__main__` (the caller's program; what
   it imported is not kept for it: a notebook's libraries are set aside like any);
-* every top-level package that a module which stays holds among its globals (a module, or a class
-  or function of it): amem holds numpy, torch.hub tqdm. Two copies would split their classes
-  between torch's caches and the next rank's code;
+* every top-level package that a module which stays has imported (holds among its globals as a
+  module): amem's modules hold numpy. Two copies would split its classes between what stays and
+  the next rank's code;
 * compiled extension modules, of any package: CPython loads one once per process (a package's
   Python modules are imported again around the same extension; numpy's would warn of a reload).
 
@@ -160,20 +160,16 @@ def _compiled(module: Any) -> bool:
 
 
 def _held_tops(module: Any) -> set[str]:
-    """The top-level packages of the modules, classes and functions among a module's globals."""
+    """The top-level packages of the modules among a module's globals (what it imported as a
+    module). Functions and classes do not count: libraries put theirs into torch's modules (torch's
+    `_disable_dynamo_if_unsupported` writes an optimizer's fallback into torch.optim.optimizer's
+    globals: DeepSpeed's, from zenflow_torch_adam), which would keep the library for every rank."""
     out = set()
     for value in list(getattr(module, "__dict__", {}).values()):
-        try:
-            if isinstance(value, types.ModuleType):
-                name = value.__name__
-            elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
-                name = value.__module__
-            else:
-                continue
-        except Exception:  # noqa: BLE001 - an object that will not say: it holds nothing we can name
-            continue
-        if isinstance(name, str):
-            out.add(_top(name))
+        if isinstance(value, types.ModuleType):
+            name = getattr(value, "__name__", None)
+            if isinstance(name, str):
+                out.add(_top(name))
     return out
 
 
