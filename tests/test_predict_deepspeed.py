@@ -116,3 +116,36 @@ def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, mo
             if info.requested >= 1000 and info.op != "cublas_workspace" and not gathered:
                 by_function.setdefault(info.frames[0][2], []).append(info.requested)
         assert {k: sorted(v) for k, v in by_function.items()} == expected, (world, rank, by_function)
+
+
+def test_hf_trainer_with_a_deepspeed_zero_2_config_holds_each_ranks_partitions(monkeypatch):
+    """transformers' Trainer with `deepspeed="ds_zero2.json"` (tests/programs/hf_trainer.py --bf16
+    --deepspeed, GPT-2 of 541,184 parameters), 2 ranks. The Trainer makes the optimizer (its default,
+    fused torch AdamW) with two parameter groups, decayed and not (biases and LayerNorms:
+    trainer.py `get_decay_parameter_names`), and DeepSpeed flattens and pads each group on its own.
+    Per rank, for each group of n elements padded to n' = ceil(n / 2W) 2W: its bf16 flat buffer
+    (n' x 2 B), its fp32 partition (n' / W x 4 B) and AdamW's two states of it, plus fused AdamW's
+    4-byte step count on the GPU per group. DeepSpeed steps the inner optimizer once per group, so
+    each group's step is an optimizer step to --steps: after 4, the last is the no-decay group's of
+    the second training step, whose fp32 gradient partition is the one live then."""
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    world = 2
+    monkeypatch.chdir(Path(__file__).parent / "programs")
+    result = predict_ranks(Launch(world, 1, (0, 1)), ["hf_trainer.py", "--bf16", "--deepspeed", "ds_zero2.json"],
+                           "H100", "torch", steps=4, timeout=600, workers=1)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
+                                           bos_token_id=999, eos_token_id=999))
+    norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    groups = [0, 0]   # decayed, not decayed
+    for name, p in model.named_parameters():
+        groups[name.endswith("bias") or id(p) in norms] += p.numel()
+    assert sum(groups) == 541_184
+    padded = [math.ceil(n / (2 * world)) * 2 * world for n in groups]
+    parts = [n // world for n in padded]
+    for rank in (0, 1):
+        state = live_at_end(result.rank(rank).prediction)
+        assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
+            sum(padded) * 2 + sum(parts) * 4, 2 * sum(parts) * 4 + 4 * 2, parts[1] * 4), (rank, state)
