@@ -33,6 +33,7 @@ with grad enabled before the first forward and are alive in backward, so the eng
 activations; their bytes are checked by where DeepSpeed made them."""
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,18 @@ def test_hf_trainer_with_a_deepspeed_zero_2_config_holds_each_ranks_partitions(m
         state = live_at_end(result.rank(rank).prediction)
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
             sum(padded) * 2 + sum(parts) * 4, 2 * sum(parts) * 4 + 4 * 2, parts[1] * 4), (rank, state)
+
+
+def test_deepspeed_the_caller_imported_on_the_cpu_is_imported_afresh_on_the_fake_gpu(monkeypatch):
+    """Imported here, outside prediction, DeepSpeed picks its CPU accelerator (no GPU: "Setting
+    accelerator to CPU") and keeps it for the process (real_accelerator.py `ds_accelerator`). Each
+    rank imports its own DeepSpeed, which sees the fake GPU and picks CUDA (with the caller's, ZeRO-2
+    put its partitions on the CPU and the rank failed: "attempting to assign a gradient with device
+    type 'cpu' to a tensor with device type 'meta'"); the caller's is its own again after."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    assert get_accelerator().device_name() == "cpu"
+    result = _predict(2, 2, (0, 1), monkeypatch)
+    assert [r.steps for r in result.ranks] == [3, 3]
+    assert sys.modules["deepspeed"] is deepspeed and get_accelerator().device_name() == "cpu"
