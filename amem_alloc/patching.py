@@ -28,7 +28,9 @@ Environment variables that amem sets for a prediction (a child's marker, torchru
 go through `setenv` under a declaration too. A whole table of the interpreter's (os.environ,
 sys.modules, logging's loggers) is kept as it was with `restore_mapping` (what was added or changed
 is undone on exit) and `set_aside` (some of its items taken out until exit: distributed/
-fresh_libraries.py gives each in-process rank its libraries afresh so), each under a declaration.
+fresh_libraries.py gives each in-process rank its libraries afresh so), and what modules and
+classes hold is put back where something rebound it with `keep_attributes`, each under a
+declaration.
 """
 from __future__ import annotations
 
@@ -106,6 +108,15 @@ def _restore_mapping(mapping: MutableMapping, before: dict) -> None:
             mapping[key] = value
 
 
+def _put_back_rebound(before: list[tuple[Any, dict]]) -> None:
+    for obj, attributes in before:
+        now = obj.__dict__
+        for name, value in attributes.items():
+            if now.get(name, _MISSING) is not value:
+                with contextlib.suppress(AttributeError, TypeError):   # a type that cannot be set
+                    setattr(obj, name, value)
+
+
 def _put_aside_back(mapping: MutableMapping, taken: dict, forget: Callable[[str, Any], bool]) -> None:
     for key, value in list(mapping.items()):
         if key not in taken and forget(key, value):
@@ -161,6 +172,14 @@ class PatchSet:
         for key in taken:
             mapping.pop(key, None)
         self._stack.callback(_put_aside_back, mapping, taken, forget)
+
+    def keep_attributes(self, patch: Patch, objects: list, kept: Callable[[Any], bool]) -> None:
+        """On exit, each attribute that one of `objects` (modules, classes) holds now, whose value
+        `kept` accepts and which was rebound or deleted since, is given its value back (attributes
+        added since stay)."""
+        self._check(patch, "the attributes of")
+        before = [(obj, {k: v for k, v in list(vars(obj).items()) if kept(v)}) for obj in objects]
+        self._stack.callback(_put_back_rebound, before)
 
     def _check(self, patch: Patch, what: str) -> None:
         if patch not in CATALOGUE:

@@ -99,7 +99,12 @@ def test_zero_1_and_2_hold_the_padded_flat_buffer_and_their_partition_of_the_fp3
 def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, monkeypatch):
     s = sum(math.ceil(math.prod(shape) / world) for shape in SHAPES)
     ranks = (0, world - 1)
+    linear = torch.nn.functional.linear
     result = _predict(3, world, ranks, monkeypatch)
+    # ZeRO-3 replaces F.linear for the process ("This will persist unless manually reset"): each
+    # rank's replacement is undone after it (fresh_libraries.py), else a DDP job predicted next in
+    # this process had its gradients ready in another order, and other buckets
+    assert torch.nn.functional.linear is linear
     expected = {"defragment": [s * 2],                                   # the bf16 partitions, one flat buffer
                 "_create_fp32_partitions": [s * 4],                      # the fp32 master partition
                 "_setup_for_real_optimizer": sorted([s * 2, IPG_BUCKET]),  # gradient partitions, IPG bucket

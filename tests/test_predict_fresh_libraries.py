@@ -1,11 +1,12 @@
 """Every rank predicted in this process starts from the library state of a new process
 (amem_alloc/predict/distributed/fresh_libraries.py): the libraries its script imports are imported
 afresh for it, whether a rank before it or the caller imported them, and are forgotten after it;
-the environment it set is put back; torch, its dependencies and the standard library stay loaded.
+the environment it set and the torch functions its libraries replaced are put back; torch, its
+dependencies and the standard library stay loaded.
 
 tests/predict_models/stateful_library keeps state the ways DeepSpeed and accelerate do (a module
-singleton, a class-wide dict, a handler on its logger, an environment variable) and refuses to
-initialise where another rank's state is left; dist_library_state.py initialises it on every rank.
+singleton, a class-wide dict, a handler on its logger, an environment variable, torch's F.linear
+replaced for the process) and refuses to initialise where another rank's state is left; dist_library_state.py initialises it on every rank.
 The real libraries are covered where they run: accelerate, the HF Trainer and DeepSpeed in
 test_predict_distributed.py and test_predict_deepspeed.py, Lightning in test_predict_lightning.py."""
 import logging
@@ -35,6 +36,7 @@ def test_every_rank_finds_the_library_state_of_a_new_process(world, workers):
     ranks): each rank's script initialises the library, which would refuse (the script fails) had
     it found the state a rank before it left."""
     assert "stateful_library" not in sys.modules
+    linear = torch.nn.functional.linear
     result = _predict(world, workers)
     assert [r.rank for r in result.ranks] == list(range(world)) and all(r.steps == 1 for r in result.ranks)
     assert "stateful_library" not in sys.modules          # forgotten after the last rank
@@ -42,6 +44,7 @@ def test_every_rank_finds_the_library_state_of_a_new_process(world, workers):
     assert "stateful_library" not in logging.Logger.manager.loggerDict
     assert "sympy" in sys.modules                         # torch needs it: it stays
     assert str(MODELS) not in sys.path                    # the script's folder was the rank's only
+    assert torch.nn.functional.linear is linear           # torch's again (the library replaced it)
 
 
 def test_a_library_the_caller_imported_is_imported_afresh_for_each_rank_and_given_back(monkeypatch):
@@ -50,9 +53,11 @@ def test_a_library_the_caller_imported_is_imported_afresh_for_each_rank_and_give
     monkeypatch.syspath_prepend(str(MODELS))
     import stateful_library
 
+    linear = torch.nn.functional.linear
     try:
         stateful_library.init(7)
         del os.environ["STATEFUL_LIBRARY_RANK"]   # the caller's environment is the ranks' too, as torchrun's is
+        torch.nn.functional.linear = linear       # and so is its torch (it stays loaded)
         handlers = list(stateful_library.logger.handlers)
         _predict(2, 1)
         assert sys.modules["stateful_library"] is stateful_library and stateful_library.GROUP == 7
@@ -60,6 +65,7 @@ def test_a_library_the_caller_imported_is_imported_afresh_for_each_rank_and_give
         assert logging.getLogger("stateful_library").handlers == handlers
         assert "STATEFUL_LIBRARY_RANK" not in os.environ
     finally:
+        torch.nn.functional.linear = linear
         sys.modules.pop("stateful_library", None)
         logging.Logger.manager.loggerDict.pop("stateful_library", None)
 

@@ -52,8 +52,15 @@ Lightning 3.4 s, DeepSpeed 0.5 s, accelerate 0.2 s; the first import, with torch
 modules, takes longer and is paid once), one walk of the modules that stay (tens of ms) and one
 garbage collection per rank.
 
-Not reset: what a rank's libraries changed inside what stays (torch's global settings such as the
-default dtype or matmul precision, its pytree registrations, threads they started) and the
+What a rank's libraries replaced in what stays is put back too: the functions, classes and modules
+that the modules of torch and the other staying packages (not the standard library's) and the
+classes they define held before the rank (DeepSpeed ZeRO-3 sets `torch.nn.functional.linear` to
+its own for the process, "This will persist unless manually reset": a DDP job predicted after it
+in the same process had other gradient buckets). Values are left as the rank left them (torch's
+own flags and caches), and so are attributes added.
+
+Not reset: values a rank's libraries changed inside what stays (torch's global settings such as
+the default dtype or matmul precision, its pytree registrations, threads they started) and the
 standard library's tables other than loggers (warnings filters, atexit); process groups are
 destroyed at each rank's end (process_group.py).
 """
@@ -78,6 +85,10 @@ LOGGERS = declare("logging.Logger.manager.loggerDict", "every library's loggers"
                   "go with their library's modules: a library imported again makes its logger again")
 ENVIRONMENT = declare("os.environ", "every variable a rank's script set",
                       "put back at the rank's end: the next rank's process would not see it")
+REPLACED = declare("torch and every package that stays (not the standard library)",
+                   "the functions and classes their modules and classes hold",
+                   "put back at a rank's end where its libraries replaced them (DeepSpeed ZeRO-3's "
+                   "torch.nn.functional.linear)")
 IMPORT_PATH = declare("sys", "path", "a copy while a rank runs: the folders its script added (its own) are its only")
 STAYING_DISTRIBUTIONS = ("torch", "amem_alloc", "amem-alloc")
 MAIN = frozenset({"__main__", "__mp_main__"})   # the caller's program: stays, and what it holds is not kept for it
@@ -98,6 +109,7 @@ class FreshLibraries:
         self.patches.set_aside(LOGGERS, logging.Logger.manager.loggerDict, staying.forgets_logger)
         self.patches.callback(_clear_logger_caches)
         self.patches.set_aside(MODULES, sys.modules, staying.forgets_module)
+        self.patches.keep_attributes(REPLACED, staying.patchable(), _is_code)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -129,6 +141,19 @@ class Staying:
     def forgets_logger(self, name: str, logger: Any) -> bool:
         return _top(name) not in self.tops
 
+    def patchable(self) -> list:
+        """The modules that stay, other than the standard library's and amem's (whose changes are
+        amem's own, undone by their PatchSets), and the classes they define."""
+        out = []
+        for name, module in list(sys.modules.items()):
+            top = _top(name)
+            if module is None or top in _stdlib_tops() or top in MAIN or top == "amem_alloc" \
+                    or self.forgets_module(name, module):
+                continue
+            out.append(module)
+            out += [v for v in list(vars(module).values()) if isinstance(v, type) and v.__dict__.get("__module__") == name]
+        return out
+
     def _walk(self) -> None:
         """Adds to `tops` every package a staying module holds, until none is new."""
         with warnings.catch_warnings():
@@ -143,6 +168,13 @@ class Staying:
                 for name, module in todo:
                     self.walked.add(name)
                     self.tops |= _held_tops(module) - {_top(name)}
+
+
+def _is_code(value: Any) -> bool:
+    """A function, class or module: what a library replaces when it patches another (values such as
+    flags and caches are torch's own to change)."""
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType,
+                              staticmethod, classmethod, property))
 
 
 def _top(name: str) -> str:
