@@ -47,10 +47,10 @@ Weighed and not taken:
 * a new process per rank: torch's first-call caches (DTensor's sharding propagation, most of a
   first FSDP2 rank's time) would be rebuilt for every rank, and one process must still work
   where fork does not.
-Cost: each rank imports its libraries again (measured on 2 cores: transformers' Trainer 2-3 s,
-Lightning 3.4 s, DeepSpeed 0.5 s, accelerate 0.2 s; the first import, with torch's own lazy
-modules, takes longer and is paid once), one walk of the modules that stay (tens of ms) and one
-garbage collection per rank.
+Cost: each rank imports its libraries again (measured on 2 cores outside prediction: transformers'
+Trainer 2-3 s, Lightning 3.4 s, DeepSpeed 0.5 s, accelerate 0.2 s; more under prediction: a
+2-rank Lightning DDP prediction went from 27.9 to 37.9 s), one walk of the modules that stay and a
+note of what they hold (tenths of a second) and one garbage collection per rank.
 
 What a rank's libraries replaced in what stays is put back too: the functions, classes and modules
 that the modules of torch and the other staying packages (not the standard library's) and the
@@ -226,22 +226,34 @@ def _declared_tops() -> frozenset[str]:
     """torch's and amem's top-level packages, and those of every distribution they need."""
     import importlib.metadata as metadata
 
-    needed, todo = set(), list(STAYING_DISTRIBUTIONS)
+    tops, seen, todo = {"torch", "amem_alloc"}, set(), list(STAYING_DISTRIBUTIONS)
     while todo:
         name = _normal(todo.pop())
-        if name in needed:
+        if name in seen:
             continue
-        needed.add(name)
+        seen.add(name)
         try:
-            requirements = metadata.requires(name) or []
+            distribution = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        todo += [re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in requirements if "extra ==" not in r]
-    tops = {"torch", "amem_alloc"}
-    for top, distributions in metadata.packages_distributions().items():
-        if any(_normal(d) in needed for d in distributions):
-            tops.add(top)
+        tops |= _distribution_tops(distribution)
+        todo += [re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in distribution.requires or [] if "extra ==" not in r]
     return frozenset(tops)
+
+
+def _distribution_tops(distribution: Any) -> set[str]:
+    """The top-level modules a distribution installs: its top_level.txt, else its files' first parts
+    (reading only these distributions: importlib.metadata.packages_distributions reads them all)."""
+    listed = distribution.read_text("top_level.txt")
+    if listed:
+        return {line.strip() for line in listed.splitlines() if line.strip()}
+    out = set()
+    for path in distribution.files or []:
+        first = path.parts[0] if path.parts else ""
+        name = first[:-3] if first.endswith(".py") else first if len(path.parts) > 1 else ""
+        if name.isidentifier() and not name.startswith("__"):   # not __pycache__
+            out.add(name)
+    return out
 
 
 def _normal(distribution: str) -> str:
