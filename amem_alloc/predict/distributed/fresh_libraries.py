@@ -96,7 +96,8 @@ MAIN = frozenset({"__main__", "__mp_main__"})   # the caller's program: stays, a
 
 class FreshLibraries:
     """Context manager: the libraries' modules and loggers out of the way while one rank runs (see
-    above); the environment as it was afterwards."""
+    above); afterwards the environment, sys.path and what the rank's libraries replaced in torch as
+    they were."""
 
     def __init__(self) -> None:
         self.patches = PatchSet()
@@ -155,7 +156,7 @@ class Staying:
         return out
 
     def _walk(self) -> None:
-        """Adds to `tops` every package a staying module holds, until none is new."""
+        """Adds to `tops` every package a staying module has imported, until none is new."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # some modules' globals warn when touched (deprecated aliases)
             while True:
