@@ -640,3 +640,19 @@ def test_a_barrier_with_device_ids_records_the_byte_c10d_makes_without_the_drive
     first, second = made[0][1], made[1][1]
     order = [(kind, key) for kind, key, _, _ in p.ops if key in (first, second)]
     assert order == [(ALLOC, first), (ALLOC, second), (FREE, first)]
+
+
+# ---------------------------------------------------------------------------- values a broadcast delivers
+def test_a_broadcast_delivers_the_values_an_earlier_root_sent(capfd):
+    """tests/predict_models/dist_broadcast_values.py on 3 ranks, in turn: rank 0 sends [7, 8, 9]
+    (the others put -1) and every rank reads it, as a GPU run's would; on a group of ranks 0 and 1,
+    rank 1 sends 11, and rank 0, recorded before it, cannot know that: its read is a stand-in (0)
+    with a note, where it had kept its own 10 and taken it for rank 1's."""
+    result = predict_ranks(launch_mod.Launch(3, 1, (0, 1, 2)), [str(MODELS / "dist_broadcast_values.py")], "H100",
+                           "torch", steps=0, timeout=300, workers=1)
+    out = capfd.readouterr().out
+    assert "rank 0 received [7, 8, 9] and [0]" in out
+    assert "rank 1 received [7, 8, 9] and [11]" in out
+    assert "rank 2 received [7, 8, 9] and [12]" in out   # not in the group: its own tensor, untouched
+    stand_ins = {r: [n["what"] for n in result.rank(r).prediction.notes if n["kind"] == "stand-in"] for r in (0, 1, 2)}
+    assert len(stand_ins[0]) == 1 and "tolist" in stand_ins[0][0] and stand_ins[1] == stand_ins[2] == [], stand_ins

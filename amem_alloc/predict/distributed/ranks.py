@@ -3,8 +3,9 @@ fake process group, and ranks whose recorded programs are equal are analysed onc
 
 Design note
 -----------
-A rank's run is `api.predicting` (fake CUDA, the live allocator, torch.cuda's stand-ins with
-`device_count` = processes per node) around, in this order: the rank's environment
+A rank's run is, inside its own fresh libraries (fresh_libraries.py: the script's libraries
+imported afresh, as in the new process torchrun would start), `api.predicting` (fake CUDA, the
+live allocator, torch.cuda's stand-ins with `device_count` = processes per node) around, in this order: the rank's environment
 (environment.py), its fake world (process_group.py), NCCL's streams and lifetimes
 (collectives.py), then the user's script (script.py: steps and time limits, as for one process).
 Every process group is destroyed at the end of a rank. The ranks are recorded in worker processes
@@ -29,6 +30,7 @@ from .. import script as script_mod
 from .collectives import CollectiveMode, WorkWaits
 from .ddp import FakeGroupDDP
 from .environment import RankEnvironment
+from .fresh_libraries import FreshLibraries
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
 from .process_group import FakeWorld
@@ -52,22 +54,24 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-             timeout: float, strict: bool, write_repeats: bool = False) -> tuple[Any, int, float]:
-    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script."""
+             timeout: float, strict: bool, sent: dict | None = None,
+             write_repeats: bool = False) -> tuple[Any, int, float]:
+    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script; `sent`:
+    the job's values sent by broadcasts so far (collectives.py), added to by this rank."""
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
-    with RankEnvironment(launch, rank), run:
-        mode = CollectiveMode(run.session)
+    with FreshLibraries(), RankEnvironment(launch, rank), run:
+        mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
             done = script_mod.run(script, run, steps, timeout, write_repeats)
     return run, done, time.perf_counter() - started
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-                timeout: float, strict: bool, write_repeats: bool = False) -> Recording:
+                timeout: float, strict: bool, sent: dict | None = None, write_repeats: bool = False) -> Recording:
     """One rank's script run under prediction, as its Recording."""
-    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, write_repeats)
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats)
     run.recorded.seconds = seconds
     return Recording(rank, run.recorded, done, written_out=run.written_out)
 
@@ -81,7 +85,8 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
     rank's."""
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
     record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
-                               timeout=timeout, strict=strict, write_repeats=write_repeats)
+                               timeout=timeout, strict=strict, sent={},   # the ranks in order: what roots sent
+                               write_repeats=write_repeats)
     plan = record_ranks(launch, record, workers)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}

@@ -8,8 +8,9 @@ A rank's recording (`Recording`) is what its analysis needs and nothing live: it
 took), the steps its script made, and its signature (equal programs, equal signatures). Recording is most of a
 distributed prediction's time, and ranks are independent (each runs the whole script on its own
 fake world). With W > 1 usable cores and more than two ranks, the first rank is recorded here,
-which builds once what every rank's run shares (the script's imports, torch's first-call caches:
-DTensor's sharding propagation cache alone is most of a first FSDP2 rank's time); then W worker
+which builds once what every rank's run shares in torch (its lazily imported modules, its
+first-call caches: DTensor's sharding propagation cache alone is most of a first FSDP2 rank's
+time; the script's libraries each rank imports afresh, fresh_libraries.py); then W worker
 processes are forked from this one (multiprocessing's "fork" start method: all of that is
 inherited, nothing is rebuilt) and take the other ranks one at a time, each sending its
 `Recording` back (pickled). The ranks come out in rank order, as the serial loop gives them, and
