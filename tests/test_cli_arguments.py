@@ -171,7 +171,7 @@ def test_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     rc, err = run_verb(["replay", str(TRACE), "--plot", str(tmp_path / "p.png")])
     assert rc == 2 and err.strip() == ("amem replay: --plot needs matplotlib, which is not installed; install it with "
-                                       "`python -m pip install matplotlib`, or leave --plot out"), err
+                                       "`python -m pip install 'amem_alloc[plots]'`, or leave --plot out"), err
     assert not (tmp_path / "p.png").exists()
 
 

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from amem_alloc import doctor
+from amem_alloc import __version__, doctor
 
 from helpers import ROOT, run_python
 
@@ -26,7 +26,7 @@ def test_doctor_reports_the_package_the_hook_torch_and_the_gpu(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     rc, text = run_doctor()
     lines = text.splitlines()
-    assert lines[0].startswith("ok   amem_alloc 0.1.0 from ") and "extension _C" in lines[0]
+    assert lines[0].startswith(f"ok   amem_alloc {__version__} from ") and "extension _C" in lines[0]
     assert any("start-up hook" in ln for ln in lines)
     assert any(ln.startswith("ok   torch ") and "pluggable allocator API is there" in ln for ln in lines)
     assert any("GPU" in ln for ln in lines)
@@ -56,7 +56,7 @@ def test_doctor_is_a_verb_of_amem():
                           timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("AMEM_")},
                           cwd=ROOT)
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr
-    assert "amem_alloc 0.1.0 from" in proc.stdout and "found" in proc.stdout
+    assert f"amem_alloc {__version__} from" in proc.stdout and "found" in proc.stdout
 
 
 def test_import_says_when_amem_enable_is_ignored():

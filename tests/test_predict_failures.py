@@ -3,13 +3,15 @@ stops under prediction because amem failed (its own code, or torch handed fake t
 line, `amem predict: cannot model <what> at <user file:line> (<library file:line>); please report it`,
 and exit status 4, never "the script failed"; --debug adds the traceback. The user's own errors keep
 their traceback and status. Each script below runs in a fresh `python -m amem_alloc predict`."""
+import os
 import re
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from helpers import run_command
+from helpers import ROOT, run_command
 
 pytest.importorskip("torch")
 pytest.importorskip("amem_alloc.predict.engine.session")
@@ -41,21 +43,15 @@ def _amems_line(proc, what, user, library=None):
 
 # ---------------------------------------------------------------------------- amem's failures
 # (name, script, what the line starts with, the user's line, the library's file prefix or None). Each
-# script runs on a GPU: pickling a CUDA tensor, clip_grad_norm_(foreach=True), the legacy
-# torch.cuda.FloatTensor, vmap, `.data =` a CPU tensor, copysign with a CPU scalar tensor, ...
+# script runs on a GPU: pickling a CUDA tensor, the legacy torch.cuda.FloatTensor, `.data =` a CPU
+# tensor, copysign with a CPU scalar tensor, ... (clip_grad_norm_(foreach=True) and vmap were here
+# until prediction modelled them: test_predict_kernels.py and test_predict_flex.py hold them now)
 AMEMS = [
     ("copy_out_of_meta", """\
         import pickle, torch
         x = torch.randn(4, device="cuda")
         blob = pickle.dumps(x)
         """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
-    ("foreach_on_meta", """\
-        import torch
-        m = torch.nn.Linear(4, 4).cuda()
-        m(torch.randn(2, 4, device="cuda")).sum().backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
-        """, "RuntimeError: foreach=True was passed, but can't use the foreach API on meta tensors", "s.py:4",
-     "torch/nn/utils/clip_grad.py"),
     ("no_nvidia_driver", """\
         import torch
         t = torch.cuda.FloatTensor(4)
@@ -64,13 +60,6 @@ AMEMS = [
         import torch
         t = torch.cuda.LongTensor([1, 2])
         """, "torch.AcceleratorError: CUDA error: CUDA driver version is insufficient", "s.py:2", None),
-    ("batched_tensor_storage", """\
-        import torch
-        x = torch.randn(3, 4, device="cuda")
-        def row(r):
-            return (r * 2).sum()
-        y = torch.vmap(row)(x)
-        """, "NotImplementedError: Cannot access storage of BatchedTensorImpl", "s.py:4", "torch/_functorch/"),
     ("set_data", """\
         import torch
         m = torch.nn.Linear(4, 4).cuda()
@@ -133,15 +122,29 @@ def test_amems_failure_is_one_line_and_status_4(tmp_path, name, body, what, user
     _amems_line(amem("--", "python", script), what, user, library)
 
 
+def test_a_modules_failure_names_its_file_from_the_working_folder(tmp_path):
+    """`-- python -m pkg.train` run from the folder that holds pkg: the line names pkg/train.py as
+    python -m finds it, relative to the working folder."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    _script(tmp_path / "pkg", AMEMS[0][1], name="train.py")   # pickling a CUDA tensor
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--", "python", "-m", "pkg.train"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    _amems_line(proc, AMEMS[0][2], "pkg/train.py:3", "torch/")
+
+
 def test_debug_adds_the_traceback_with_amems_frames_above_the_line(tmp_path):
-    script = _script(tmp_path, AMEMS[4][1])   # vmap: the failure is in amem's own frame
+    body = next(a[1] for a in AMEMS if a[0] == "key_error_in_amems_code")   # raised in amem's own frame
+    script = _script(tmp_path, body)
     proc = amem("--debug", "--", "python", script)
     assert proc.returncode == 4, proc.stderr[-3000:]
     before, _, line = proc.stderr.rstrip().rpartition("\n")
-    assert line.startswith("amem predict: cannot model NotImplementedError: Cannot access storage of")
-    assert "Traceback (most recent call last)" in before and f'File "{script}", line 4, in row' in before
-    assert "amem_alloc/predict/engine/" in before and "runpy" not in before
-    assert before.rstrip().endswith("NotImplementedError: Cannot access storage of BatchedTensorImpl")
+    assert line.startswith("amem predict: cannot model KeyError: ")
+    assert "Traceback (most recent call last)" in before and f'File "{script}", line 10, in <module>' in before
+    assert "amem_alloc/predict/engine/storages.py" in before and "runpy" not in before
+    assert before.rstrip().splitlines()[-1].startswith("KeyError: ")
 
 
 def test_a_ranks_failure_is_the_same_line(tmp_path):

@@ -361,3 +361,24 @@ def test_convolution_backward_copies_a_non_contiguous_grad_output():
         y.backward(grad)
         s.marker("end")
     assert ("convolution_backward:grad_output.contiguous", Y * 4) in allocs(s, "backward", "end")
+
+
+# ============================================================================ foreach
+def test_clip_grad_norm_with_foreach_takes_cudas_branch_and_its_partial_results():
+    """torch's C++ grouping filed fake CUDA gradients under meta and clip_grad_norm_(foreach=True)
+    refused them ("can't use the foreach API on meta tensors"); grouped under the device they claim,
+    the foreach norm runs, and _foreach_norm takes what ForeachReduceOp.cu allocates around its
+    outputs: one fp32 partial result per 65536-element chunk of the largest tensor, per tensor, and
+    320 fp32 of global output and a 0-dim global norm, all freed when it returns."""
+    s = FakeCudaSession(**A100)
+    with s:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 300), torch.nn.Linear(300, 8)).cuda()
+        model(torch.randn(4, 512, device="cuda")).sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        assert norm.is_cuda
+        grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype([[p.grad for p in model.parameters()]])
+        assert [key[0].type for key in grouped] == ["cuda"]
+    temps = {s.infos[k].op: size for kind, k, size, _ in s.ops if kind == ALLOC and ":" in (s.infos[k].op or "")}
+    chunks = -(-512 * 300 // 65536)   # the largest gradient, 153,600 elements: 3 chunks
+    assert temps == {"_foreach_norm:output_per_tensor": 4 * chunks * 4, "_foreach_norm:global_output": 320 * 4,
+                     "_foreach_norm:global_norm": 4}

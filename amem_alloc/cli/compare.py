@@ -30,7 +30,8 @@ def command(args: argparse.Namespace) -> int:
             raise user_input.UsageError(f"--mode real needs a GPU: {problem}; use --mode simulated (or auto, "
                                         "which picks simulated here)")
     if script:
-        user_script.check_target(script[0], module=False)
+        target, _, module = user_script.target_of(script)
+        user_script.check_target(target, module=module)
     try:
         result = compare(workload=args.workload, script=script, size=args.size, steps=args.steps,
                          policies=policies, mode=args.mode, out_dir=args.out, progress=not args.no_progress)
@@ -45,7 +46,7 @@ def command(args: argparse.Namespace) -> int:
     print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
     if "png" not in result.files:
         try:
-            user_input.require_module("matplotlib", "compare.png")
+            user_input.require_module("matplotlib", "compare.png", parser.PLOTS_EXTRA)
         except user_input.UsageError as missing:  # optional: the table, JSON and page stand without it
             print(f"amem compare: no {missing}", file=sys.stderr)
     return exit_status.FAILED if any(r.get("error") for r in result.rows) else exit_status.OK

@@ -22,7 +22,7 @@ def command(args: argparse.Namespace) -> int:
         if getattr(args, option):
             user_input.output_file(getattr(args, option), f"--{option}")
     if args.plot:
-        user_input.require_module("matplotlib", "--plot")  # said before the replay, not after it
+        user_input.require_module("matplotlib", "--plot", parser.PLOTS_EXTRA)  # said before the replay, not after it
     user_input.input_file(args.trace, "a snapshot pickle or a program .npz written by amem compare")
     parser.apply_trace_limit(args)
     report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,

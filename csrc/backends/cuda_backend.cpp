@@ -24,7 +24,6 @@
 #include <mutex>
 #include <string>
 
-#include "../bind/libc10.h"
 #include "../core/backend.h"
 #include "../core/errors.h"
 #include "cuda_pages.h"
@@ -123,14 +122,19 @@ void check(const CudaRuntime& rt, Error err, const char* what) {
 // current_device() reports it. When torch is loaded the backend switches devices
 // with those same two functions (exported by libc10_cuda.so, torch 2.11–2.14, with
 // DeviceIndex an int8_t), so torch's view of the thread's device stays right and
-// no context appears; without torch it uses cudaGetDevice / cudaSetDevice.
+// no context appears; without torch it uses cudaGetDevice / cudaSetDevice. The
+// backend does not look for torch: whoever makes it hands the pair down
+// (DeviceSwitchFns in backend.h; the bindings find it in csrc/bind/torch_devices.cpp).
 class DeviceSwitch {
  public:
-  explicit DeviceSwitch(const CudaRuntime& rt) : rt_(rt) { find_torch(); }
+  // torch's pair when both are given, else the runtime's own calls.
+  DeviceSwitch(const CudaRuntime& rt, DeviceSwitchFns torch) : rt_(rt) {
+    if (torch.exchange != nullptr && torch.maybe_set != nullptr) torch_ = torch;
+  }
 
   // Makes `device` current; returns the caller's device.
   int exchange(int device) const {
-    if (torch_exchange_ != nullptr) return torch_exchange(device);
+    if (torch_.exchange != nullptr) return torch_exchange(device);
     int previous = -1;
     check(rt_, rt_.get_device(&previous), "cudaGetDevice");
     if (previous != device) check(rt_, rt_.set_device(device), "cudaSetDevice");
@@ -138,28 +142,15 @@ class DeviceSwitch {
   }
   // Gives the caller's device back (never throws: it runs in destructors).
   void restore(int device) const {
-    if (torch_maybe_set_ != nullptr) torch_maybe_set_(static_cast<int8_t>(device));
+    if (torch_.maybe_set != nullptr) torch_.maybe_set(static_cast<int8_t>(device));
     else rt_.set_device(device);
   }
 
  private:
-  using TorchExchange = int8_t (*)(int8_t);  // c10::cuda::ExchangeDevice
-  using TorchMaybeSet = int (*)(int8_t);     // c10::cuda::MaybeSetDevice (returns a cudaError_t)
-
-  void find_torch() {
-    auto exchange = reinterpret_cast<TorchExchange>(
-        torch_library_symbol("libc10_cuda.so", "_ZN3c104cuda14ExchangeDeviceEa"));
-    auto maybe_set = reinterpret_cast<TorchMaybeSet>(
-        torch_library_symbol("libc10_cuda.so", "_ZN3c104cuda14MaybeSetDeviceEa"));
-    if (exchange != nullptr && maybe_set != nullptr) {
-      torch_exchange_ = exchange;
-      torch_maybe_set_ = maybe_set;
-    }
-  }
   // torch reports a failed cudaSetDevice as a c10::Error; amem's callers expect BackendError.
   int torch_exchange(int device) const {
     try {
-      return torch_exchange_(static_cast<int8_t>(device));
+      return torch_.exchange(static_cast<int8_t>(device));
     } catch (const std::exception& e) {
       rt_.get_last_error();
       throw BackendError(std::string("amem cuda backend: making device ") + std::to_string(device) +
@@ -168,8 +159,7 @@ class DeviceSwitch {
   }
 
   const CudaRuntime& rt_;
-  TorchExchange torch_exchange_ = nullptr;
-  TorchMaybeSet torch_maybe_set_ = nullptr;
+  DeviceSwitchFns torch_;  // c10::cuda::ExchangeDevice and MaybeSetDevice, or both null
 };
 
 // Makes `device` current for a scope and gives the caller's device back.
@@ -218,7 +208,8 @@ int stream_device(const CudaRuntime& rt, cudart::Stream stream, int fallback) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : rt_(CudaRuntime::get()), devices_(rt_), device_(device) {
+  CudaBackend(int device, DeviceSwitchFns switch_fns)
+      : rt_(CudaRuntime::get()), devices_(rt_, switch_fns), device_(device) {
     int count = 0;
     check(rt_, rt_.get_device_count(&count), "cudaGetDeviceCount");
     if (device < 0 || device >= count)
@@ -347,8 +338,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, DeviceSwitchFns switch_fns) {
+  return std::make_unique<CudaBackend>(device, switch_fns);
 }
 
 int cuda_device_count() {

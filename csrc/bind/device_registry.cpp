@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "torch_devices.h"
+
 namespace amem {
 namespace {
 
@@ -40,7 +42,7 @@ const Options& options_locked() {
 std::unique_ptr<Backend> make_backend_locked(int device) {
   if (g_backend == "host") return make_host_backend(g_backend_limit);
   if (g_backend == "sim") return make_sim_backend(g_backend_limit);
-  return make_cuda_backend(device);
+  return make_cuda_backend(device, torch_device_switch());  // Note [switching devices]
 }
 
 // The options for a new device on `backend`: a policy's expandable segments

@@ -3,8 +3,8 @@
 // amem links against nothing from torch (one build serves every torch from
 // 2.11 on), yet three of torch's behaviours need torch's own code: raising
 // torch.OutOfMemoryError (torch_oom.h), feeding the profiler's memory events
-// (torch_profiler.h) and switching devices as torch's CUDAGuard does (Note
-// [switching devices] in cuda_backend.cpp). Each takes exported, ABI-stable
+// (torch_profiler.h) and switching devices as torch's CUDAGuard does
+// (torch_devices.h, handed down to the cuda backend). Each takes exported, ABI-stable
 // symbols from torch's libraries already in the process (never loading one of
 // our own) and falls back to amem's own behaviour when a symbol is missing.
 #pragma once

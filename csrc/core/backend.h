@@ -84,11 +84,21 @@ class Backend {
   virtual void unmap_pages(uintptr_t address, size_t bytes) {}
 };
 
+// How the cuda backend makes its device current for a call and gives the
+// caller's device back (Note [switching devices] in cuda_backend.cpp). With
+// both null it uses the runtime's cudaGetDevice / cudaSetDevice. The backend
+// never looks for torch itself: the bindings hand torch's own pair down when
+// torch is loaded (csrc/bind/torch_devices.h).
+struct DeviceSwitchFns {
+  int8_t (*exchange)(int8_t device) = nullptr;  // makes `device` current; returns the caller's
+  int (*maybe_set)(int8_t device) = nullptr;    // gives the caller's device back; returns a cudaError_t
+};
+
 // limit_bytes: the capacity of a host or sim device (0 = unlimited for sim,
 // physical memory for host). device: the CUDA device index.
 std::unique_ptr<Backend> make_host_backend(size_t limit_bytes);
 std::unique_ptr<Backend> make_sim_backend(size_t limit_bytes);
-std::unique_ptr<Backend> make_cuda_backend(int device);
+std::unique_ptr<Backend> make_cuda_backend(int device, DeviceSwitchFns switch_fns = {});
 // Devices the CUDA runtime sees (throws BackendError without a runtime).
 int cuda_device_count();
 

@@ -5,22 +5,24 @@
 
 #include <algorithm>
 
+#include "merge.h"
+
 namespace amem {
 
 // ================================================================ construction
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Options options)
     : backend_(std::move(backend)), options_(options) {
-  if (options_.expandable_segments && !backend_->supports_expandable())
-    throw ConfigError("AMEM_CONF: expandable_segments:True cannot be used here: " + backend_->why_not_expandable() +
+  if (options_.expandable_segments && !device_.supports_expandable())
+    throw ConfigError("AMEM_CONF: expandable_segments:True cannot be used here: " + device_.why_not_expandable() +
                       "; leave it off on this device");
 }
 
 CachingAllocator::~CachingAllocator() {
   Guard guard(*this);
   for (const auto& [address, segment] : segments_.all()) {  // the list deletes the blocks
-    if (segment->expandable) backend_->release_address_range(segment->address, segment->size);
-    else backend_->release_segment(segment->address, segment->size);
+    if (segment->expandable) device_.release_address_range(segment->address, segment->size);
+    else device_.release_segment(segment->address, segment->size);
   }
 }
 
@@ -53,11 +55,11 @@ uintptr_t CachingAllocator::malloc(size_t size, StreamId stream) {
 // two calls (saved registers, values reloaded after them) cost the hot pair 47
 // instructions (callgrind).
 AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
+  if (device_.capped() && options_.garbage_collection_threshold > 0.0) ++pool.get_free_block_calls;
   auto it = pool.best_fit(stream, rounded);
   // No cross-stream handover while capturing: no event may be recorded or waited on then.
-  auto cross = [&] { return options_.cross_stream_reuse != CrossStream::kOff && !capturing(); };
-  if (it == pool.free_blocks.end()) return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
+  auto cross = [&] { return cross_.on() && !capturing(); };
+  if (it == pool.free_blocks.end()) return cross() ? cross_.find_foreign(pool, stream, rounded) : nullptr;
   if (it->block->segment->expandable) {  // prefer the block with the least unmapped room behind it
     auto room = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     for (auto next = std::next(it); next != pool.free_blocks.end() && next->stream == stream &&
@@ -66,78 +68,15 @@ AMEM_INLINE Block* CachingAllocator::find_free_block(BlockPool& pool, StreamId s
       it = next;
   }
   Block* block = it->block;
-  if (options_.cross_stream_reuse == CrossStream::kOff) return within_oversize_rules(block, rounded) ? block : nullptr;
-  if (within_oversize_rules(block, rounded) && reusable_by(block, stream)) return block;
-  return cross() ? find_foreign_block(pool, stream, rounded) : nullptr;
-}
-
-bool CachingAllocator::within_oversize_rules(const Block* block, size_t rounded) const {
-  // Do not hand out an oversize block for a request that is not oversize.
-  if (rounded < options_.max_split_size && block->size >= options_.max_split_size) return false;
-  // An oversize request may take a block only slightly larger than itself.
-  return !(rounded >= options_.max_split_size && block->size >= rounded + options_.max_non_split_rounding_size);
-}
-
-// ================================================================ cross-stream reuse
-
-// The best fit among the free blocks of the pool's other streams' segments
-// (Note [cross-stream reuse]): one lower_bound per stream.
-Block* CachingAllocator::find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  constexpr int kMaxSkips = 8;  // blocks not yet reusable looked past, per stream
-  Block* best = nullptr;
-  for (auto at = pool.free_blocks.begin(); at != pool.free_blocks.end();) {
-    const StreamId s = at->stream;
-    if (s != stream) {
-      auto it = pool.lower_bound(s, rounded);
-      for (int skips = 0; it != pool.free_blocks.end() && it->stream == s && skips < kMaxSkips; ++it, ++skips) {
-        if (!reusable_by(it->block, stream)) continue;
-        if (within_oversize_rules(it->block, rounded) && (best == nullptr || it->size < best->size)) best = it->block;
-        break;
-      }
-    }
-    if (s == UINT64_MAX) break;
-    at = pool.lower_bound(s + 1, 0);  // the next stream's first entry
-  }
-  return best;
-}
-
-bool CachingAllocator::reusable_by(const Block* block, StreamId stream) {
-  for (const Fence& f : block->fences) {
-    if (f.stream == stream) continue;             // its own stream orders itself
-    if (capturing()) return false;                // no events during capture (Note [private pools])
-    if (options_.cross_stream_reuse == CrossStream::kHandover) continue;  // ordered when taken
-    if (!fences_.passed(f)) return false;
-  }
-  return true;
-}
-
-// One fence per stream is enough: a later free on a stream passes after an earlier one.
-void CachingAllocator::add_fence(Block* block, Fence fence) {
-  for (Fence& f : block->fences) {
-    if (f.stream != fence.stream) continue;
-    f.seq = std::max(f.seq, fence.seq);
-    return;
-  }
-  block->fences.push_back(fence);
-}
-
-// `block` goes to a request on `stream`: order it after the frees on other streams.
-void CachingAllocator::settle_fences(Block* block, StreamId stream) {
-  if (options_.cross_stream_reuse == CrossStream::kHandover) {
-    std::vector<StreamId> waited;
-    for (const Fence& f : block->fences) {
-      if (f.stream == stream || std::find(waited.begin(), waited.end(), f.stream) != waited.end()) continue;
-      fences_.hand_over(f.stream, stream);
-      waited.push_back(f.stream);
-    }
-  }
-  block->fences.clear();
+  if (!cross_.on()) return within_oversize_rules(block->size, rounded, options_) ? block : nullptr;
+  if (within_oversize_rules(block->size, rounded, options_) && cross_.reusable_by(block, stream)) return block;
+  return cross() ? cross_.find_foreign(pool, stream, rounded) : nullptr;  // Note [cross-stream reuse]
 }
 
 // No cached block fits: get a new segment, freeing cached memory to make room
 // if the backend refuses (torch: the alloc_block / release_* chain in malloc).
 Block* CachingAllocator::obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded) {
-  if (fraction_set_ && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
+  if (device_.capped() && options_.garbage_collection_threshold > 0.0 && !capturing()) garbage_collect_cached_blocks();
   if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
   if (release_available_cached_blocks(pool, stream, rounded))
     if (Block* b = allocate_segment(pool, stream, rounded, false)) return b;
@@ -152,27 +91,14 @@ Block* CachingAllocator::allocate_segment(BlockPool& pool, StreamId stream, size
   // Private pools never expand (Note [private pools]): as in torch, a graph's pool gets plain segments.
   if (options_.expandable_segments && pool.owner == kDefaultPool) return allocate_expandable(pool, stream, rounded);
   size_t size = segment_size_for(rounded);
-  int64_t reserved = stats_.reserved_bytes.current();
-  if (fraction_set_ && static_cast<size_t>(reserved) + size > allowed_bytes_) return nullptr;
-  uintptr_t address = backend_->allocate_segment(size);
+  uintptr_t address = device_.allocate_segment(size);  // 0 beyond the memory fraction too
   if (address == 0) return nullptr;
 
   Block* block = segments_.create(pool, stream, address, size, false);
-  note_segment_event(TraceAction::k_segment_alloc, address, size, stream);
+  segment_events_.note(TraceAction::k_segment_alloc, address, size, stream);
 
   ledger(pool.kind).segment_obtained(size);
   return block;
-}
-
-// Every segment event goes through here: the trace, and a replay's log.
-void CachingAllocator::note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream) {
-  if (trace_.on()) trace_.record(action, address, bytes, bytes, stream, 0);
-  if (segment_log_ != nullptr) segment_log_->push_back({action, bytes, 0});
-}
-
-void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
-  Guard guard(*this);
-  segment_log_ = log;
 }
 
 // Carves `rounded` bytes off the front of a free block, which may still be in
@@ -189,15 +115,14 @@ AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size
     Block* rest = segments_.insert_after(block, block->address + rounded, block->size - rounded);
     block->size = rounded;
     books.add<Shape::kFreePiece>(rest);
-    if (!block->fences.empty())  // its bytes were used where the block's were
-      rest->fences.assign(block->fences.begin(), block->fences.end());
+    CrossStreamReuse::share_fences(block, rest);  // its bytes were used where the block's were
     rest->idle_since = block->idle_since;
     if (block->indexed) pool.replace(block, rest);  // Note [index hand-over]
     else pool.insert(rest);
   } else {
     pool.erase(block);
   }
-  if (options_.cross_stream_reuse != CrossStream::kOff) settle_fences(block, stream);
+  if (cross_.on()) cross_.settle(block, stream);
   block->used_on = stream;
   block->allocated = true;
   block->requested = requested;
@@ -211,6 +136,25 @@ AMEM_INLINE Block* CachingAllocator::split_and_mark_allocated(Block* block, size
     stats_.allocated_at_reserved_peak =
         std::max(stats_.allocated_at_reserved_peak, stats_.allocated_bytes.current());
   return block;
+}
+
+// ================================================================ expandable segments
+
+// A growth is charged what a plain segment for the request would take
+// (device_limit.h); idle pages go back first if that keeps the peak down
+// (Note [page reclaim]), never during a capture.
+Block* CachingAllocator::allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded) {
+  if (!device_.admits(segment_size_for(rounded))) return nullptr;
+  if (!capturing() && reclaim_.wanted(rounded)) reclaim_idle_pages(rounded);
+  return expandable_.allocate(pool, stream, rounded);
+}
+
+// Unmapping must not take pages the device may still use: one synchronization.
+void CachingAllocator::reclaim_idle_pages(size_t wanted) {
+  if (!reclaim_.possible(wanted, clock_)) return;
+  synchronize_and_free_events();  // may free and merge blocks: the pages are picked afterwards
+  synchronize_device();
+  reclaim_.unmap_idle(wanted, clock_);
 }
 
 // ================================================================ free
@@ -271,10 +215,10 @@ void CachingAllocator::free_block(Block* block) {
                   block->used_on, block->alloc_seq);
   Ledger books = ledger(pool.kind);
   books.remove<Shape::kFreed>(block);
-  merge_into(block, block->prev, pool, books);
-  merge_into(block, block->next, pool, books);
-  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry in merge_into
-  if (options_.cross_stream_reuse != CrossStream::kOff) add_fence(block, fences_.mark(block->used_on, !capturing()));
+  merge_free_neighbour(block, block->prev, pool, books, segments_);
+  merge_free_neighbour(block, block->next, pool, books, segments_);
+  if (!block->indexed) pool.insert(block);  // else it took a neighbour's entry (merge.h)
+  if (cross_.on()) cross_.note_free(block);
   block->idle_since = clock_;
   block->requested = 0;  // requested bytes count until the block is reusable (torch)
   books.add<Shape::kFree>(block);
@@ -295,9 +239,9 @@ void CachingAllocator::record_stream(uintptr_t address, StreamId stream) {
 CachingAllocator::StreamEvents CachingAllocator::record_stream_events(const Block* block) {
   StreamEvents events;
   try {
-    for (StreamId s : block->stream_uses) events.emplace_back(s, backend_->record_event(s));
+    for (StreamId s : block->stream_uses) events.emplace_back(s, device_.record_event(s));
   } catch (...) {
-    for (auto& [stream, event] : events) backend_->destroy_event(event);
+    for (auto& [stream, event] : events) device_.destroy_event(event);
     throw;
   }
   return events;
@@ -352,20 +296,22 @@ void CachingAllocator::release_pool_segments(BlockPool& pool) {
     else if (!b->is_split()) whole.push_back(b);
   }
   for (Block* b : whole) release_segment_of(b);  // cudaFree waits for the device itself
-  if (!expandable.empty()) {  // unmapping does not: wait first (torch too)
-    backend_->synchronize();
-    fences_.synchronized();
-  }
-  for (Block* b : expandable) unmap_block(b);
+  if (!expandable.empty()) synchronize_device();  // unmapping does not: wait first (torch too)
+  for (Block* b : expandable) expandable_.unmap_block(b);
+}
+
+void CachingAllocator::synchronize_device() {
+  device_.synchronize();
+  cross_.synchronized();
 }
 
 // `block` is free and spans its whole segment (torch: release_block).
 void CachingAllocator::release_segment_of(Block* block) {
   Segment* segment = block->segment;
   BlockPool& pool = *block->pool;
-  note_segment_event(TraceAction::k_segment_free, segment->address, segment->size,
-                     segment->stream);  // before the backend call, as torch records it
-  backend_->release_segment(segment->address, segment->size);
+  segment_events_.note(TraceAction::k_segment_free, segment->address, segment->size,
+                       segment->stream);  // before the backend call, as torch records it
+  device_.release_segment(segment->address, segment->size);
   ledger(pool.kind).segment_released(segment->size);
   pool.erase(block);
   segments_.destroy(block);
@@ -402,7 +348,7 @@ bool CachingAllocator::release_available_cached_blocks(BlockPool& pool, StreamId
 // reserved memory is back under the threshold (torch: garbage_collect_cached_blocks).
 void CachingAllocator::garbage_collect_cached_blocks() {
   auto threshold = static_cast<size_t>(options_.garbage_collection_threshold *
-                                       static_cast<double>(allowed_bytes_));
+                                       static_cast<double>(device_.allowed_bytes()));
   auto reserved = static_cast<size_t>(stats_.reserved_bytes.current());
   if (reserved <= threshold) return;
   size_t target = reserved - threshold;
@@ -434,13 +380,8 @@ void CachingAllocator::garbage_collect_cached_blocks() {
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw std::invalid_argument("amem: memory fraction " + std::to_string(fraction) +
-                                " is outside [0, 1]; pass the share of device memory to allow");
   Guard guard(*this);
-  size_t total = backend_->memory_info().total_bytes;
-  allowed_bytes_ = static_cast<size_t>(fraction * static_cast<double>(total));
-  fraction_set_ = true;
+  device_.set_fraction(fraction);
 }
 
 // ================================================================ recording
@@ -468,6 +409,11 @@ bool CachingAllocator::tracing() const {
 std::string CachingAllocator::trace_json() const {
   Guard guard(*this);
   return trace_.to_json();
+}
+
+void CachingAllocator::set_segment_log(std::vector<SegmentEvent>* log) {
+  Guard guard(*this);
+  segment_events_.set_log(log);
 }
 
 }  // namespace amem

@@ -23,11 +23,22 @@
 //   empty_cache()
 //     Returns every cached whole segment to the backend.
 //
-// The mechanisms it composes have their own types: the pools (PoolSet,
-// pool_set.h), segments and their blocks with split and merge (SegmentList,
-// segment_list.h), the counters' transitions (Ledger, accounting.h), frees
-// waiting on events (EventQueue, event_queue.h) and cross-stream fences
-// (StreamFences, stream_fences.h).
+// The mechanisms it composes are classes of their own, each with its own
+// tests; the allocator decides when each one acts:
+//
+//   PoolSet            the shared and private pools, which serves a request (pool_set.h)
+//   SegmentList        segments and their blocks, split and merged (segment_list.h, merge.h)
+//   Ledger             every counter's change (accounting.h)
+//   EventQueue         frees waiting on other streams' events (event_queue.h)
+//   CrossStreamReuse   free blocks serving other streams (cross_stream_reuse.h)
+//   ExpandableSegments pages mapped and unmapped in reserved ranges (expandable.h)
+//   PageReclaim        idle pages given back before a segment grows (page_reclaim.h)
+//   SegmentEvents      segment events to the trace and a replay's log (segment_events.h)
+//   DeviceLimit        the memory fraction, an adaptor over the backend that
+//                      every backend call goes through (device_limit.h)
+//
+// Data flows down: the allocator calls the mechanisms, they call the
+// backend through DeviceLimit; none calls back up.
 //
 // Lock contract: every public member takes lock_ through a Guard; every
 // private member expects it held and never takes it. The backend is only
@@ -62,22 +73,20 @@
 #include "allocator_lock.h"
 #include "backend.h"
 #include "block.h"
+#include "cross_stream_reuse.h"
+#include "device_limit.h"
 #include "errors.h"
 #include "event_queue.h"
+#include "expandable.h"
 #include "options.h"
+#include "page_reclaim.h"
 #include "pool_set.h"
+#include "segment_events.h"
 #include "segment_list.h"
 #include "stats.h"
 #include "trace.h"
 
 namespace amem {
-
-// A segment event (segment_alloc/free, segment_map/unmap) for a replay's log.
-struct SegmentEvent {
-  TraceAction action = TraceAction::k_segment_alloc;
-  uint64_t bytes = 0;
-  uint64_t op = 0;  // set by the replay loop: the request that caused it
-};
 
 struct ValidationTally;   // validate.cpp
 struct ValidationCounts;  // validate.cpp
@@ -146,47 +155,25 @@ class CachingAllocator {
   void set_segment_log(std::vector<SegmentEvent>* log);
 
   const Options& options() const { return options_; }
-  const char* backend_name() const { return backend_->name(); }
-  Backend& backend() { return *backend_; }
+  const char* backend_name() const { return device_.name(); }
+  Backend& backend() { return *backend_; }  // the device's own, below the memory fraction
 
  private:
   // ------------------------------------------------------------ malloc path
   Block* find_free_block(BlockPool& pool, StreamId stream, size_t rounded);
-  Block* find_foreign_block(BlockPool& pool, StreamId stream, size_t rounded);
-  bool within_oversize_rules(const Block* block, size_t rounded) const;
-  // Whether `block` may serve a request on `stream` now (Note [cross-stream reuse]).
-  bool reusable_by(const Block* block, StreamId stream);
-  void settle_fences(Block* block, StreamId stream);
-  static void add_fence(Block* block, Fence fence);
   Block* obtain_segment_block(BlockPool& pool, StreamId stream, size_t rounded);
   Block* allocate_segment(BlockPool& pool, StreamId stream, size_t rounded, bool is_retry);
   Block* split_and_mark_allocated(Block* block, size_t rounded, size_t requested, StreamId stream);
   [[noreturn]] void fail_out_of_memory(size_t size, size_t rounded, StreamId stream);
 
-  // ------------------------------------------------------------ expandable segments (expandable.cpp)
+  // Expandable segments (expandable.h) grow for the request, after page reclaim (page_reclaim.h).
   Block* allocate_expandable(BlockPool& pool, StreamId stream, size_t rounded);
-  Block* find_expandable_block(BlockPool& pool, StreamId stream, size_t size);
-  Block* reserve_expandable_segment(BlockPool& pool, StreamId stream, size_t size);
-  Block* map_run(Block* start, size_t size);
-  bool grows_mapped_end(const Block* start, size_t rounded) const;
-  size_t map_ahead_bytes(const Block* start, size_t rounded) const;  // Note [map ahead]
-  bool map_block(Block* block, size_t size);
-  void unmap_block(Block* block);
-  void release_expandable_segment(Block* block);
-  size_t page_size(PoolKind kind) const { return kind == PoolKind::kSmall ? kSmallBuffer : options_.large_page_size; }
-  // Where the pages of `kind`'s expandable segments begin and end (Note [fine pages]).
-  PageLayout page_layout(PoolKind kind) const {
-    if (kind == PoolKind::kSmall || options_.fine_pages_size == 0) return PageLayout{page_size(kind)};
-    return PageLayout{page_size(kind), options_.fine_pages_size, kSmallBuffer};
-  }
   void reclaim_idle_pages(size_t wanted);
-  std::vector<Block*> idle_pages(size_t min_bytes) const;
 
   // ------------------------------------------------------------ free path
   void mark_freed(uintptr_t address, Block* block);  // allocated -> freed (still active)
   void free_used_elsewhere(Block* block);  // free() of a block other streams used
   void free_block(Block* block);
-  size_t merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& ledger);  // inline, below
   using StreamEvents = std::vector<std::pair<StreamId, EventId>>;
   StreamEvents record_stream_events(const Block* block);  // all or nothing
   void insert_events(Block* block, StreamEvents events);
@@ -198,6 +185,7 @@ class CachingAllocator {
   bool release_cached_blocks();
   void release_pool_segments(BlockPool& pool);
   void release_segment_of(Block* block);
+  void synchronize_device();  // before unmapping: nothing may still use the pages
   void garbage_collect_cached_blocks();
 
   // ------------------------------------------------------------ helpers
@@ -205,7 +193,6 @@ class CachingAllocator {
   void release_freeable_private_pools();
   void drop_failed_captures();
   void insert_deferred_events();
-  void note_segment_event(TraceAction action, uintptr_t address, size_t bytes, StreamId stream);
   Ledger ledger(PoolKind kind) { return Ledger(stats_, kind, options_.max_split_size); }
   Block* find_block_at(uintptr_t address) const;
   // Why `address` is not a live allocation, for an error about `operation`.
@@ -236,48 +223,22 @@ class CachingAllocator {
   };
 
   mutable AllocatorLock lock_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;                  // the device's, owned; called through device_ only
   Options options_;
+  Stats stats_;
+  Trace trace_;
+  DeviceLimit device_{*backend_, stats_.reserved_bytes};  // the backend under the memory fraction
   PoolSet pools_{options_.small_pool};                // shared and private pools, open scopes
   std::vector<Block*> deferred_;  // freed during capture with stream uses: events wait for its end
   AddressMap allocated_;                              // address -> block handed out
   SegmentList segments_;                              // every segment and its blocks
-  EventQueue events_{*backend_};                      // blocks waiting on other streams' events
-  StreamFences fences_{*backend_, options_.cross_stream_reuse == CrossStream::kWait};
+  EventQueue events_{device_};                        // blocks waiting on other streams' events
+  CrossStreamReuse cross_{device_, pools_, options_};  // free blocks serving other streams
+  SegmentEvents segment_events_{trace_};              // segment events: the trace and a replay's log
+  ExpandableSegments expandable_{device_, segments_, stats_, options_, cross_, segment_events_};
+  PageReclaim reclaim_{expandable_, pools_, stats_, options_};  // idle pages unmapped before growing
   uint64_t clock_ = 0;                                // malloc calls (page_reclaim_age)
-  int64_t reclaim_unmaps_ = 0;                        // unmaps made by page reclaim (its budget)
-  std::vector<SegmentEvent>* segment_log_ = nullptr;  // see set_segment_log
-  Stats stats_;
-  Trace trace_;
-  bool fraction_set_ = false;
-  size_t allowed_bytes_ = SIZE_MAX;                   // memory fraction cap
   uint64_t alloc_seq_ = 0;
 };
-
-// ================================================================ inline: the hot pair's merge
-
-// Absorbs the free neighbour `src` into `dst`; returns the bytes absorbed
-// (0 when `src` is absent or not free) (torch: try_merge_blocks). A mapped
-// `dst` that is not yet indexed takes `src`'s entry (Note [index hand-over]).
-// The ledger forgets `src`; the caller accounts for `dst`. Inline, so that in
-// free_block the ledger's deltas stay in registers.
-AMEM_INLINE size_t CachingAllocator::merge_into(Block* dst, Block* src, BlockPool& pool, Ledger& books) {
-  if (src == nullptr || !src->is_available() || src->mapped != dst->mapped) return 0;
-  books.remove<Shape::kFreePiece>(src);
-  SegmentList::absorb(dst, src);
-  for (const Fence& f : src->fences) add_fence(dst, f);
-  dst->idle_since = std::max(dst->idle_since, src->idle_since);
-  if (!src->mapped) {
-    pool.unmapped.erase(src);
-  } else if (dst->indexed) {
-    pool.erase(src);
-    pool.rekey(dst);
-  } else if (src->indexed) {
-    pool.replace(src, dst);
-  }
-  const size_t subsumed = src->size;
-  segments_.recycle(src);
-  return subsumed;
-}
 
 }  // namespace amem

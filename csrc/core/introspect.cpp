@@ -179,7 +179,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
   const Block* b = find_block_at(address);
   std::string what = std::string("amem: cannot ") + operation + " " + hex(address) + ": ";
   if (b == nullptr)
-    return what + "this allocator (" + backend_->name() +
+    return what + "this allocator (" + device_.name() +
            " backend) never returned that pointer; free it with the allocator that made it";
   if (b->address != address && !b->is_available())
     return what + "it points inside the block at " + hex(b->address) + " (" +
@@ -195,13 +195,13 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
 
 [[noreturn]] void CachingAllocator::fail_out_of_memory(size_t size, size_t rounded, StreamId stream) {
   stats_.num_ooms += 1;
-  DeviceMemoryInfo info = backend_->memory_info();
+  DeviceMemoryInfo info = device_.memory_info();
   if (trace_.on()) trace_.record(TraceAction::k_oom, info.free_bytes, rounded, rounded, stream, 0);
   const auto reserved = stats_.reserved_bytes.current();
   const auto allocated = stats_.allocated_bytes.current();
   auto mib = [](double bytes) { return human_bytes(bytes); };
   std::string msg =
-      "amem: out of memory on the " + std::string(backend_->name()) + " backend: tried to allocate " +
+      "amem: out of memory on the " + std::string(device_.name()) + " backend: tried to allocate " +
       mib(static_cast<double>(size)) + " (" + std::to_string(rounded) + " bytes rounded) on stream " +
       hex(stream) + ". Reserved by amem: " + mib(static_cast<double>(reserved)) +
       "; allocated: " + mib(static_cast<double>(allocated)) + "; device free: " +
@@ -209,7 +209,7 @@ std::string CachingAllocator::describe_bad_pointer(const char* operation, uintpt
       "; largest cached free block: " + mib(static_cast<double>(free_space().largest)) +
       "; fragmentation (1 - allocated/reserved): " +
       percent(static_cast<double>(reserved - allocated), static_cast<double>(reserved)) + ".";
-  if (fraction_set_) msg += " A memory fraction caps amem at " + mib(static_cast<double>(allowed_bytes_)) + ".";
+  if (device_.capped()) msg += " A memory fraction caps amem at " + mib(static_cast<double>(device_.allowed_bytes())) + ".";
   msg += " Try a smaller batch or sequence, free tensors you no longer need, or, if reserved is much"
          " larger than allocated, set max_split_size_mb or roundup_power2_divisions in AMEM_CONF.";
   throw OutOfMemoryError(msg);

@@ -103,7 +103,7 @@ class ConfigError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// cross_stream_reuse (Note [cross-stream reuse] in caching_allocator.h).
+// cross_stream_reuse (Note [cross-stream reuse] in stream_fences.h; cross_stream_reuse.h).
 enum class CrossStream { kOff, kWait, kHandover };
 
 // roundup_power2_divisions: divisions per power-of-two interval (0 = off).

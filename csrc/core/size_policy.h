@@ -4,7 +4,8 @@
 // -----------
 // Pure functions of (request, Options), the same rules as PyTorch's native
 // allocator (c10/cuda/CUDACachingAllocator.cpp: round_size,
-// roundup_power2_next_division, get_allocation_size, should_split):
+// roundup_power2_next_division, get_allocation_size, get_free_block's
+// oversize rules, should_split):
 //
 //   request      block size                          pool    new segment
 //   < 512 B      512 B                               small   2 MiB
@@ -51,6 +52,15 @@ inline size_t segment_size_for(size_t rounded) {
   if (rounded <= kSmallSize) return kSmallBuffer;
   if (rounded < kMinLargeAlloc) return kLargeBuffer;
   return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
+}
+
+// Whether a cached block of `block_size` may serve a request of `rounded` bytes
+// under the oversize rules (torch: get_free_block's max_split_size checks).
+inline bool within_oversize_rules(size_t block_size, size_t rounded, const Options& options) {
+  // Do not hand out an oversize block for a request that is not oversize.
+  if (rounded < options.max_split_size && block_size >= options.max_split_size) return false;
+  // An oversize request may take a block only slightly larger than itself.
+  return !(rounded >= options.max_split_size && block_size >= rounded + options.max_non_split_rounding_size);
 }
 
 // Whether a free block of `block_size` serving `rounded` bytes is split, the

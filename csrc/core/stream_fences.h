@@ -20,7 +20,9 @@
 //             stream's work queued so far, not only the work before the free).
 //
 // StreamFences owns the events of the wait mode and destroys each once it
-// completed. It is called under the allocator's lock.
+// completed. Which blocks carry which fences, and when a block may serve
+// another stream, is CrossStreamReuse's (cross_stream_reuse.h), its one user.
+// It is called under the allocator's lock.
 #pragma once
 
 #include <cstdint>

@@ -93,6 +93,24 @@ TEST_F(CudaBackendTest, WorkOnAnotherDeviceCreatesNoContextOnTheCallersDevice) {
   }).join();
 }
 
+// The backend does not look for torch: the bindings find torch's pair (csrc/bind/torch_devices.h)
+// and hand it down. Without it the backend switches with the runtime's own calls.
+TEST_F(CudaBackendTest, TorchsDeviceSwitchIsHandedDownByTheBindings) {
+  const DeviceSwitchFns torch = torch_device_switch();
+  EXPECT_NE(torch.exchange, nullptr) << "the fake libc10_cuda.so is loaded: its ExchangeDevice is found";
+  EXPECT_NE(torch.maybe_set, nullptr);
+  std::thread([] {
+    fake_cuda_reset(kCapacity);  // no contexts; this new thread's current device is 0
+    {
+      CachingAllocator a(make_cuda_backend(1), Options());  // nothing handed down
+      a.free(a.malloc(3 * kMiB, 0));
+      a.empty_cache();
+    }
+    EXPECT_TRUE(fake_cuda_has_context(1));
+    EXPECT_TRUE(fake_cuda_has_context(0)) << "cudaSetDevice restored device 0 (what torch's pair avoids)";
+  }).join();
+}
+
 TEST_F(CudaBackendTest, OutOfMemoryIsAnAnswerAndLeavesNoStickyError) {
   auto a = make_cuda(0);
   uintptr_t p = alloc(*a, 150 * kMiB);

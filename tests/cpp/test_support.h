@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/simulated_streams.h"
+#include "bind/torch_devices.h"
 #include "core/caching_allocator.h"
 
 namespace amem::test {
@@ -188,9 +189,10 @@ inline std::unique_ptr<CachingAllocator> make_host(size_t limit, const std::stri
   return std::make_unique<CachingAllocator>(make_host_backend(limit), Options::parse(conf));
 }
 
-// On the cuda backend: in the C++ tests, the fake CUDA (tests/cpp/fake_cuda).
+// On the cuda backend: in the C++ tests, the fake CUDA (tests/cpp/fake_cuda), with
+// torch's device switching (the fake libc10_cuda.so) handed down as the registry does.
 inline std::unique_ptr<CachingAllocator> make_cuda(int device, const std::string& conf = "") {
-  return std::make_unique<CachingAllocator>(make_cuda_backend(device), Options::parse(conf));
+  return std::make_unique<CachingAllocator>(make_cuda_backend(device, torch_device_switch()), Options::parse(conf));
 }
 
 inline SimulatedBackend& streams_of(CachingAllocator& a) {

@@ -18,7 +18,8 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 For the same reason the object collectives answer from the rank's own objects (object_collectives.py).
-At the end of the rank every process group is destroyed, so the next rank starts from none.
+At the end of the rank every process group is destroyed, so the next rank starts from none (and
+from fresh libraries: fresh_libraries.py).
 
 FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
 sharded, all-gathered on its unshard stream (refilled with `resize_` through torch/distributed/
@@ -37,7 +38,7 @@ from typing import Any
 
 from ...patching import PatchSet, declare, declare_many
 from .. import notes
-from . import object_collectives
+from . import barrier, object_collectives
 from .launch import Launch
 
 FAKE = "fake"
@@ -67,24 +68,13 @@ def _refusing_cpu_offload(init: Any) -> Any:
     return __init__
 
 
-def _forget_accelerate_state() -> None:
-    """accelerate keeps the process's distributed state in class-wide singletons (accelerate/state.py,
-    `PartialState._shared_state`): left from one rank, the next rank's Accelerator takes the destroyed
-    group for initialised and DDP fails with "Default process group has not been initialized"."""
-    import sys
-
-    state = sys.modules.get("accelerate.state")
-    if state is not None:
-        state.AcceleratorState._reset_state(reset_partial_state=True)
-        state.GradientState._reset_state()
-
-
 class FakeWorld:
     """Context manager: the rank's process groups are torch's fake process group."""
 
     def __init__(self, launch: Launch, rank: int) -> None:
         self.launch, self.rank = launch, rank
         self.patches = PatchSet()
+        self.backend: Any = None   # the backend the script asked for (a GPU job's NCCL: None or "nccl")
 
     def __enter__(self) -> "FakeWorld":
         import torch
@@ -103,6 +93,7 @@ class FakeWorld:
                 notes.record(notes.NOT_MODELLED, f"init_process_group({backend!r}): torch's fake process group "
                              "(no communication; NCCL's own buffers outside the caching allocator not counted)")
             kwargs.pop("device_id", None)   # binds a real CUDA device (eager NCCL init): nothing to bind
+            world.backend = backend
             if timeout is not None:
                 kwargs["timeout"] = timeout
             return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
@@ -113,6 +104,7 @@ class FakeWorld:
             for name, function in objects.items():
                 self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
         self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+        barrier.install(self.patches, (dist, c10d), lambda ids: ids is not None or self.backend in (None, "nccl"))
         self.patches.apply(VERIFY_PARAMS, dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
         self.patches.apply(TORCH_META, torch, "meta", torch.cuda)
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -127,7 +119,6 @@ class FakeWorld:
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
-            _forget_accelerate_state()
         finally:
             self.patches.close()
             self.patches = PatchSet()

@@ -46,6 +46,16 @@ FP32_OPT_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put", "scatter_add",
            "tensordot", "stack", "cat", "concat", "concatenate", "index_copy"}
 
+
+def _higher_order_casts(name: str) -> bool:
+    """Whether torch's higher-order op `name` has an AutocastCUDA kernel that casts its floating
+    inputs to the autocast dtype (flex_attention's `_flex_attention_autocast_impl`, in newer torch)."""
+    op = getattr(torch.ops.higher_order, name, None)
+    return op is not None and torch._C.DispatchKey.AutocastCUDA in getattr(op, "py_kernels", {})
+
+
+LOWER |= {name for name in ("flex_attention",) if _higher_order_casts(name)}
+
 def active() -> bool:
     return state.current() is not None and torch.is_autocast_enabled("cuda")
 

@@ -24,6 +24,7 @@ and why; stream_uses.py adds record_stream): on exit every change is undone, wha
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -43,6 +44,10 @@ from ..run import RunRecorder
 from . import children
 from . import stream_uses
 from . import torch_patches
+
+# torch's warnings that code runs uncompiled, silenced inside a region the program compiled
+# (torch/nn/attention/flex_attention.py: flex_attention outside torch.compile)
+_NOT_COMPILED_WARNINGS = r"flex_attention called without torch\.compile"
 from .device_mode import DeviceMode
 from .recorder import Recorder
 from .values import DataDependentError
@@ -109,6 +114,7 @@ class FakeCudaSession:
         self._modes: list = []
         self._in_backward = False
         self._compiled_depth = 0   # > 0 inside a function given to torch.compile
+        self.inductor_depth = 0    # > 0 inside one compiled by inductor (torch.compile's default backend)
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
@@ -120,6 +126,14 @@ class FakeCudaSession:
     def marker(self, name: str) -> None:
         for lst in self.listeners:
             lst.on_marker(name)
+
+    def pool_event(self, event: str, pool: int) -> None:
+        """A CUDA graph capture's private pool opened ("begin"), closed ("end") or released
+        ("release"): the listeners hear of it (shims/graphs.py; the run gets a pool op)."""
+        for lst in self.listeners:
+            on_pool = getattr(lst, "on_pool", None)
+            if on_pool is not None:
+                on_pool(event, pool)
 
     def release(self) -> None:
         """torch.cuda.empty_cache(): the listeners hear of it (the run gets a release op there)."""
@@ -259,15 +273,21 @@ class FakeCudaSession:
                 self._mark(p, self.know.model_state, ("parameter", name))
                 self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)
 
-    def compiled(self, fn):
-        """`fn` run as eager, marked as a compiled region while it runs."""
+    def compiled(self, fn, inductor: bool = True):
+        """`fn` run as eager, marked as a compiled region while it runs (`inductor`: by inductor,
+        whose kernels rules may model, not by the eager backend that torch's own wrappers use).
+        Warnings torch gives because the code is not compiled are for a run this is not."""
         @functools.wraps(fn)
         def run(*args, **kwargs):
             self._compiled_depth += 1
+            self.inductor_depth += inductor
             try:
-                return fn(*args, **kwargs)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=_NOT_COMPILED_WARNINGS)
+                    return fn(*args, **kwargs)
             finally:
                 self._compiled_depth -= 1
+                self.inductor_depth -= inductor
         return run
 
     def _opt_pre(self, optimizer, args, kwargs):

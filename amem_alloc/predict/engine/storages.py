@@ -56,6 +56,17 @@ FAKE_ADDRESS_BASE = 0x7F00_0000_0000   # where fake device addresses start (a CU
 ADDRESS_ALIGN = 512                     # CUDA's allocator aligns every block to 512 bytes
 
 
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage behind `t`, through functorch's wrappers (vmap's BatchedTensor, grad's wrapper:
+    create_block_mask vmaps the mask function over fake tensors), which have none of their own."""
+    try:
+        return t.untyped_storage()
+    except NotImplementedError:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+        return t.untyped_storage()
+
+
 # ============================================================================ which storages are CUDA
 class Storages:
     """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one
@@ -74,7 +85,7 @@ class Storages:
     def device_of(self, t: torch.Tensor) -> str | None:
         if t.device.type != "meta":
             return t.device.type
-        rec = self.by_id.get(id(t.untyped_storage()))
+        rec = self.by_id.get(id(storage_of(t)))
         return rec[1] if rec else None
 
     def holds(self, device: str) -> bool:
@@ -82,7 +93,7 @@ class Storages:
         return any(rec[1] == device for rec in self.by_id.values())
 
     def key_of(self, t: torch.Tensor) -> int | None:
-        return self.key_of_storage(t.untyped_storage())
+        return self.key_of_storage(storage_of(t))
 
     def key_of_storage(self, st: torch.UntypedStorage) -> int | None:
         rec = self.by_id.get(id(st))

@@ -36,7 +36,6 @@ from ...patching import PatchSet, declare
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
 from .device_mode import DeviceMode
-from .devices import unspoofed
 from .values import is_fake
 
 AMP_AVAILABLE = declare("torch.cuda.amp.common", "amp_definitely_not_available",
@@ -54,10 +53,15 @@ RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills stor
 DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
 RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
                        "backward's hooks and recomputation run with the device mode pushed again")
-UNPACK_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
-                       "unpack hooks see tensors as their pack hooks did (checkpoint's device check)")
+SAVED_TENSOR_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
+                             "pack hooks see the devices the program sees, as unpack hooks do (checkpoint's "
+                             "device check, its recomputation)")
+GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
+                          "torch's C++ grouping files fake tensors under the device they claim (cuda), not meta: "
+                          "foreach and fused paths (clip_grad_norm_(foreach=True), optimizers) take CUDA's branch")
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
+_EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
 COMPILE_NOTE = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
                 "and inductor's buffer reuse and fusion of temporaries are not modelled; a compiled "
                 "optimizer step's capturable state is)")
@@ -71,6 +75,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _compile(session, patches)
     _storages(session, patches)
     _backward(session, patches)
+    _grouping(session, patches)
 
 
 # ============================================================================ autocast
@@ -140,12 +145,16 @@ def _compile(session: Any, patches: PatchSet) -> None:
     `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py
     `_set_capturable`), so its `step` counts live on the GPU (see FakeCudaSession._opt_pre)."""
     def compile(model=None, **kwargs):
-        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
         if model is None:
             return lambda fn: compile(fn, **kwargs)
+        backend = kwargs.get("backend", "inductor")
+        backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
+        inductor = backend == "inductor"
+        if backend not in _EAGER_BACKENDS:   # (the eager backends run as eager: nothing to note)
+            notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
         if isinstance(model, torch.nn.Module) or not callable(model):
             return model
-        return session.compiled(model)
+        return session.compiled(model, inductor=inductor)
 
     def module_compile(module, *args, **kwargs):
         notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
@@ -200,22 +209,70 @@ def _backward(session: Any, patches: PatchSet) -> None:
         with DeviceMode(session.storages, session):
             return orig_run(*args, **kwargs)
     patches.apply(RUN_BACKWARD, torch.autograd, "_engine_run_backward", run_backward)
-    _unpack_hooks(patches)
+    _saved_tensor_hooks(session, patches)
 
 
-def _unpack_hooks(patches: PatchSet) -> None:
-    """Saved-tensor pack hooks run inside the op that saves (the mode popped: fake tensors show
-    their real device, meta); their unpack hooks run in backward, where devices answer CUDA.
-    Each unpack hook runs `unspoofed`, so it sees the tensors as its pack hook did: checkpoint
-    compares the recomputed tensors' devices with the ones its pack hook recorded
-    (torch/utils/checkpoint.py, `_default_meta_extractor`)."""
+def _saved_tensor_hooks(session: Any, patches: PatchSet) -> None:
+    """Saved-tensor pack hooks run inside the op that saves, while the mode handles that op (popped:
+    fake tensors would show their real device, meta); their unpack hooks run in backward, where
+    devices answer CUDA. Each pack hook runs with the mode pushed again, so pack and unpack see the
+    devices the program's code sees: checkpoint compares the devices its pack hook recorded with
+    the recomputed tensors' (torch/utils/checkpoint.py `_default_meta_extractor`), and recomputes
+    the forward inside its unpack hook, where the program's code must see CUDA (FlexAttention
+    checks its inputs' device); an offloading hook's `.to(device)` gets the device it recorded."""
     import torch._C._autograd as autograd_c
     push = autograd_c._push_saved_tensors_default_hooks
 
     def push_hooks(pack_hook, unpack_hook):
-        @functools.wraps(unpack_hook)
-        def unpack(packed):
-            with unspoofed():
-                return unpack_hook(packed)
-        return push(pack_hook, unpack)
-    patches.apply(UNPACK_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
+        @functools.wraps(pack_hook)
+        def pack(tensor):
+            with DeviceMode(session.storages, session):
+                return pack_hook(tensor)
+        return push(pack, unpack_hook)
+    patches.apply(SAVED_TENSOR_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
+
+
+# ============================================================================ foreach's grouping
+def _grouping(session: Any, patches: PatchSet) -> None:
+    """torch._C._group_tensors_by_device_and_dtype keys its groups by each tensor's real device, meta
+    for every fake tensor; torch's Python then asks whether that device has foreach kernels
+    (torch/utils/_foreach_utils.py) and clip_grad_norm_(foreach=True) refuses meta. The groups are
+    keyed here by the device each fake tensor claims, as on a GPU."""
+    original = torch._C._group_tensors_by_device_and_dtype
+
+    def group(tensorlistlist, with_indices=False):
+        out = original(tensorlistlist, with_indices)
+        if not any(key[0].type == "meta" for key in out):
+            return out
+        regrouped: dict = {}
+        for (device, dtype), (lists, indices) in out.items():
+            for claimed, positions in _by_claimed_device(session, device, lists).items():
+                into = regrouped.setdefault((claimed, dtype), ([[] for _ in lists], []))
+                for j in positions:
+                    for k, ts in enumerate(lists):
+                        if ts:   # an empty list (amsgrad's max_exp_avg_sqs off) stays empty, as in torch
+                            into[0][k].append(ts[j])
+                    if indices:
+                        into[1].append(indices[j])
+        return regrouped
+    patches.apply(GROUP_BY_DEVICE, torch._C, "_group_tensors_by_device_and_dtype", group)
+
+
+def _by_claimed_device(session: Any, device: torch.device, lists) -> dict:
+    """Positions of a group's tensors by the device each claims (its first list's tensor: a
+    parameter, with its gradient and state beside it in the other lists)."""
+    if device.type != "meta":
+        return {device: range(len(lists[0]) if lists else 0)}
+    out: dict = {}
+    for j, t in enumerate(lists[0] if lists else []):
+        out.setdefault(_claimed(session, t), []).append(j)
+    return out
+
+
+def _claimed(session: Any, t) -> torch.device:
+    kind = session.storages.device_of(t) if isinstance(t, torch.Tensor) else None
+    if kind == "cuda":
+        from .devices import cuda_index
+
+        return torch.device("cuda", cuda_index())
+    return torch.device(kind) if kind in ("cpu", "meta") else torch.device("meta")

@@ -6,9 +6,11 @@ registry.py by the op and the stage they apply at:
     autograd.py     in-place updates CUDA's autograd engine makes where meta tensors take
                     out-of-place branches (scatter into fresh zeros, gradient accumulation)
     cublas.py       the cuBLAS workspace a matmul takes on first use
+    foreach.py      the foreach reductions' partial results (_foreach_norm)
     dropout.py      the fused dropout kernel and its bool mask
     sdpa_select.py  which attention kernel sdp_utils.cpp picks
     attention.py    the attention composite per kernel, and the kernels' temporaries
+    flex_attention.py FlexAttention: inductor's fused kernel where compiled, the dense path not
     norms.py        cuDNN batch norm where torch picks it
     losses.py       cross-entropy under autocast, op for op (engine/autocast.py calls it)
     embedding.py    embedding backward's sort and segment buffers
@@ -36,7 +38,7 @@ take and return); none of them knows an op by name: each is a lookup.
 """
 from __future__ import annotations
 
-from . import attention, autograd, convolution, cublas, dropout, embedding, meta_kernels, norms  # noqa: F401 (register)
+from . import attention, autograd, convolution, cublas, dropout, embedding, flex_attention, foreach, meta_kernels, norms  # noqa: F401 (register)
 from .cublas import workspace_bytes as cublas_workspace_bytes
 from .registry import NOT_APPLICABLE, Stage, lookup
 from .scratch import Scratch
