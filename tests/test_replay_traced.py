@@ -1,8 +1,8 @@
 """A program replayed with the core's trace on (amem_alloc/replay/traced.py, the C++ loop of Note [traced
 replay]) makes the very snapshot the Python loop it replaced made: key reuse, frees of unknown keys,
-size-0 requests, empty_cache, several streams and policies, recording from the start, from the middle
-and from past the end. The old loop is kept with the tests, and only there, as the reference
-(tests/traced_reference.py)."""
+size-0 requests, empty_cache, CUDA graph captures' pools, several streams and policies, recording from
+the start, from the middle and from past the end. The old loop is kept with the tests, and only there, as the reference
+(tests/traced_reference.py; benchmarks/bench_traced.py times the two side by side)."""
 import random
 
 import pytest

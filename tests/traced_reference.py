@@ -1,6 +1,6 @@
 """The reference for amem_alloc/replay/traced.py: its Python loop as it was before the C++ loop
 (Note [traced replay] in csrc/core/replay.h) replaced it, one binding call per op (commit 702dfe9).
-tests/test_replay_traced.py compares the two snapshots."""
+tests/test_replay_traced.py compares the two snapshots; benchmarks/bench_traced.py times them."""
 from __future__ import annotations
 
 import pickle
