@@ -49,11 +49,11 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-             timeout: float, strict: bool) -> tuple[Any, int, float]:
+             timeout: float, strict: bool, shapes: str = "expected") -> tuple[Any, int, float]:
     """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script."""
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
-                         strict=strict, device_count=launch.nproc_per_node, analyse=False)
+                         strict=strict, shapes=shapes, device_count=launch.nproc_per_node, analyse=False)
     with RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
@@ -62,23 +62,23 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-                timeout: float, strict: bool) -> Recording:
+                timeout: float, strict: bool, shapes: str = "expected") -> Recording:
     """One rank's script run under prediction, as its Recording."""
-    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, shapes)
     run.recorded.seconds = seconds
     return Recording(rank, run.recorded, done)
 
 
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
                   timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False,
-                  workers: int | None = None) -> RankPrediction:
+                  workers: int | None = None, shapes: str = "expected") -> RankPrediction:
     """Every chosen rank recorded (in `workers` processes; None: the usable cores); each distinct
     program analysed once. Exceptions of a rank's script (user_script.ScriptFailed,
     DataDependentError, NotModelledError, PredictionTimeout) go on unchanged, the lowest failing
     rank's."""
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
     record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
-                               timeout=timeout, strict=strict)
+                               timeout=timeout, strict=strict, shapes=shapes)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}
     for recording in record_all(launch.chosen(), record, workers):
