@@ -72,11 +72,12 @@ class Prediction:
         return f"exit {self.returncode}\n--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-5000:]}"
 
 
-def predict(script: str, args: list, cwd: Path, out: Path, gpu: str = "H100") -> Prediction:
+def predict(script: str, args: list, cwd: Path, out: Path, gpu: str = "H100", shapes: str | None = None) -> Prediction:
     out.mkdir(parents=True, exist_ok=True)
     json_path, trace_path = out / "prediction.json", out / "trace.pickle"
     argv = [sys.executable, "-m", "amem_alloc", "predict", "--gpu", gpu, "--json", str(json_path),
-            "--trace", str(trace_path), "--", "python", script, *map(str, args)]
+            "--trace", str(trace_path), *(["--shapes", shapes] if shapes else []),
+            "--", "python", script, *map(str, args)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (amem_path(), os.environ.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
