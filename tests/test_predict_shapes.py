@@ -291,3 +291,30 @@ def test_faster_rcnn_training_peak_is_within_10_percent_of_a_real_h200_run(tmp_p
         error = (peak - real["peak_allocated"]) / real["peak_allocated"]
         assert abs(error) <= 0.10, f"{rule}: predicted {peak:,} B, real {real['peak_allocated']:,} B: {error:+.1%}"
     assert peaks["upper"] >= peaks["expected"]
+
+
+def test_torchtitans_moe_routes_tokens_x_k_rows_with_no_size_from_values():
+    """torchtitan's MoE (models/common/moe.py, no expert parallelism): argsort of the experts
+    chosen, a gather of T*K rows, grouped matmuls with offsets from the routing map's sum. No size
+    there depends on values: its dispatched input is (T*K, D) whatever the routing, and nothing is
+    noted as data dependent."""
+    moe = pytest.importorskip("torchtitan.models.common.moe")
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+
+    D, F, E, K, B, L = 256, 512, 8, 2, 2, 512
+    linear = lambda i, o: Linear.Config(in_features=i, out_features=o)  # noqa: E731
+    cfg = moe.MoE.Config(
+        num_experts=E,
+        routed_experts=moe.RoutedExperts.Config(
+            inner_experts=moe.GroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E),
+            token_dispatcher=LocalTokenDispatcher.Config(num_experts=E, top_k=K)),
+        router=moe.TokenChoiceTopKRouter.Config(num_experts=E, gate=linear(D, E), top_k=K),
+        shared_experts=FeedForward.Config(w1=linear(D, F), w2=linear(F, D), w3=linear(D, F)))
+    with FakeCudaSession() as s:
+        m = cfg.build().cuda()
+        m(torch.randn(B, L, D, device="cuda", requires_grad=True)).sum().backward()
+    gathered = [i.requested for i in s.infos.values() if i.module == "routed_experts" and i.op == "index.Tensor"]
+    assert sorted(gathered) == [B * L * K * 4, B * L * K * D * 4], gathered   # the sorted scores, the rows
+    assert not [n for n in s.notes if n.kind in ("upper-bound", "assumed")], s.notes.as_list()
