@@ -42,7 +42,8 @@ def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
     from .. import user_script
 
     steps = user_script.run_steps(argv, on_step, reraise)
-    return {"script": argv[0], "args": argv[1:], "optimizer_steps": steps}
+    _, args, _ = user_script.target_of(argv)
+    return {"script": user_script.name_of(argv), "args": args, "optimizer_steps": steps}
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
@@ -54,7 +55,9 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     from ..predict.engine.values import DataDependentError
 
     started = time.perf_counter()
-    with predicting(policies=[], target=workload or script[0], analyse=False) as run:
+    from ..user_script import name_of
+
+    with predicting(policies=[], target=workload or name_of(script), analyse=False) as run:
         if script:
             info = _run_script(script, lambda i: run.marker("step"), reraise=(DataDependentError,))  # a value read is prediction's limit, not the script's error
         else:

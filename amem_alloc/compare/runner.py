@@ -106,10 +106,10 @@ def _record(work: Path, workload: str | None, size: int, steps: int | None, scri
         sys.stdout.flush()
     failed = work / "script_failed.json"
     if failed.exists():
-        from ..user_script import ScriptFailed
+        from ..user_script import ScriptFailed, name_of
 
         sys.stderr.write(proc.stderr)
-        raise ScriptFailed(script[0], json.loads(failed.read_text())["status"])
+        raise ScriptFailed(name_of(script), json.loads(failed.read_text())["status"])
     if proc.returncode != 0:
         raise RuntimeError(f"amem compare: predicting the workload's allocations failed: {_error(proc)}")
     return json.loads((work / "recording.json").read_text())
@@ -208,7 +208,7 @@ def compare(workload: str | None = None, script: list[str] | None = None, size: 
     policies = [policies_mod.get(p) if isinstance(p, str) else p
                 for p in (policies or policies_mod.DEFAULT_COMPARE)]
     real = mode == "real" or (mode == "auto" and _cuda_available())
-    out = Path(out_dir or Path("amem-compare") / (workload or Path(script[0]).stem))
+    out = Path(out_dir or Path("amem-compare") / (workload or Path(_target_of(script)).stem))
     out.mkdir(parents=True, exist_ok=True)
     target = (workload, size, steps, script)
     bar = _progress(len(policies) + (0 if real else 1), progress)
@@ -235,3 +235,9 @@ def _per_step(rows: list[dict], recording: dict | None) -> None:
     for row in rows:
         if row.get("mode") == "simulated":
             row["seconds_per_step"] = row["seconds"] / steps if steps else None
+
+
+def _target_of(script: list[str]) -> str:
+    from ..user_script import target_of
+
+    return target_of(script)[0]
