@@ -126,9 +126,21 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
     torch.OutOfMemoryError as the run's OOM); so does an exception for which `amems(err)` returns
-    an exception (amem's own failure, predict/failures.py), that one, raised from err.
+    an exception (amem's own failure, predict/failures.py), that one, raised from err. The caller's
+    sys.argv and sys.path are theirs again afterwards: an in-process prediction (amem_alloc.fit, a
+    rank) leaves no script folder behind.
     """
+    argv_before, path_before = sys.argv, list(sys.path)
     sys.argv = [target, *args]
+    try:
+        return _run_as_main(target, module, reraise, amems)
+    finally:
+        sys.argv = argv_before
+        sys.path[:] = path_before
+
+
+def _run_as_main(target: str, module: bool, reraise: tuple,
+                 amems: Callable[[BaseException], BaseException | None] | None) -> int:
     try:
         if module:
             sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first
