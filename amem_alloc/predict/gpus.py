@@ -43,6 +43,14 @@ class Gpu:
         """What the caching allocator can reserve: total memory less the context."""
         return max(0, self.total_memory - self.context)
 
+    @property
+    def context_uncertainty(self) -> int:
+        """How far off `usable` may be: the whole context where it is an estimate, none where the
+        usable memory was given (--capacity-gb). The band is the estimate itself because nothing
+        narrower is known: lazy loading keeps a context small, while others' A100 figures with an
+        older stack were ~1.43 GB beyond reserved (1.66-1.95 GB with cuDNN) against 480 MiB here."""
+        return self.context if self.context_source.startswith("estimate") else 0
+
 
 def _nominal(gib: float) -> int:
     """An estimate of torch's figure from a card's nominal size (the driver keeps about 1.5%)."""
