@@ -1,7 +1,7 @@
 """The answer last (issue 37): `amem predict`'s text ends with the verdict per policy and, when one
 does not fit, the next step; one "needs" figure everywhere (table, verdict, JSON, amem fit);
 borderline verdicts (within the context estimate) say so; --check exits 5 when a policy does not
-fit.
+fit; amem fit keeps a margin, stated, 5% by default.
 
 The script allocates `--gib` GiB in one tensor, so what it needs is known by hand: its request
 rounded to torch's 2 MiB large-segment step (replay/evaluation.py searches the min capacity in 2 MiB
@@ -98,6 +98,40 @@ def test_within_the_context_estimate_is_borderline():
         f"9.00 MiB to spare (borderline: within the ~{card.context / MiB:.2f} MiB context estimate)")
     row.min_capacity = row.peak_reserved = card.usable - card.context - MiB
     assert "borderline" not in says(row, card.usable, card.context_uncertainty)
+
+
+def test_fit_keeps_a_margin_and_says_so(tmp_path):
+    """1 GiB usable, 1 MiB per --mib: with no margin 1024 fits; with 10% (102.4 MiB) the largest that
+    leaves it free is 920 (920 MiB + 102.4 <= 1024 < 922 + 102.4, in the 2 MiB steps of the search)."""
+    script = tmp_path / "one.py"
+    script.write_text(ONE_TENSOR)
+
+    def fit(*margin):
+        proc = run_command([sys.executable, "-m", "amem_alloc", "fit", "--capacity-gb", "1", "--arg", "mib", "--lo",
+                            "512", "--policy", "torch", "--json", str(tmp_path / "f.json"), *margin, "--", "python",
+                            str(script)], timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.rstrip().splitlines(), json.loads((tmp_path / "f.json").read_text())
+
+    lines, data = fit("--margin", "10%")
+    p = data["policies"][0]
+    assert data["margin_bytes"] == int(GiB * 0.10) and p["largest"] == 920
+    assert p["needed"] + data["margin_bytes"] <= GiB < p["needed_at_first_failing"] + data["margin_bytes"]
+    assert "keeping a margin of 10% of usable memory, 102.40 MiB free (--margin)" in lines[-2]
+    assert lines[-1].startswith(f"  torch: --mib {p['largest']} (needs ") and "does not fit with the margin" in lines[-1]
+    lines, data = fit("--margin", "0")
+    assert data["policies"][0]["largest"] == 1024 and "with no margin (--margin 0)" in lines[-2]
+    lines, data = fit()
+    assert data["margin"].startswith("5% of usable memory")                      # the default, stated
+
+
+def test_a_bad_margin_is_one_line(tmp_path):
+    script = tmp_path / "one.py"
+    script.write_text(ONE_TENSOR)
+    proc = run_command([sys.executable, "-m", "amem_alloc", "fit", "--capacity-gb", "1", "--arg", "mib", "--margin",
+                        "lots", "--", "python", str(script)], timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "amem fit: --margin 'lots': give a share of usable memory (5%) or GiB (1.5), at least 0"]
 
 
 def test_the_cheapest_what_if_is_the_next_step_with_its_cost_in_text_and_page():

@@ -221,24 +221,30 @@ def _rank_table(entries: list[dict]) -> list[str]:
 
 
 # ============================================================================ amem fit
-def format_fit(fit: Any) -> str:
-    """amem fit's answer (a FitResult, or its JSON)."""
+def format_fit(fit: Any, written: list | tuple = ()) -> str:
+    """amem fit's answer (a FitResult, or its JSON): it ends with one line per policy."""
     d = _data(fit)
     g = d["gpu"]
-    lines = [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable "
-             f"{format_bytes(g['usable_bytes'])}), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
-    lines += ["  " + _fit_line(d["arg"], p) for p in d["policies"]]
+    margin = d.get("margin_bytes") or 0
+    lines = ([f"wrote {', '.join(str(p) for p in written)}", ""] if written else [])
+    lines += [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable {format_bytes(g['usable_bytes'])}"
+              + (f", keeping a margin of {d['margin']} free (--margin)" if margin else ", with no margin (--margin 0)")
+              + f"), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
+    lines += ["  " + _fit_line(d["arg"], p, margin) for p in d["policies"]]
     return "\n".join(lines)
 
 
-def _fit_line(arg: str, p: dict) -> str:
+def _fit_line(arg: str, p: dict, margin: int = 0) -> str:
     if p["largest"] is None:
         return f"{p['policy']}: does not fit at any value tried"
-    line = (f"{p['policy']}: --{arg} {p['largest']} (needs {format_bytes(p['needed'])}; peak reserved "
-            f"{format_bytes(p['peak_reserved'])}, headroom {signed_bytes(p['headroom'])}"
+    spare = p.get("spare")
+    spare_text = f", {format_bytes(spare)} to spare" if spare is not None else ""
+    line = (f"{p['policy']}: --{arg} {p['largest']} (needs {format_bytes(p['needed'])}{spare_text}; peak reserved "
+            f"{format_bytes(p['peak_reserved'])}"
             + (": fits only by emptying its cache when a cudaMalloc fails" if p["headroom"] < 0 else "") + ")")
     if p["first_failing"] is None:
         return line + f"; fits at every value tried, up to {p['largest']}"
     if p["needed_at_first_failing"] is not None:
-        return line + f"; {p['first_failing']} does not fit: it needs {format_bytes(p['needed_at_first_failing'])}"
+        kept = " with the margin" if margin else ""
+        return line + f"; {p['first_failing']} does not fit{kept}: it needs {format_bytes(p['needed_at_first_failing'])}"
     return line + f"; {p['first_failing']} could not be predicted: {p['why_first_failing']}"
