@@ -207,6 +207,8 @@ def test_an_unknown_flag_is_the_commands_mistake_and_names_the_nearest(argv, lin
     (["predict", "--policy", "torch-expandible", "--workload", "mlp"],
      "unknown policy 'torch-expandible' (did you mean torch-expandable?)"),
     (["compare", "--workload", "mlp", "--policy", "amem_roundup4"], "(did you mean amem-roundup4?)"),
+    (["predict", "--workload", "mlp", "--what-if", "checkpoint=block"],
+     "unknown what-if 'checkpoint=block' (did you mean checkpoint=blocks?)"),
 ])
 def test_a_mistyped_name_names_the_nearest(argv, near, capsys):
     rc, _, err = amem(argv, capsys)
