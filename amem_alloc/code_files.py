@@ -38,8 +38,22 @@ _PLUMBING = tuple(os.path.join(_TORCH_DIR, *p.split("/")) for p in (
     "utils/_device.py", "_compile.py", "nn/modules/module.py", "autograd/", "_dynamo/", "_jit_internal.py"))
 
 
+_RUN_AS_PROGRAM: list[str] = []   # packages run as the program (`python -m pkg.train`): the user's code
+
+
+def run_as_program(package_dir: str) -> None:
+    """Counts the files under `package_dir` as the user's own code though installed as a package:
+    the program is that package's module (torchrun -m torchtitan.train)."""
+    root = os.path.abspath(package_dir)
+    if root not in _RUN_AS_PROGRAM:
+        _RUN_AS_PROGRAM.append(root)
+
+
 def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's own code (not torch, amem, the stdlib or a package)."""
+    """Whether a frame's file is the user's own code (not torch, amem, the stdlib or a package,
+    unless the program is that package's module)."""
+    if _RUN_AS_PROGRAM and filename.startswith(tuple(r + os.sep for r in _RUN_AS_PROGRAM)):
+        return True
     return not (filename.startswith(_NOT_USER) or filename.startswith("<"))
 
 

@@ -32,6 +32,22 @@ class ScriptFailed(Exception):
         self.script, self.status = script, status
 
 
+MODULE = "-m"   # a command kept as argv: [script, args...] or [MODULE, module, args...]
+
+
+def target_of(argv: list[str]) -> tuple[str, list[str], bool]:
+    """(script or module, its arguments, whether it is a module) of a command's argv."""
+    if argv and argv[0] == MODULE:
+        return argv[1], argv[2:], True
+    return argv[0], argv[1:], False
+
+
+def name_of(argv: list[str]) -> str:
+    """How the output names the command: the script's path, or `-m module`."""
+    target, _, module = target_of(argv)
+    return f"-m {target}" if module else target
+
+
 def check_target(target: str, module: bool) -> None:
     """UsageError if the script or module does not exist (amem's to say, before anything runs)."""
     if module:
@@ -102,6 +118,8 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     sys.argv = [target, *args]
     try:
         if module:
+            sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first
+            _count_package_as_program(target)
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.path.insert(0, str(Path(target).resolve().parent))
@@ -120,23 +138,46 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     return 0
 
 
-def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
-    """Runs the script (run()) and counts its optimizer steps, calling on_step(n) after the n-th;
-    returns the count. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+def _count_package_as_program(module: str) -> None:
+    """The module's top-level package is the program's own code (its frames are the user's lines
+    in notes and call sites), though it is installed like a library."""
+    from . import code_files
 
-    steps = [0]
+    try:
+        spec = importlib.util.find_spec(module.partition(".")[0])
+    except (ImportError, ValueError):
+        return
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        code_files.run_as_program(location)
+
+
+def run_steps(argv: list[str], on_step=None, reraise: tuple = ()) -> int:
+    """Runs the script or module (run(); argv as target_of reads it) and counts its optimizer
+    steps, calling on_step(n) after the n-th; returns the count. A step taken inside another
+    (an optimizer container such as torchtitan's, itself an Optimizer, stepping its parts) is
+    part of that one. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    steps, depth = [0], [0]
+
+    def enter(optimizer, args, kwargs) -> None:
+        depth[0] += 1
 
     def count(optimizer, args, kwargs) -> None:
+        depth[0] = max(depth[0] - 1, 0)
+        if depth[0]:
+            return
         steps[0] += 1
         if on_step is not None:
             on_step(steps[0])
 
-    hook = register_optimizer_step_post_hook(count)
+    target, args, module = target_of(argv)
+    hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     try:
-        status = run(argv[0], argv[1:], reraise=reraise)
+        status = run(target, args, module=module, reraise=reraise)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     if status != 0:
-        raise ScriptFailed(argv[0], status)
+        raise ScriptFailed(name_of(argv), status)
     return steps[0]

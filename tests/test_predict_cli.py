@@ -39,7 +39,7 @@ def _one_line_error(proc, code, *needles):
     (["--workload", "mlp", "--steps", "0"], "--steps >= 1 for a workload"),
     (["--workload", "mlp", "--timeout", "-1"], "--timeout must be a number of seconds >= 0"),
     (["--", "python", "does_not_exist.py"], "does_not_exist.py: no such script"),
-    (["--", "python", "-m", "train"], "not -m module"),
+    (["--", "python", "-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
     ([], "give --workload NAME, or -- python script.py"),
     (["--workload", "mlp", "--json", "/no/such/dir/p.json"], "its folder does not exist"),
 ])
@@ -177,14 +177,11 @@ def test_the_timeout_is_not_lost_when_its_first_raise_is(tmp_path):
     _one_line_error(amem("--timeout", "1", "--", "python", script), 124, "--timeout 1 s", "swallows.py:")
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("g = torch.cuda.CUDAGraph()", "CUDA graphs"),
-    ("with torch.cuda.graph(None):\n    pass", "CUDA graph capture"),
-])
-def test_cuda_graphs_are_amems_limit_in_one_line(tmp_path, body, needle):
+def test_make_graphed_callables_is_amems_limit_in_one_line(tmp_path):
     script = tmp_path / "graphs.py"
-    script.write_text(f"import torch\nx = torch.randn(4, device='cuda')\n{body}\n")
-    _one_line_error(amem("--", "python", script), 4, needle, f"{script}:3", "cannot be predicted")
+    script.write_text("import torch\nx = torch.randn(4, device='cuda')\n"
+                      "f = torch.cuda.make_graphed_callables(torch.nn.Linear(4, 4).cuda(), (x,))\n")
+    _one_line_error(amem("--", "python", script), 4, "make_graphed_callables", f"{script}:3", "cannot be predicted")
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -251,3 +248,29 @@ def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path):
     assert f'File "{script}", line 4, in f' in proc.stderr and "amem_alloc" not in proc.stderr.split("KeyError")[0]
     script.write_text("import sys\nsys.exit(7)\n")
     assert amem("--", "python", script).returncode == 7
+
+
+def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp_path):
+    """`-- python -m pkg.train` (and torchrun -m): the working folder on the path as python -m puts
+    it, sys.argv as the module sees it, and the package's lines named as the user's in the notes."""
+    import os
+    import subprocess
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(textwrap.dedent("""
+        import sys
+        import torch
+        x = torch.zeros(1024, 1024, device="cuda")
+        print("argv", sys.argv[1:], "loss", x.sum().item())
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--", "python", "-m",
+                           "pkg.train", "--lr", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "argv ['--lr', '1']" in proc.stdout
+    assert "4.00 MiB" in proc.stdout
+    stand_in = next(line for line in proc.stdout.splitlines() if "item() of a CUDA tensor" in line)
+    assert "train.py:5" in stand_in and "bin/amem" not in stand_in and "__main__" not in stand_in

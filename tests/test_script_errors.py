@@ -146,3 +146,29 @@ def test_compare_a_script_counts_its_optimizer_steps_and_shows_its_output(tmp_pa
     import json
     recording = json.loads((out / "compare.json").read_text())["recording"]
     assert recording["steps"] == 3 and len(recording["step_ops"]) == 3
+
+
+def test_an_optimizer_container_stepping_its_parts_is_one_step(tmp_path):
+    """torchtitan's OptimizersContainer is an Optimizer whose step() steps each part: one step of
+    the training loop, not 1 + parts (prediction's --steps counts these)."""
+    from amem_alloc import user_script
+
+    script = tmp_path / "container.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)]
+        class Container(torch.optim.Optimizer):
+            def __init__(self):
+                self.parts = [torch.optim.SGD([p], lr=0.1) for p in params]
+                super().__init__(params, {})
+            def step(self, closure=None):
+                for part in self.parts:
+                    part.step()
+        opt = Container()
+        for _ in range(3):
+            opt.step()
+        torch.optim.SGD(params, lr=0.1).step()
+    """))
+    seen = []
+    assert user_script.run_steps([str(script)], seen.append) == 4
+    assert seen == [1, 2, 3, 4]

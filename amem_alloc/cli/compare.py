@@ -36,7 +36,8 @@ def command(args: argparse.Namespace) -> int:
             raise user_input.UsageError(f"--mode real needs a GPU: {problem}; use --mode simulated (or auto, "
                                         "which picks simulated here)")
     if script:
-        user_script.check_target(script[0], module=False)
+        target, _, module = user_script.target_of(script)
+        user_script.check_target(target, module=module)
     try:
         result = compare(workload=args.workload, script=script, size=args.size, steps=args.steps,
                          policies=policies, mode=args.mode, out_dir=args.out, progress=not args.no_progress)

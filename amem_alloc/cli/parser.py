@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from .. import user_script
 from ..near_names import did_you_mean
 
 # What to install for an option that needs matplotlib (`--plot`, compare.png): the extra in pyproject.toml.
@@ -158,13 +159,16 @@ PYTHONS = ("python", "python3")
 
 
 def script_argv(target: list[str]) -> list[str] | None:
-    """`-- python train.py args` -> ["train.py", "args"] (the script runs in amem's own interpreter,
-    through user_script); None when nothing was given. ValueError for a module or a non-.py file."""
+    """`-- python train.py args` -> ["train.py", "args"], `-- python -m pkg.mod args` -> ["-m",
+    "pkg.mod", "args"] (it runs in amem's own interpreter, through user_script); None when nothing
+    was given. ValueError for a file that is not a .py script."""
     target = target[1:] if target and target[0] == "--" else target
     if target and Path(target[0]).name.startswith(PYTHONS) and not target[0].endswith(".py"):
         target = target[1:]
-    if target and target[0] == "-m":
-        raise ValueError("give a script path (-- python train.py ...), not -m module")
+    if target and target[0] == "-m":   # python -m module args: kept as user_script reads it
+        if len(target) < 2:
+            raise ValueError("-m: give the module to run (-- python -m package.module args...)")
+        return [user_script.MODULE, *target[1:]]
     if target and not target[0].endswith(".py"):
         raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
     return target or None
@@ -179,6 +183,8 @@ def add_policy_option(p: argparse.ArgumentParser, default: str) -> None:
 def existing_script(target: list[str]) -> list[str] | None:
     """`-- python train.py args` -> ["train.py", "args"] (script_argv), the script checked to exist."""
     argv = script_argv(target)
-    if argv and not Path(argv[0]).is_file():
+    if argv and argv[0] == user_script.MODULE:
+        user_script.check_target(argv[1], module=True)
+    elif argv and not Path(argv[0]).is_file():
         raise ValueError(f"{argv[0]}: no such script")
     return argv

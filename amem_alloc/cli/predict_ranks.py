@@ -66,7 +66,8 @@ def predict_command(args: argparse.Namespace) -> int:
     gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
-    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
+    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict,
+                                             write_repeats=args.write_repeats))
     if isinstance(result, int):
         return result
     from ..report.prediction_text import format_ranks

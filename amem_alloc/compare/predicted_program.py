@@ -63,7 +63,8 @@ def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int =
         made = user_script.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt))
     except _Enough:
         made = done[0]
-    return {"script": argv[0], "args": argv[1:], "optimizer_steps": made,
+    _, args, _ = user_script.target_of(argv)
+    return {"script": user_script.name_of(argv), "args": args, "optimizer_steps": made,
             "stopped_after_steps": steps if steps and made >= steps else None}
 
 
@@ -93,7 +94,9 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
         _count_step(out_dir, i)
 
     started = time.perf_counter()
-    with predicting(policies=[], target=workload or script[0], analyse=False) as run:
+    from ..user_script import name_of
+
+    with predicting(policies=[], target=workload or name_of(script), analyse=False) as run:
         if script:  # a value read is prediction's limit, not the script's error
             info = _run_script(script, on_step, reraise=(DataDependentError,), steps=steps or 0)
         else:

@@ -119,10 +119,10 @@ def _record(children: processes.Children, work: Path, target: tuple, bar) -> dic
         raise KeyboardInterrupt
     failed = work / SCRIPT_FAILED
     if failed.exists():
-        from ..user_script import ScriptFailed
+        from ..user_script import ScriptFailed, name_of
 
         sys.stderr.write(ended[0].stderr)
-        raise ScriptFailed(script[0], json.loads(failed.read_text())["status"])
+        raise ScriptFailed(name_of(script), json.loads(failed.read_text())["status"])
     if ended[0].returncode != 0:
         raise RuntimeError(f"amem compare: predicting the workload's allocations failed: "
                            f"{_error(ended[0].stderr, ended[0].returncode)}")
@@ -246,7 +246,7 @@ def compare(workload: str | None = None, script: list[str] | None = None, size: 
     policies = [policies_mod.get(p) if isinstance(p, str) else p
                 for p in (policies or policies_mod.DEFAULT_COMPARE)]
     real = mode == "real" or (mode == "auto" and _cuda_available())
-    out = Path(out_dir or Path("amem-compare") / (workload or Path(script[0]).stem))
+    out = Path(out_dir or Path("amem-compare") / (workload or Path(_target_of(script)).stem))
     out.mkdir(parents=True, exist_ok=True)
     if script and steps is None:
         from ..predict.script import DEFAULT_STEPS  # a script stops where amem predict stops it
@@ -280,3 +280,9 @@ def _per_step(rows: list[dict], recording: dict | None) -> None:
     for row in rows:
         if row.get("mode") == "simulated":
             row["seconds_per_step"] = row["seconds"] / steps if steps else None
+
+
+def _target_of(script: list[str]) -> str:
+    from ..user_script import target_of
+
+    return target_of(script)[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, display_path, is_user_file, short_path  # noqa: F401 (re-exported)
+from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, display_path, is_script_runner, is_user_file, short_path  # noqa: F401 (re-exported)
 
 STAND_IN = "stand-in"          # a value read answered with a stand-in; the run went on
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
@@ -38,6 +38,8 @@ def call_site(skip: int = 1) -> str:
     f = sys._getframe(skip)
     while f is not None and user is None:
         name = f.f_code.co_filename
+        if is_script_runner(name):   # beyond it: amem's command line, never the user's code
+            break
         if is_user_file(name):
             user = f"{name}:{f.f_lineno}"
         elif library is None and not name.startswith((_AMEM_DIR, *_STDLIB, *_PLUMBING, "<")):

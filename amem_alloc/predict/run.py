@@ -29,10 +29,14 @@ NOTE = ("PREDICTION without a GPU: the code ran on fake CUDA tensors (no compute
         "each allocator policy does with the allocations CUDA would have received.")
 
 
+_POOL_OPS = {"begin": replay.POOL_BEGIN, "end": replay.POOL_END, "release": replay.POOL_RELEASE}
+
+
 @dataclass
 class RecordedRun:
     target: str                                   # what ran: "script train.py --lr 1", a function's name
-    ops: list[tuple]                              # (kind, key, size, stream): replay.ALLOC / FREE / RELEASE
+    ops: list[tuple]                              # (kind, key, size, stream): replay.ALLOC / FREE / RELEASE,
+                                                  # and CUDA graphs' pool scopes (POOL_BEGIN / END / RELEASE)
     infos: dict[int, Any]                         # key -> AllocInfo (engine/session.py)
     markers: list[tuple[int, str]]
     notes: list[dict] = field(default_factory=list)
@@ -69,6 +73,9 @@ class RunRecorder:
 
     def on_release(self) -> None:
         self.ops.append((replay.RELEASE, 0, 0, 0))
+
+    def on_pool(self, event: str, pool: int) -> None:
+        self.ops.append((_POOL_OPS[event], pool, 0, 0))
 
     def finish(self, target: str, notes: list[dict] | None = None, live_conf: str = "",
                autocast_keys: Any = (), seconds: float = 0.0) -> RecordedRun:

@@ -11,12 +11,14 @@
 Prediction (amem_alloc.predict) and amem compare produce programs too; everything after the
 program is this package's.
 """
-from .program import (ALLOC, CORE_KINDS, DEVICE_COUNTERS, FREE, MIN_BLOCK, OPS, PROLOGUE_END, RELEASE,
+from .program import (ALLOC, CORE_KINDS, DEVICE_COUNTERS, FREE, MIN_BLOCK, OPS, POOL_BEGIN, POOL_END, POOL_RELEASE,
+                      PROLOGUE_END, RELEASE,
                       RELEASE_ACTIONS, SEGMENT_ACTIONS, SMALL_REQUEST, SMALL_SEGMENT, TEMP_KEY, Native, Program, Run,
                       TraceProgram, final_segments, pack, program_from_events, replay_program, run, segment_layouts,
                       trace_program, trace_programs)
 
-__all__ = ["ALLOC", "CORE_KINDS", "DEVICE_COUNTERS", "FREE", "MIN_BLOCK", "OPS", "PROLOGUE_END", "RELEASE",
+__all__ = ["ALLOC", "CORE_KINDS", "DEVICE_COUNTERS", "FREE", "MIN_BLOCK", "OPS", "POOL_BEGIN", "POOL_END",
+           "POOL_RELEASE", "PROLOGUE_END", "RELEASE",
            "RELEASE_ACTIONS", "SEGMENT_ACTIONS", "SMALL_REQUEST", "SMALL_SEGMENT", "TEMP_KEY", "Native", "Program",
            "Run", "TraceProgram", "final_segments", "pack", "program_from_events", "replay_program", "run",
            "segment_layouts", "trace_program", "trace_programs"]

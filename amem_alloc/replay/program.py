@@ -3,7 +3,9 @@
 Design note
 -----------
 A *program* is what an allocator was asked, in order, and nothing it decided: alloc(key, size,
-stream), free(key), and release (its cache was emptied here). Keys are the trace's addresses (or
+stream), free(key), release (its cache was emptied here), and a CUDA graph capture's private pool
+opened, closed and released (pool_begin/pool_end/pool_release with the pool's number as key: every
+request in between is served from that pool, as torch's capture does). Keys are the trace's addresses (or
 a workload's tensor ids); the core maps them to its own addresses, so any policy replays any
 program. Programs are packed 32-byte records (csrc/core/replay.h); the C++ loop runs them at
 millions of ops/s.
@@ -50,7 +52,8 @@ from ..introspection import parse_fragmentation, parse_stats
 
 OPS = np.dtype([("key", "<u8"), ("size", "<u8"), ("stream", "<u8"), ("kind", "<u8")])
 ALLOC, FREE, RELEASE, PROLOGUE_END = 0, 1, 2, 3   # csrc/core/replay.h ReplayKind
-CORE_KINDS = (ALLOC, FREE, RELEASE)                # what a Program holds
+POOL_BEGIN, POOL_END, POOL_RELEASE = 4, 5, 6       # a CUDA graph capture's private pool (Note [captured pools])
+CORE_KINDS = (ALLOC, FREE, RELEASE, POOL_BEGIN, POOL_END, POOL_RELEASE)   # what a Program holds
 MiB = 1 << 20
 # The core's size classes (csrc/core/size_policy.h), taken from it, never restated here:
 SMALL_SEGMENT = _C.segment_size(1)                      # a small-pool segment (2 MiB)
@@ -464,7 +467,7 @@ def _core(conf: str, limit_bytes: int) -> Any:
 def replay_program(program_bytes: bytes, conf: str = "", max_samples: int = 1000, limit_bytes: int = 0) -> dict:
     """The C++ loop on a fresh sim allocator: the core's result dict plus `seconds`, `ops_per_second`
     and the allocator's stats. For benchmark drivers: program_bytes are packed OPS records
-    (kinds 0 alloc, 1 free, 2 empty_cache, 3 end of prologue)."""
+    (kinds 0 alloc, 1 free, 2 empty_cache, 3 end of prologue, 4-6 a captured pool's begin, end, release)."""
     core = _core(conf, limit_bytes)
     started = time.perf_counter()
     result = core.replay(program_bytes, max_samples)

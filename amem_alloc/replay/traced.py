@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .._C import CoreAllocator
-from .program import ALLOC, FREE
+from .program import ALLOC, FREE, POOL_BEGIN, POOL_END, RELEASE
 
 Describe = Callable[[int], tuple[list[dict], str]]
 _RING_SLACK = 4096   # trace ring entries beyond 4 per op (alloc/free and the segment events they cause)
@@ -27,6 +27,16 @@ class _SimAllocator:
     @property
     def settings(self) -> str:
         return self._core.settings
+
+
+def _pool_op(core: Any, kind: int, pool: int) -> None:
+    """A CUDA graph capture's pool scope (Note [captured pools]): every stream goes to the pool."""
+    if kind == POOL_BEGIN:
+        core.begin_allocate_to_pool((0, pool), [])
+    elif kind == POOL_END:
+        core.end_allocate_to_pool((0, pool))
+    else:
+        core.release_pool((0, pool))
 
 
 def traced_snapshot(ops: list[tuple], describe: Describe, conf: str = "", start: int = 0) -> dict:
@@ -50,8 +60,10 @@ def traced_snapshot(ops: list[tuple], describe: Describe, conf: str = "", start:
         elif kind == FREE:
             if key in live:
                 core.free(live.pop(key))
-        else:
+        elif kind == RELEASE:
             core.empty_cache()
+        else:
+            _pool_op(core, kind, key)
     if start >= len(ops):
         core.start_trace(_RING_SLACK)
     snap = build_snapshot(alloc)

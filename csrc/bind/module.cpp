@@ -102,10 +102,11 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples, boo
   return out;
 }
 
-// Tests and tools: a private-pool scope for requests on the given streams.
+// Tests and tools: a private-pool scope for requests on the given streams (none given: every
+// stream, as a capture that every stream of the program joins).
 void begin_pool(CachingAllocator& a, amem::PoolId id, std::vector<amem::StreamId> streams) {
   a.begin_allocate_to_pool(id, [streams = std::move(streams)](amem::StreamId s) {
-    return std::find(streams.begin(), streams.end(), s) != streams.end();
+    return streams.empty() || std::find(streams.begin(), streams.end(), s) != streams.end();
   });
 }
 

@@ -47,6 +47,14 @@ struct Replayer {
     allocator.empty_cache();
   }
 
+  // Note [captured pools] (replay.h): while a capture is open every request goes to its pool.
+  static PoolId captured_pool(const ReplayOp& op) { return {0, op.key}; }
+  void begin_pool(const ReplayOp& op) {
+    allocator.begin_allocate_to_pool(captured_pool(op), [](StreamId) { return true; });
+  }
+  void end_pool(const ReplayOp& op) { allocator.end_allocate_to_pool(captured_pool(op)); }
+  void release_pool(const ReplayOp& op) { allocator.release_pool(captured_pool(op)); }
+
   // The state the trace started in is rebuilt: measure from here.
   void end_prologue(uint64_t index) {
     allocator.reset_peak_stats();
@@ -85,10 +93,10 @@ struct Replayer {
 
 void check_kinds(const ReplayOp* ops, size_t count) {
   for (size_t i = 0; i < count; ++i)
-    if (ops[i].kind > kReplayPrologueEnd)
+    if (ops[i].kind > kReplayReleasePool)
       throw std::invalid_argument("amem: replay op " + std::to_string(i) + " has unknown kind " +
                                   std::to_string(ops[i].kind) +
-                                  " (0 alloc, 1 free, 2 empty_cache, 3 end of prologue)");
+                                  " (0 alloc, 1 free, 2 empty_cache, 3 end of prologue, 4-6 captured pools)");
 }
 
 ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples,
@@ -105,6 +113,9 @@ ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t cou
       case kReplayAlloc: r.alloc(ops[i]); break;
       case kReplayFree: r.free(ops[i]); break;
       case kReplayEmptyCache: r.release(); break;
+      case kReplayBeginPool: r.begin_pool(ops[i]); break;
+      case kReplayEndPool: r.end_pool(ops[i]); break;
+      case kReplayReleasePool: r.release_pool(ops[i]); break;
       default: r.end_prologue(i); break;
     }
     r.sample(i, i + 1 == count);

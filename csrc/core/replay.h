@@ -7,7 +7,8 @@
 // allocator returned), free the block known as `key`, empty the cache (a trace
 // shows the native allocator releasing its cache there), or mark the end of the
 // prologue (the ops before it rebuild the state a trace started in; peaks and
-// the timeline count from here). The loop maps keys to
+// the timeline count from here), or open, close or release a private pool
+// (CUDA graph capture, Note [captured pools]). The loop maps keys to
 // the addresses *this* allocator returns, so any policy can replay any trace.
 // It runs in C++ because traces have millions of events; Python only parses
 // the trace and reads the result. With record_segments it also returns the
@@ -35,7 +36,19 @@ struct ReplayOp {
   uint64_t kind = 0;    // ReplayKind (64-bit: the record is 32 bytes, no padding)
 };
 
-enum ReplayKind : uint64_t { kReplayAlloc = 0, kReplayFree = 1, kReplayEmptyCache = 2, kReplayPrologueEnd = 3 };
+enum ReplayKind : uint64_t {
+  kReplayAlloc = 0,
+  kReplayFree = 1,
+  kReplayEmptyCache = 2,
+  kReplayPrologueEnd = 3,
+  // Note [captured pools]: a CUDA graph capture into private pool `key`: every request between
+  // begin and end is served from that pool (torch: beginAllocateToPool with the capture's
+  // stream filter; every stream a captured program uses joins its capture), and a release
+  // says the pool's graphs are gone (torch: releasePool).
+  kReplayBeginPool = 4,
+  kReplayEndPool = 5,
+  kReplayReleasePool = 6,
+};
 static_assert(sizeof(ReplayOp) == 32, "ReplayOp is a packed 32-byte record shared with Python");
 
 struct ReplaySample {

@@ -49,9 +49,11 @@ def _count(option: str, value: str) -> int:
 
 
 def parse_ranks(text: str | None, world_size: int) -> tuple[int, ...] | None:
-    """--rank R | R,S | all -> the ranks (None: all)."""
-    if text is None or text == "all":
+    """--rank R | R,S | all -> the ranks (None: none named, symmetry.py chooses; all: every one)."""
+    if text is None:
         return None
+    if text == "all":
+        return tuple(range(world_size))
     out = []
     for part in text.split(","):
         if not part.strip().isdigit() or int(part) >= world_size:
@@ -77,15 +79,17 @@ def is_torchrun(target: list[str]) -> bool:
 
 
 def parse_torchrun(target: list[str], rank: str | None = None) -> tuple[Launch, list[str]]:
-    """torchrun's command line -> (Launch, [script, args...]). ValueError (one line) on what
-    prediction cannot take (a module with -m, an elastic shape)."""
+    """torchrun's command line -> (Launch, [script, args...] or ["-m", module, args...]).
+    ValueError (one line) on what prediction cannot take (an elastic shape)."""
     args = target[1:] if target[0].rsplit("/", 1)[-1] in TORCHRUNS else target[3:]
     shape: dict[str, str] = {}
-    i = 0
+    i, module = 0, False
     while i < len(args) and args[i].startswith("-"):
         name, _, inline = args[i].partition("=")
-        if name in ("-m", "--module"):
-            raise ValueError("torchrun -m module: give the script's path (torchrun ... train.py args)")
+        if name in ("-m", "--module"):   # the script is a module's name (python -m)
+            module = True
+            i += 1
+            continue
         if name in _NO_VALUE:
             i += 1
             continue
@@ -93,8 +97,8 @@ def parse_torchrun(target: list[str], rank: str | None = None) -> tuple[Launch, 
         i += 1 if inline else 2
         if name in _SHAPE:
             shape[_SHAPE[name]] = value
-    script = args[i:]
-    if not script:
+    script = (["-m"] if module else []) + args[i:]
+    if not args[i:]:
         raise ValueError("torchrun: no script given (torchrun --nproc-per-node N train.py args...)")
     nproc = _count("--nproc-per-node", shape.get("nproc_per_node", "1"))
     nodes = _count("--nnodes", shape.get("nnodes", "1"))

@@ -127,6 +127,14 @@ class FakeCudaSession:
         for lst in self.listeners:
             lst.on_marker(name)
 
+    def pool_event(self, event: str, pool: int) -> None:
+        """A CUDA graph capture's private pool opened ("begin"), closed ("end") or released
+        ("release"): the listeners hear of it (shims/graphs.py; the run gets a pool op)."""
+        for lst in self.listeners:
+            on_pool = getattr(lst, "on_pool", None)
+            if on_pool is not None:
+                on_pool(event, pool)
+
     def release(self) -> None:
         """torch.cuda.empty_cache(): the listeners hear of it (the run gets a release op there)."""
         for lst in self.listeners:

@@ -36,7 +36,6 @@ from ...patching import PatchSet, declare
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
 from .device_mode import DeviceMode
-from .devices import unspoofed
 from .values import is_fake
 
 AMP_AVAILABLE = declare("torch.cuda.amp.common", "amp_definitely_not_available",
@@ -54,8 +53,9 @@ RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills stor
 DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
 RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
                        "backward's hooks and recomputation run with the device mode pushed again")
-UNPACK_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
-                       "unpack hooks see tensors as their pack hooks did (checkpoint's device check)")
+SAVED_TENSOR_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
+                             "pack hooks see the devices the program sees, as unpack hooks do (checkpoint's "
+                             "device check, its recomputation)")
 GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
                           "torch's C++ grouping files fake tensors under the device they claim (cuda), not meta: "
                           "foreach and fused paths (clip_grad_norm_(foreach=True), optimizers) take CUDA's branch")
@@ -209,25 +209,27 @@ def _backward(session: Any, patches: PatchSet) -> None:
         with DeviceMode(session.storages, session):
             return orig_run(*args, **kwargs)
     patches.apply(RUN_BACKWARD, torch.autograd, "_engine_run_backward", run_backward)
-    _unpack_hooks(patches)
+    _saved_tensor_hooks(session, patches)
 
 
-def _unpack_hooks(patches: PatchSet) -> None:
-    """Saved-tensor pack hooks run inside the op that saves (the mode popped: fake tensors show
-    their real device, meta); their unpack hooks run in backward, where devices answer CUDA.
-    Each unpack hook runs `unspoofed`, so it sees the tensors as its pack hook did: checkpoint
-    compares the recomputed tensors' devices with the ones its pack hook recorded
-    (torch/utils/checkpoint.py, `_default_meta_extractor`)."""
+def _saved_tensor_hooks(session: Any, patches: PatchSet) -> None:
+    """Saved-tensor pack hooks run inside the op that saves, while the mode handles that op (popped:
+    fake tensors would show their real device, meta); their unpack hooks run in backward, where
+    devices answer CUDA. Each pack hook runs with the mode pushed again, so pack and unpack see the
+    devices the program's code sees: checkpoint compares the devices its pack hook recorded with
+    the recomputed tensors' (torch/utils/checkpoint.py `_default_meta_extractor`), and recomputes
+    the forward inside its unpack hook, where the program's code must see CUDA (FlexAttention
+    checks its inputs' device); an offloading hook's `.to(device)` gets the device it recorded."""
     import torch._C._autograd as autograd_c
     push = autograd_c._push_saved_tensors_default_hooks
 
     def push_hooks(pack_hook, unpack_hook):
-        @functools.wraps(unpack_hook)
-        def unpack(packed):
-            with unspoofed():
-                return unpack_hook(packed)
-        return push(pack_hook, unpack)
-    patches.apply(UNPACK_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
+        @functools.wraps(pack_hook)
+        def pack(tensor):
+            with DeviceMode(session.storages, session):
+                return pack_hook(tensor)
+        return push(pack, unpack_hook)
+    patches.apply(SAVED_TENSOR_HOOKS, autograd_c, "_push_saved_tensors_default_hooks", push_hooks)
 
 
 # ============================================================================ foreach's grouping

@@ -25,6 +25,8 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
 * traces: _record_memory_history starts or stops a record window, _snapshot returns and
   _dump_snapshot writes the predicted trace (torch's snapshot format, user frames from the
   engine's AllocInfo) — replayed from the program so far on a fresh core with its ring on;
+* CUDA graphs: a capture's allocations go to its private pool, replays allocate nothing
+  (graphs.py); make_graphed_callables is not modelled;
 * manual_seed / manual_seed_all / seed / seed_all: no-ops (fake tensors hold no values);
   set_per_process_memory_fraction is checked as torch checks it, then only noted.
 
@@ -44,6 +46,7 @@ from ..engine import stream_uses
 from ..gpus import Gpu
 from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
                       current_device, current_stream, default_stream, set_current_device, set_stream)
+from .graphs import CapturePools, graph_class, graph_context
 from .live import LiveAllocator
 from ...replay.traced import describe_infos, traced_snapshot
 from ..run import NOTE, RunRecorder
@@ -80,6 +83,7 @@ class CudaShims:
         self.session, self.recording = session, recording   # the engine, and the run it records (run.py)
         self.on_dump = on_dump
         self.record_windows: list[list[int | None]] = []   # [start op, end op or None] (_record_memory_history)
+        self.pools = CapturePools(session)   # CUDA graphs' private pools (graphs.py)
         self.patches = PatchSet()
 
     # ---------------------------------------------------------------- device
@@ -229,7 +233,7 @@ class CudaShims:
             "_record_memory_history": self.record_memory_history,
             "_snapshot": self.snapshot,
             "_dump_snapshot": self.dump_snapshot,
-            "is_current_stream_capturing": lambda: False,
+            "is_current_stream_capturing": self.pools.is_capturing,
             "set_per_process_memory_fraction": self.set_per_process_memory_fraction,
             "manual_seed": noop(),
             "manual_seed_all": noop(),
@@ -240,10 +244,10 @@ class CudaShims:
             "get_rng_state_all": lambda: [get_rng_state(i) for i in range(self.device_count)],
             "set_rng_state": set_rng_state,
             "set_rng_state_all": lambda states: [set_rng_state(s) for s in states] and None,
-            "graph": _not_modelled_class("torch.cuda.graph (CUDA graph capture)"),
-            "CUDAGraph": _not_modelled_class("torch.cuda.CUDAGraph (CUDA graphs)"),
+            "graph": graph_context(self.pools),
+            "CUDAGraph": graph_class(self.pools),
             "make_graphed_callables": _not_modelled("torch.cuda.make_graphed_callables (CUDA graphs)"),
-            "graph_pool_handle": _not_modelled("torch.cuda.graph_pool_handle (CUDA graphs)"),
+            "graph_pool_handle": self.pools.handle,
         }
 
     def _accelerator_table(self) -> dict[str, Any]:
@@ -281,6 +285,7 @@ class CudaShims:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.pools.closed = True
         set_stream(None)
         set_current_device(0)
         self.patches.close()

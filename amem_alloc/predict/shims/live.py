@@ -40,6 +40,16 @@ class LiveAllocator:
         """torch.cuda.empty_cache(): the core empties its cache."""
         self.core.empty_cache()
 
+    def on_pool(self, event: str, pool: int) -> None:
+        """A CUDA graph capture's private pool (shims/graphs.py): every stream's requests go there."""
+        pool_id = (0, pool)
+        if event == "begin":
+            self.core.begin_allocate_to_pool(pool_id, [])
+        elif event == "end":
+            self.core.end_allocate_to_pool(pool_id)
+        else:
+            self.core.release_pool(pool_id)
+
     # ---------------------------------------------------------------- what scripts ask
     def stats(self) -> dict[str, int]:
         return parse_stats(self.core.stats_json())
