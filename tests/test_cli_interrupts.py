@@ -163,6 +163,33 @@ def test_ctrl_c_during_compare_is_one_line_and_status_130(tmp_path):
     assert not list((tmp_path / "c").glob("amem-compare-*")), "the work folder is removed"
 
 
+def test_a_ctrl_c_while_a_child_starts_still_ends_that_child(tmp_path, monkeypatch):
+    """The signal lands inside Popen, after the fork and before Popen returns: on a loaded machine the
+    child can be running (and the test above see it) well before amem holds its handle. That child is
+    still ended and waited for (processes.py holds SIGINT back while a child starts)."""
+    from amem_alloc.compare import processes
+
+    started = []
+    popen = processes.subprocess.Popen
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, before Popen has returned to amem
+        return started[-1]
+
+    monkeypatch.setattr(processes.subprocess, "Popen", popen_then_ctrl_c)
+    job = processes.Job("timeit", ["-n", "1", "-r", "1", "import time; time.sleep(600)"], dict(os.environ))
+    try:
+        with pytest.raises(KeyboardInterrupt), processes.Children(tmp_path) as children:
+            children.run([job], 1, lambda i, end: None)
+        assert started and started[0].returncode is not None, "the child was ended and waited for"
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_kill_ends_compare_and_its_children(tmp_path):
     """SIGTERM reaches amem compare alone (kill PID, a job scheduler): it ends its children itself."""
     script = tmp_path / "long.py"

@@ -14,7 +14,11 @@ SIGINT reaches the whole foreground group), `kill` (SIGTERM reaches amem compare
   line, while the comparison runs, so those `with` blocks unwind: children ended, the work folder
   removed;
 * `die_with_parent()`, called first thing in a child, asks Linux to kill the child when its parent
-  dies (prctl PR_SET_PDEATHSIG), which covers `kill -9`.
+  dies (prctl PR_SET_PDEATHSIG), which covers `kill -9`;
+* a child is started with SIGINT and SIGTERM held back (`_signals_deferred`) until it is on the
+  list that `with` block ends: a signal that landed inside Popen, after the fork (on a loaded
+  machine the child can be running for a while before Popen returns), used to leave a child nobody
+  knew about, still running after amem compare had said "interrupted".
 
 Polling is how the parent both waits and shows progress (a child writes its step count to a file,
 runner.py reads it); POLL_S is the interval, not a deadline.
@@ -126,10 +130,32 @@ class Children:
                 time.sleep(POLL_S)
 
     def _start(self, job: Job) -> _Running:
-        child = _Running(job, self.folder, self.started)
-        self.started += 1
-        self.running.append(child)
+        with _signals_deferred():  # a Ctrl-C in Popen would lose the child it has just started
+            child = _Running(job, self.folder, self.started)
+            self.started += 1
+            self.running.append(child)
         return child
+
+
+@contextlib.contextmanager
+def _signals_deferred(signums: tuple = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM are noted instead of handled; after it, the handlers
+    that were in place get them (KeyboardInterrupt, sigterm_ends_the_run's line). A child's own
+    handlers are unchanged: exec resets a caught signal to its default. Off the main thread (no
+    handler can be set there) the block just runs."""
+    noted: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in signums}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(noted):
+            signal.raise_signal(s)
 
 
 def child_env(env: dict) -> dict:
