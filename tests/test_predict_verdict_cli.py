@@ -172,3 +172,20 @@ def test_the_cheapest_what_if_is_the_next_step_with_its_cost_in_text_and_page():
     shown = esc(cost)
     assert "<th>cost at run time</th>" in panel and f'<td class="cost">{shown}</td>' in panel
     assert f"<li>torch: checkpoint=blocks ({shown})</li>" in panel
+
+
+def test_a_run_far_over_the_card_keeps_its_bar_on_one_line():
+    """The text bar is 50 characters for the usable memory or for the largest peak, whichever is more
+    (a run 100x over the card drew a 5,000-character bar), with '|' where usable memory ends."""
+    from amem_alloc.report.verdict import text_lines
+
+    def row(policy, parameters):
+        return {"policy": policy, "parts": {"parameters": parameters, "cached but free": 0}, "says": "x"}
+
+    v = {"card": "a card", "usable_bytes": MiB, "policies": [row("torch", 100 * MiB), row("amem", 50 * MiB)]}
+    torch_line, amem_line = text_lines(v)[-2:]
+    torch_bar, amem_bar = (ln[ln.index("[") + 1:ln.index("]")] for ln in (torch_line, amem_line))
+    assert torch_bar == "|" + "P" * 50 and amem_bar == "|" + "P" * 25     # one scale: usable rounds to 0 of 50
+    v["policies"] = [row("torch", MiB // 2)]
+    (bar,) = (ln[ln.index("[") + 1:ln.index("]")] for ln in text_lines(v)[-1:])
+    assert bar == "P" * 25 + " " * 25 + "|"                                  # fits: usable is the full width

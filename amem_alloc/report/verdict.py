@@ -85,12 +85,14 @@ def _what_if_table(what_if: dict) -> str:
 
 
 # ============================================================================ text
-def _bar(split: dict[str, int], usable: int, width: int = 50) -> str:
-    scale = width / max(usable, 1)
-    cells = ""
-    for label, _, _, letter in GROUPS:
-        cells += letter * round(split.get(label, 0) * scale)
-    return cells[:width] + "|" + cells[width:] if len(cells) > width else cells.ljust(width) + "|"
+def _bar(split: dict[str, int], usable: int, top: int, width: int = 50) -> str:
+    """The text bar: `width` characters for `top` bytes (the usable memory, or the largest peak when
+    that is more, so a run far over the card stays one line), '|' where usable memory ends."""
+    scale = width / max(top, usable, 1)
+    cells = "".join(letter * round(split.get(label, 0) * scale) for label, _, _, letter in GROUPS)
+    mark = round(usable * scale)
+    cells = cells.ljust(mark)
+    return cells[:mark] + "|" + cells[mark:]
 
 
 def text_lines(v: dict) -> list[str]:
@@ -103,6 +105,7 @@ def text_lines(v: dict) -> list[str]:
         lines.append(f"  (borderline: {v['uncertainty']} (~{format_bytes(v['uncertainty_bytes'])}); --capacity-gb "
                      "with your card's free memory judges exactly)")
     width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
+    top = max([v["usable_bytes"]] + [sum(r["parts"].values()) for r in v["policies"]])  # one scale for every bar
     for r in v["policies"]:
-        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'])}] {r['says']}")
+        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'], top)}] {r['says']}")
     return lines
