@@ -28,7 +28,8 @@ STAND_IN = "stand-in"          # a value read answered with a stand-in; the run 
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
-KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED)
+COMPILED = "compiled"          # a torch.compile region predicted as compiled (what torch decided, replayed)
+KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED, COMPILED)
 
 
 def call_site(skip: int = 1) -> str:
