@@ -63,6 +63,17 @@ def mlp(x, w1, w2):
     return torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1)), w2).sum()
 
 
+class Region(torch.nn.Module):
+    """`fn` over the module's weights: torch.compile predicts compiled modules as compiled."""
+
+    def __init__(self, fn, *weights):
+        super().__init__()
+        self.fn, self.weights = fn, torch.nn.ParameterList(weights)
+
+    def forward(self, x, *rest):
+        return self.fn(x, *self.weights, *rest)
+
+
 def survivors(s, start: str, end: str) -> int:
     """Bytes allocated between two markers and still alive at the second (the cuBLAS workspace aside)."""
     marks = dict((name, i) for i, name in s.markers)
@@ -79,8 +90,10 @@ def survivors(s, start: str, end: str) -> int:
 def predicted(fn, compiled: bool, make_inputs, autocast: bool):
     s = FakeCudaSession(**H100)
     with s:
-        inputs = make_inputs()
-        run = torch.compile(fn) if compiled else fn
+        x, weights, rest = make_inputs()
+        module = Region(fn, *weights)
+        run = torch.compile(module) if compiled else module
+        inputs = (x, *rest)
         s.marker("forward")
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = run(*inputs)
@@ -92,15 +105,15 @@ def predicted(fn, compiled: bool, make_inputs, autocast: bool):
 
 def lm_inputs():
     x = torch.randn(TOKENS, HIDDEN, device="cuda", requires_grad=True)
-    w = torch.randn(VOCAB, HIDDEN, device="cuda", requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, device="cuda"))
     y = torch.randint(0, VOCAB, (TOKENS,), device="cuda")
-    return x, w, y
+    return x, [w], [y]
 
 
 def mlp_inputs():
     return (torch.randn(TOKENS // 8, HIDDEN // 8, device="cuda", requires_grad=True),
-            torch.randn(HIDDEN // 2, HIDDEN // 8, device="cuda", requires_grad=True),
-            torch.randn(HIDDEN // 8, HIDDEN // 2, device="cuda", requires_grad=True))
+            [torch.nn.Parameter(torch.randn(HIDDEN // 2, HIDDEN // 8, device="cuda")),
+             torch.nn.Parameter(torch.randn(HIDDEN // 8, HIDDEN // 2, device="cuda"))], [])
 
 
 def test_lm_head_and_cross_entropy_save_what_torchs_partitioner_saves():
@@ -109,6 +122,7 @@ def test_lm_head_and_cross_entropy_save_what_torchs_partitioner_saves():
     s, loss = predicted(lm_head_loss, True, lm_inputs, autocast=True)
     region, = s.compile_regions
     assert region["status"].startswith("predicted as compiled (inductor)"), region
+    assert region["region"] == "Region"
     assert region["saved_bytes"] == want
     assert survivors(s, "forward", "backward") == want + 4   # and the fp32 loss, a scalar
     # eager saves the fp32 log_softmax output and linear's bf16 inputs (autocast's casts of x and w)
@@ -126,14 +140,25 @@ def test_linear_gelu_linear_saves_what_eager_saves():
     assert survivors(eager, "forward", "backward") == want + 4
 
 
+def broken(x, w):
+    y = x * w
+    torch._dynamo.graph_break()
+    return (y * 3).sum()
+
+
 def test_a_graph_break_runs_eager_and_says_why():
-    def broken(x):
-        y = x * 2
-        torch._dynamo.graph_break()
-        return (y * 3).sum()
     s = FakeCudaSession(**H100)
     with s:
-        torch.compile(broken)(torch.randn(64, 64, device="cuda", requires_grad=True)).backward()
+        region = torch.compile(Region(broken, torch.nn.Parameter(torch.randn(64, 64, device="cuda"))))
+        region(torch.randn(64, 64, device="cuda")).backward()
     region, = s.compile_regions
     assert region["status"].startswith("runs as eager: dynamo made 2 graphs"), region
     assert any("runs as eager" in n.what for n in s.notes.items.values())
+
+
+def test_a_compiled_function_runs_eager_and_says_why():
+    s = FakeCudaSession(**H100)
+    with s:
+        torch.compile(mlp)(*mlp_inputs()[0:1], *mlp_inputs()[1]).backward()
+    assert not s.compile_regions
+    assert any("torch.compile of a function: runs as eager" in n.what for n in s.notes.items.values())

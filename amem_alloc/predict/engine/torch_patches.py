@@ -65,6 +65,8 @@ GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 _EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
+COMPILED_FUNCTION_NOTE = ("torch.compile of a function: runs as eager (only compiled modules are traced by "
+                          "torch here: a function reads its tensors, e.g. an optimizer's, through closures)")
 COMPILE_NOTE = ("torch.compile(backend={backend!r}): runs as eager (only inductor's compiled code is "
                 "predicted as compiled)")
 
@@ -142,10 +144,11 @@ def _host(patches: PatchSet) -> None:
 
 # ============================================================================ torch.compile
 def _compile(session: Any, patches: PatchSet) -> None:
-    """torch.compile: a region compiled by inductor (the default backend) is predicted as compiled
-    (compiled.py: torch's own dynamo, partition and inductor plan, on its fake CUDA tensors); the
-    eager backends (eager, aot_eager) run as eager, as they do; another backend runs as eager and
-    the output says so. An optimizer step inside a compiled function gets `capturable=True`, as
+    """torch.compile: a module compiled by inductor (the default backend) is predicted as compiled
+    (compiled.py: torch's own dynamo and partition, on its fake CUDA tensors); a compiled function
+    runs as eager, noted (its tensors and side effects, such as an optimizer's state, come through
+    closures the trace cannot swap for fakes); the eager backends (eager, aot_eager) run as eager,
+    as they do; another backend runs as eager and the output says so. An optimizer step inside a compiled function gets `capturable=True`, as
     dynamo sets it (torch/_dynamo/variables/optimizer.py `_set_capturable`; FakeCudaSession._opt_pre)."""
     def compile(model=None, **kwargs):
         if model is None:
@@ -154,11 +157,12 @@ def _compile(session: Any, patches: PatchSet) -> None:
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
         if backend != "inductor":
             return _eager_region(session, model, backend)
-        region = compiled_mod.CompiledRegion(session, model, model if isinstance(model, torch.nn.Module) else None,
-                                             _inductor_options(kwargs))
-        if isinstance(model, torch.nn.Module):
-            return compiled_mod.CompiledModule(model, region)
-        return functools.wraps(model)(_with_capturable(session, region)) if callable(model) else model
+        if not isinstance(model, torch.nn.Module):   # a function: its tensors and side effects (an
+            if callable(model):                      # optimizer's state) reach the trace through closures
+                notes_mod.record(notes_mod.NOT_MODELLED, COMPILED_FUNCTION_NOTE)
+            return _eager_region(session, model, "inductor")
+        region = compiled_mod.CompiledRegion(session, model, model, _inductor_options(kwargs))
+        return compiled_mod.CompiledModule(model, region)
 
     def module_compile(module, *args, **kwargs):
         module._compiled_call_impl = compile(module._call_impl, **kwargs)
@@ -168,24 +172,11 @@ def _compile(session: Any, patches: PatchSet) -> None:
 
 
 def _eager_region(session: Any, model, backend: str):
-    if backend not in _EAGER_BACKENDS:   # (the eager backends run as eager: nothing to note)
+    if backend not in _EAGER_BACKENDS + ("inductor",):   # (the eager backends run as eager: nothing to note)
         notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE.format(backend=backend))
     if isinstance(model, torch.nn.Module) or not callable(model):
         return model
-    return session.compiled(model, inductor=False)
-
-
-def _with_capturable(session: Any, region):
-    """The region run with the session knowing it is compiled (an optimizer step in it becomes capturable)."""
-    def run(*args, **kwargs):
-        session._compiled_depth += 1
-        session.inductor_depth += 1
-        try:
-            return region(*args, **kwargs)
-        finally:
-            session._compiled_depth -= 1
-            session.inductor_depth -= 1
-    return run
+    return session.compiled(model, inductor=backend == "inductor")
 
 
 def _inductor_options(kwargs: dict) -> dict | None:
