@@ -110,6 +110,19 @@ def print_script_error(err: BaseException) -> None:
     print("".join(shown.format()), end="", file=sys.stderr)
 
 
+def cuda_start_failed(err: BaseException) -> str | None:
+    """'train.py:2: Found no NVIDIA driver ...' when `err` is torch failing to start CUDA (raised by
+    torch.cuda's lazy initialisation: no driver, no device, a CPU-only build), else None."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames or frames[-1].name != "_lazy_init" or not frames[-1].filename.endswith(
+            os.path.join("torch", "cuda", "__init__.py")):
+        return None
+    mine = [f for f in frames if not f.filename.startswith((_AMEM, _RUNPY)) and os.sep + "torch" + os.sep not in f.filename]
+    where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return where + first.split(". ")[0]  # torch's first sentence: "Found no NVIDIA driver on your system"
+
+
 def exit_status(code) -> int:
     """What Python's exit status would be for SystemExit(code)."""
     if code is None:
@@ -121,25 +134,27 @@ def exit_status(code) -> int:
 
 
 def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
+        explain: Callable[[BaseException], str | None] | None = None,
         amems: Callable[[BaseException], BaseException | None] | None = None) -> int:
     """Runs the script or module as __main__; returns its exit status (its traceback printed).
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
     torch.OutOfMemoryError as the run's OOM); so does an exception for which `amems(err)` returns
-    an exception (amem's own failure, predict/failures.py), that one, raised from err. The caller's
-    sys.argv and sys.path are theirs again afterwards: an in-process prediction (amem_alloc.fit, a
-    rank) leaves no script folder behind.
+    an exception (amem's own failure, predict/failures.py), that one, raised from err. Where
+    `explain(err)` gives a line (amem run: the script's first CUDA call on a machine with no GPU),
+    that line is printed instead of the traceback. The caller's sys.argv and sys.path are theirs
+    again afterwards: an in-process prediction (amem_alloc.fit, a rank) leaves no script folder behind.
     """
     argv_before, path_before = sys.argv, list(sys.path)
     sys.argv = [target, *args]
     try:
-        return _run_as_main(target, module, reraise, amems)
+        return _run_as_main(target, module, reraise, explain, amems)
     finally:
         sys.argv = argv_before
         sys.path[:] = path_before
 
 
-def _run_as_main(target: str, module: bool, reraise: tuple,
+def _run_as_main(target: str, module: bool, reraise: tuple, explain,
                  amems: Callable[[BaseException], BaseException | None] | None) -> int:
     try:
         if module:
@@ -157,6 +172,10 @@ def _run_as_main(target: str, module: bool, reraise: tuple,
         amems_instead = amems(err) if amems is not None else None
         if amems_instead is not None:
             raise amems_instead from err
+        line = explain(err) if explain is not None else None
+        if line:
+            print(line, file=sys.stderr)
+            return 1
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0

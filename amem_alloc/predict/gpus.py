@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..near_names import did_you_mean
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -40,6 +42,14 @@ class Gpu:
     def usable(self) -> int:
         """What the caching allocator can reserve: total memory less the context."""
         return max(0, self.total_memory - self.context)
+
+    @property
+    def context_uncertainty(self) -> int:
+        """How far off `usable` may be: the whole context where it is an estimate, none where the
+        usable memory was given (--capacity-gb). The band is the estimate itself because nothing
+        narrower is known: lazy loading keeps a context small, while others' A100 figures with an
+        older stack were ~1.43 GB beyond reserved (1.66-1.95 GB with cuDNN) against 480 MiB here."""
+        return self.context if self.context_source.startswith("estimate") else 0
 
 
 def _nominal(gib: float) -> int:
@@ -76,7 +86,8 @@ ALIASES = {"H100": "H100-80GB", "H100-SXM": "H100-80GB", "A100": "A100-80GB", "4
 
 
 def _norm(text: str) -> str:
-    return text.strip().upper().replace("_", "-").replace(" ", "-")
+    """A card's name as compared: case, spaces, `-` and `_` do not matter (RTX4090 is RTX-4090)."""
+    return text.strip().upper().replace("_", "").replace(" ", "").replace("-", "")
 
 
 def get(name: str) -> Gpu:
@@ -86,7 +97,8 @@ def get(name: str) -> Gpu:
     for key, gpu in GPUS.items():
         if _norm(key) == wanted:
             return gpu
-    raise ValueError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)} (or give --capacity-gb N)")
+    near = did_you_mean(name, [*GPUS, *ALIASES])
+    raise ValueError(f"unknown GPU {name!r}{near}; choose one of {', '.join(GPUS)} (or give --capacity-gb N)")
 
 
 def custom(capacity_gb: float) -> Gpu:
