@@ -66,8 +66,12 @@ def test_call_site_skips_the_allocator_and_torch_for_the_users_frame_or_the_auto
 @needs_traces
 def test_small_trains_largest_allocations_name_the_autograd_node_not_the_allocator():
     top = data_of("small_train.pickle")["devices"][0]["top"]
-    for row in top[5:13]:  # rows 6-13 of the table
+    big = [r for r in top if r["block"] == 512 * MiB]   # the attention's 512 MiB blocks, forward then backward
+    assert [r["count"] for r in big[:4]] == [1, 1, 2, 1]      # rows 1-4: the user's own frames (forward)
+    for row in big[4:]:  # the 10 made in backward (rows 6-15 before repeats were folded), in 5 rows
         assert row["site"].endswith("(backward)") and "Backward0" in row["site"], row["site"]
+    assert sum(r["count"] for r in big[4:]) == 10 and len(big) == 9
+    assert next(r for r in big if r["site"] == "DivBackward0 (backward)")["count"] == 6   # one row, not six
     page = render_report(load_snapshot(trace("small_train.pickle")))
     assert '<code class="site">BmmBackward0 (backward)</code>' in page
 

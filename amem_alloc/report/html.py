@@ -53,6 +53,8 @@ def _time(t: Any, unit: str) -> str:
         return "—"
     if unit == "event":
         return f"event {int(t)}"
+    if unit == "call":   # a predicted run: amem predict's "after allocator call N"
+        return f"after allocator call {int(t):,}"
     return f"{t / 1e6:.3f} s" if t >= 1e6 else f"{t / 1e3:.1f} ms" if t >= 1e3 else f"{t:.0f} µs"
 
 
@@ -116,9 +118,14 @@ def _top_table(dev: dict) -> str:
             "<th>freed at</th><th>tag</th><th>call site (click for the stack, innermost first)</th></tr>")
     rows = []
     for i, r in enumerate(dev["top"], 1):
+        count = r.get("count", 1)
         start = "before the trace" if r["live_at_start"] else _time(r["start"], unit)
         end = "still live at the dump" if r["live_at_end"] else _time(r["end"], unit)
-        rows.append(f"<tr><td class=\"num\">{i}</td><td class=\"num\">{esc(format_bytes(r['block']))}</td>"
+        if count > 1:   # a folded row: the first one's allocation, the last one's free
+            start, end = f"{start} (the first)", f"{end} (the last)"
+        times, css = (f' <span class="times">×{count:,}</span>', ' class="folded"') if count > 1 else ("", "")
+        rows.append(f"<tr{css}><td class=\"num\">{i}</td>"
+                    f"<td class=\"num\">{esc(format_bytes(r['block']))}{times}</td>"
                     f"<td class=\"num\">{esc(format_bytes(r['size']))}</td><td class=\"num\">{esc(r['stream'])}</td>"
                     f"<td>{esc(start)}</td><td>{esc(end)}</td><td>{esc(r['tag'] or '—')}</td>"
                     f"{_stack_cell(r['frames'], r['site'])}</tr>")
@@ -234,7 +241,15 @@ def device_section(dev: dict) -> str:
         f'<div class="plot fragmentation" id="fragmentation-{d}"></div>',
         "<h3>Segment map at the peak</h3>", _segmap_caption(dev), LEGEND_SEGMAP,
         f'<div class="plot segmap" id="segmap-{d}"></div>',
-        f"<h3>The {len(dev['top'])} largest allocations</h3>", _top_table(dev), "</section>"])
+        f"<h3>{esc(_top_heading(dev['top']))}</h3>", _top_table(dev), "</section>"])
+
+
+def _top_heading(top: list) -> str:
+    blocks = sum(r.get("count", 1) for r in top)
+    if blocks == len(top):
+        return f"The {len(top)} largest allocations"
+    return (f"The largest allocations: {blocks:,} in {len(top)} rows (repeats folded: one size, stream, tag and "
+            "call site a row)")
 
 
 def key_value_section(title: str, css: str, mapping: Any) -> str:
