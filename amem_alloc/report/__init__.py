@@ -66,7 +66,7 @@ def render_report(snapshot: dict, provenance: dict | None = None, title: str | N
     """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
     tracer_json = provenance if provenance is not None and provenance.get("allocations") else None
     data = report_data(snapshot, top=top, provenance=tracer_json)
-    body = [_html.device_section(dev) for dev in data["devices"]]
+    body = [_html.summary_section(data["devices"])] + [_html.device_section(dev) for dev in data["devices"]]
     if data["empty"]:
         body.append('<section class="empty"><h2>Nothing recorded</h2><p>The snapshot has no segments and no '
                     "trace events: there is nothing to plot. Was recording on (amem_alloc.record()) before the "

@@ -15,6 +15,7 @@ from ..introspection import format_bytes
 
 HERE = Path(__file__).resolve().parent
 MAX_TEXT = 300  # characters of one provenance or settings value shown
+MAX_SUMMARY_OOMS = 5  # out-of-memory errors named one by one at the top of the page
 
 
 def _asset(name: str) -> str:
@@ -250,6 +251,30 @@ def _top_heading(top: list) -> str:
         return f"The {len(top)} largest allocations"
     return (f"The largest allocations: {blocks:,} in {len(top)} rows (repeats folded: one size, stream, tag and "
             "call site a row)")
+
+
+def summary_section(devices: list) -> str:
+    """What the trace page opens with: each out-of-memory error first (linked to its panel), then
+    per device its peaks (linked to its section), so the answer is on the first screen."""
+    if not devices:
+        return ""
+    ooms = []
+    for dev in devices:
+        for k, o in enumerate(dev["ooms"]):
+            where = f' <a href="#oom-{dev["device"]}-{k}">the forensics</a>' if k < len(dev["oom_panels"]) else ""
+            ooms.append(f'<li>Device {dev["device"]}: out of memory at {esc(_time(o["t"], dev["time_unit"]))}, '
+                        f'{esc(format_bytes(o["size"]))} requested with {esc(format_bytes(o["free"]))} free on the '
+                        f"device;{where}</li>")
+    more = f"<li>{len(ooms) - MAX_SUMMARY_OOMS} more, on the timelines</li>" if len(ooms) > MAX_SUMMARY_OOMS else ""
+    lead = f'<ul class="oom-first">{"".join(ooms[:MAX_SUMMARY_OOMS])}{more}</ul>' if ooms else ""
+    rows = "".join(
+        f'<tr><td><a href="#device-{d["device"]}">device {d["device"]}</a></td>'
+        f'<td class="num">{esc(format_bytes(d["peak"]["allocated"]))}</td>'
+        f'<td class="num">{esc(format_bytes(d["peak"]["peak_reserved"]))}</td><td class="num">{d["events"]:,}</td>'
+        f'<td class="num">{len(d["ooms"])}</td></tr>' for d in devices)
+    return (f'<section id="summary"><h2>Summary</h2>{lead}<table class="summary"><tr><th>device</th>'
+            f"<th>peak allocated</th><th>peak reserved</th><th>events</th><th>out-of-memory errors</th></tr>"
+            f"{rows}</table></section>")
 
 
 def key_value_section(title: str, css: str, mapping: Any) -> str:
