@@ -13,7 +13,7 @@ import amem_alloc
 from amem_alloc import policies
 
 from amem_alloc import Allocator, load_snapshot, render_report, write_report
-from amem_alloc.report.callsite import call_site
+from amem_alloc.snapshot.callsite import call_site
 from amem_alloc.report.data import report_data
 from amem_alloc.snapshot import parse_snapshot, save_snapshot
 

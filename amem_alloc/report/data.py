@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .breakdown import BlockLabels, by_call_site, by_category, held_at, stacked
-from .callsite import CallSites
+from ..snapshot.callsite import CallSites
 from .oom import oom_reports
 from ..timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
 from ..snapshot import device_extra, format_frames

@@ -100,7 +100,7 @@ def _segmap_caption(dev: dict) -> str:
 
 
 def _stack_cell(frames: list, site: str) -> str:
-    """The call site (callsite.py: the user's frame or the autograd node), with the whole stack
+    """The call site (snapshot/callsite.py: the user's frame or the autograd node), with the whole stack
     (C++ frames too) behind a click."""
     if not frames:
         return f"<td><code>{esc(site)}</code></td>"
