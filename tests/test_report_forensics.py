@@ -218,6 +218,13 @@ def test_the_shared_oom_trace_gets_a_panel_with_every_policy_replayed():
     assert len(rows) == len(policies.POLICIES) and all(r["fits"] is False for r in rows)  # 4.9 GiB asked, 224 MiB free: no setting helps
     page = render_report(load_snapshot(trace("expandable_oom.pickle")))
     assert "no policy avoids it: the memory was in use" in page
+    table = page[page.index('<table class="oom-replay">'):]
+    table = table[:table.index("</table>")]
+    shown = re.findall(r'<tr class="fails"><td><code>([^<]*)</code>', table)
+    # the policies that fail alike (as many requests refused) share a row: 16 rows of "fails too" read as 3
+    assert len(shown) == len({r["failed"] for r in rows}) < len(rows)
+    assert sorted(n for row in shown for n in row.split(", ")) == sorted(r["policy"] for r in rows)
+    assert re.search(r"all \d+ fail too \(1 request refused each\)", table)
 
 
 # ============================================================================ in a real browser

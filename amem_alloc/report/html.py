@@ -191,12 +191,38 @@ def _replay_table(replay: dict) -> str:
     body = "".join(
         f"<tr class=\"{'fits' if r.get('fits') else 'fails'}\"><td><code>{esc(r['policy'])}</code></td>"
         f"<td>{esc('fits' if r.get('fits') else 'out of memory' if r.get('fits') is False else 'not replayed')}</td>"
-        f"<td class=\"num\">{esc(format_bytes(r['peak_reserved']) if 'peak_reserved' in r else '—')}</td>"
+        f"<td class=\"num\">{esc(r.get('peak_text') or (format_bytes(r['peak_reserved']) if 'peak_reserved' in r else '—'))}</td>"
         f"<td class=\"num\">{esc(format_bytes(r['spare']) if r.get('fits') else '—')}</td><td>{esc(r['text'])}</td></tr>"
-        for r in rows)
+        for r in collapsed(rows))
     note = f"<p class=\"muted\">{esc(replay['note'])}</p>" if replay.get("note") else ""
     return (f"<p>{esc(lead)}</p><table class=\"oom-replay\"><tr><th>policy</th><th>result</th><th>peak reserved</th>"
             f"<th>spare</th><th></th></tr>{body}</table>{note}")
+
+
+def collapsed(rows: list) -> list:
+    """The replay's rows with the policies that fail alike (as many requests refused) in one row,
+    its peak reserved as their range, so sixteen "fails too" read as a line or two."""
+    out, alike = [], {}
+    for r in rows:
+        if r.get("fits") is not False:
+            out.append(r)
+        elif r.get("failed") in alike:
+            alike[r.get("failed")].append(r)
+        else:
+            alike[r.get("failed")] = [r]
+            out.append(r)
+    return [_one_row(alike[r.get("failed")]) if r.get("fits") is False else r for r in out]
+
+
+def _one_row(group: list) -> dict:
+    if len(group) == 1:
+        return group[0]
+    n, peaks = group[0].get("failed"), [r["peak_reserved"] for r in group if "peak_reserved" in r]
+    row = dict(group[0], policy=", ".join(r["policy"] for r in group),
+               text=f"all {len(group)} fail too ({n} request{'s' if n != 1 else ''} refused each)")
+    if peaks and min(peaks) != max(peaks):
+        row["peak_text"] = f"{format_bytes(min(peaks))} – {format_bytes(max(peaks))}"
+    return row
 
 
 def oom_panel(dev: dict, panel: dict) -> str:
