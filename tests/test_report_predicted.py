@@ -6,7 +6,9 @@
   so the page and the text name one peak ("after allocator call N");
 * the axis marks the phases (setup, train, eval, optimizer: predict/analysis/phases.py) and the end
   of each optimizer step;
-* the largest-allocations table folds repeats (an eval loop's equal batches are one row, "x N").
+* the largest-allocations table folds repeats (an eval loop's equal batches are one row, "x N");
+* an eval loop whose iterations allocate alike is one item "×N" in the phase list and one bar
+  labelled ×N in the plots' phase strip (the plots keep every call on their axis).
 
 The page in a real browser, and its screenshots, are tests/test_report_screens.py's.
 """
@@ -113,6 +115,36 @@ def test_repeated_rows_of_the_largest_allocations_fold(predicted, page):
     assert evals and max(r["count"] for r in evals) >= EVALS     # an eval loop's batches: one row
     folded = re.findall(r'<span class="times">×(\d+)</span>', page)
     assert folded and "(repeats folded" in page and "(the first)" in page
+
+
+def test_an_eval_loop_that_allocates_alike_is_shown_once(predicted, page):
+    program = predicted.to_dict()["program"]
+    evals = [s for s in program["phases"] if s[2] == "eval"]
+    assert program["repeats"] == [[a, b, EVALS, program["repeats"][0][3]] for a, b, _ in evals]
+    period = program["repeats"][0][3]
+    assert all(r[3] == period and (r[1] - r[0] + 1) // period >= EVALS - 1 for r in program["repeats"])
+    # the axis data: each eval span's bar carries its count and calls per iteration
+    bars = [p for p in _page_json(page)["devices"][0]["phases"] if p[2] == "eval"]
+    assert [p[4:] for p in bars] == [[EVALS, period]] * 2
+    assert all(len(p) == 4 for p in _page_json(page)["devices"][0]["phases"] if p[2] != "eval")
+    # the phase list: one item per phase, the eval loops folded, the steps where they end
+    listed = page[page.index('<details class="phase-list">'):]
+    listed = listed[:listed.index("</details>")]
+    assert listed.count("<li ") == len(program["phases"])
+    assert listed.count('class="phase-item folded"') == 2 and listed.count(f'<span class="times">×{EVALS}</span>') == 2
+    assert listed.count('class="step-end"') == len(program["steps"])
+    assert 'setAttribute("data-times"' in page and '" ×" + p[4]' in page    # the strip's bar says ×N
+
+
+def test_only_repeats_that_cover_the_span_fold():
+    A, F = replay.ALLOC, replay.FREE
+    loop = [(A, 0, 8, 0), (A, 0, 4, 0), (F, 0, 0, 0), (F, 0, 0, 0)]
+    assert phases.repeats(loop * 3, [[1, 12, "eval"]]) == [[1, 12, 3, 4]]
+    assert phases.repeats(loop * 3 + loop[:2], [[1, 14, "eval"]]) == [[1, 14, 4, 4]]   # a cut last one counts
+    assert phases.repeats(loop * 3, [[1, 12, "train"]]) == []                           # eval loops only
+    odd = loop * 2 + [(A, 0, 99, 0)] * 5                                                 # a different tail
+    assert phases.repeats(odd, [[1, len(odd), "eval"]]) == []
+    assert phases.repeats(loop, [[1, 4, "eval"]]) == []                                  # once is not a repeat
 
 
 def _data(predicted) -> dict:

@@ -19,6 +19,7 @@ MAX_SEGMENT_ROWS = 120  # up to this many segments, one row each; beyond, the sm
 DETAILED_ROWS = 48  # with more segments: the largest this many drawn block by block
 MAX_BLOCKS_DRAWN = 20000
 MAX_FOLDED = 100_000  # the largest allocations' table looks this far down the list for repeats of its rows
+STACK_FRAMES = 16  # frames per block's stack in the segment map's hover
 STATE_CODES = {"active_allocated": 0, "active_pending_free": 1}
 
 
@@ -44,12 +45,17 @@ def _block_label(lt: Lifetime, state: str, sites: CallSites) -> str:
     return f"{state}: {lt.block} B block ({lt.size} B requested), stream {lt.stream}{tag}{where}"
 
 
-def _segment_row(seg: dict, budget: list, sites: CallSites) -> dict:
+def _segment_row(seg: dict, budget: list, sites: CallSites, stacks: dict) -> dict:
+    """[offset, block, state, label, address, stack] a block; stack indexes the map's `stacks` (each
+    distinct stack once, innermost first, up to STACK_FRAMES frames; -1: none), shown on hover."""
     blocks = []
     for addr, lt, state in seg["blocks"]:
         if budget[0] <= 0:
             break
-        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites)])
+        frames = tuple(format_frames(lt.frames, STACK_FRAMES)) if lt.frames else ()
+        stack = stacks.setdefault(frames, len(stacks)) if frames else -1
+        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites),
+                       hex(addr), stack])
         budget[0] -= 1
     return {"address": hex(seg["address"]), "size": seg["size"], "stream": seg["stream"],
             "expandable": seg["expandable"], "blocks": blocks, "count": 1,
@@ -77,14 +83,14 @@ def _aggregate_rows(segments: list) -> list[dict]:
     return sorted(groups.values(), key=lambda g: (-g["largest"], g["stream"], g["expandable"]))
 
 
-def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
+def _segment_rows(segments: list, sites: CallSites, stacks: dict) -> tuple[list, dict]:
     """Every segment: one row each when there are few; else the largest one row each (blocks drawn)
     and the rest aggregated per stream and power-of-two size class (filled by state)."""
     ranked = sorted(segments, key=lambda s: (-s["size"], s["address"]))
     budget = [MAX_BLOCKS_DRAWN]
     if len(ranked) <= MAX_SEGMENT_ROWS:
-        return [_segment_row(seg, budget, sites) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
-    rows = [_segment_row(seg, budget, sites) for seg in ranked[:DETAILED_ROWS]]
+        return [_segment_row(seg, budget, sites, stacks) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
+    rows = [_segment_row(seg, budget, sites, stacks) for seg in ranked[:DETAILED_ROWS]]
     rest = ranked[DETAILED_ROWS:]
     rows += _aggregate_rows(rest)
     return rows, {"count": len(rows) - DETAILED_ROWS, "segments": len(rest), "bytes": sum(s["size"] for s in rest)}
@@ -92,9 +98,11 @@ def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
 
 def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int, sites: CallSites) -> dict[str, Any]:
     segments, unplaced = segments_at(snapshot, tl, point)
-    rows, aggregated = _segment_rows(segments, sites)
+    stacks: dict[tuple, int] = {}
+    rows, aggregated = _segment_rows(segments, sites, stacks)
     free_blocks = free_runs(segments)
     return {"point": point, "t": tl.times[point] if tl.times else 0, "rows": rows, "aggregated": aggregated,
+            "stacks": [list(f) for f in stacks],
             "unplaced": unplaced, "segments": len(segments), "reserved": sum(s["size"] for s in segments),
             "allocated": sum(lt.block for s in segments for _, lt, st in s["blocks"]),
             "largest_free": max(free_blocks, default=0), "free": sum(free_blocks)}

@@ -135,7 +135,10 @@ def _top_table(dev: dict) -> str:
 
 LEGEND_TIMELINE = ('<div class="legend"><i style="background:#2b6cb0"></i>allocated<i style="background:#c05621">'
                    '</i>reserved<i style="background:#2f855a"></i>peak allocated (dashed)'
-                   '<i style="background:#e53e3e"></i>out of memory</div>')
+                   '<i style="background:#e53e3e"></i>out of memory</div>'
+                   '<p class="muted zoom-hint">Drag across a plot, or turn the mouse wheel over it, to zoom the '
+                   "device's plots in time; double-click to zoom out. Hover a block of the segment map for its size, "
+                   "address and stack.</p>")
 LEGEND_SEGMAP = ('<div class="legend"><i style="background:#2b6cb0"></i>active_allocated<i style="background:#dd6b20">'
                  '</i>active_pending_free<i style="background:#e2e8f0"></i>inactive (free)</div>')
 

@@ -66,7 +66,32 @@ def phases_legend(program: dict) -> str:
         return ""
     said = f"; dashed grey lines: the end of each of the {steps} optimizer steps" if steps else ""
     return (f'<div class="legend phases-legend">Phases on the time axis (the strip under each plot){":" if keys else ""}'
-            f"{keys}{report_html.esc(said)}</div>")
+            f"{keys}{report_html.esc(said)}</div>{phase_list(program)}")
+
+
+def phase_list(program: dict) -> str:
+    """The run's phases in order, one item each, the optimizer steps among them; an eval loop whose
+    batches allocate alike is one item, "×N" (predict/analysis/phases.py's repeats). The plots keep
+    every call on their axis: the loop's strip is one bar labelled ×N."""
+    spans, marks = program.get("phases") or [], list(program.get("steps") or [])
+    if len(spans) < 2 and not marks:
+        return ""
+    reps = {(r[0], r[1]): r[2:] for r in program.get("repeats") or []}
+    items = []
+    for a, b, p in spans:
+        rep = reps.get((a, b))
+        times = (f' <span class="times">×{rep[0]:,}</span> <span class="muted">({rep[1]:,} calls each, '
+                 "allocating alike: shown once)</span>") if rep else ""
+        items.append(f'<li class="phase-item{" folded" if rep else ""}" data-phase="{report_html.esc(p)}">'
+                     f"<i style=\"background:{PHASE_COLOURS.get(p, '#a0aec0')}\"></i>{report_html.esc(p)}{times} "
+                     f'<span class="muted">calls {a:,}–{b:,}</span>'
+                     f"{_steps_in(marks, a, b)}</li>")
+    return f'<details class="phase-list"><summary>The run, phase by phase ({len(items)})</summary><ol>{"".join(items)}</ol></details>'
+
+
+def _steps_in(marks: list, a: int, b: int) -> str:
+    ended = [m for m in marks if a <= m <= b]
+    return "".join(f' <span class="step-end">(optimizer step ends after call {m:,})</span>' for m in ended)
 
 
 def _ranks_section(ranks: list[tuple[int, dict]]) -> str:
@@ -136,7 +161,9 @@ def label_calls(data: dict, program: dict) -> dict:
             continue
         _shift(dev, dev["start_time_us"])
         dev["time_unit"] = "call"
-        dev["phases"] = [[a, b, p, PHASE_COLOURS.get(p, "#a0aec0")] for a, b, p in program.get("phases") or []]
+        reps = {(r[0], r[1]): r[2:] for r in program.get("repeats") or []}
+        dev["phases"] = [[a, b, p, PHASE_COLOURS.get(p, "#a0aec0"), *reps.get((a, b), [])]
+                         for a, b, p in program.get("phases") or []]
         dev["steps"] = list(program.get("steps") or [])
     return data
 

@@ -95,6 +95,7 @@ class Prediction:
     def to_dict(self) -> dict:
         g = self.gpu
         allocs = self.run.allocations
+        spans = phases.spans(self.ops, self.infos)
         return {
             "predicted": True, "note": NOTE, "target": self.target,
             "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
@@ -112,7 +113,8 @@ class Prediction:
             "at_markers": self.over_run.at_markers if self.over_run else [],
             "program": {"ops": len(self.ops), "allocations": allocs,
                         "markers": [[i, name] for i, name in self.markers],
-                        "phases": phases.spans(self.ops, self.infos), "steps": phases.steps(self.markers)},
+                        "phases": spans, "repeats": phases.repeats(self.ops, spans),
+                        "steps": phases.steps(self.markers)},
             "seconds": self.seconds,
             "notes": self.notes,
             "stopped_after": self.stopped_after,
