@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .breakdown import BlockLabels, by_call_site, by_category, held_at, stacked
-from .callsite import CallSites
+from ..snapshot.callsite import CallSites
 from .oom import oom_reports
 from ..timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
 from ..snapshot import device_extra, format_frames
@@ -18,6 +18,8 @@ MAX_POINTS = 4000  # per plotted series; peaks and troughs are kept
 MAX_SEGMENT_ROWS = 120  # up to this many segments, one row each; beyond, the smaller ones are aggregated
 DETAILED_ROWS = 48  # with more segments: the largest this many drawn block by block
 MAX_BLOCKS_DRAWN = 20000
+MAX_FOLDED = 100_000  # the largest allocations' table looks this far down the list for repeats of its rows
+STACK_FRAMES = 16  # frames per block's stack in the segment map's hover
 STATE_CODES = {"active_allocated": 0, "active_pending_free": 1}
 
 
@@ -43,12 +45,17 @@ def _block_label(lt: Lifetime, state: str, sites: CallSites) -> str:
     return f"{state}: {lt.block} B block ({lt.size} B requested), stream {lt.stream}{tag}{where}"
 
 
-def _segment_row(seg: dict, budget: list, sites: CallSites) -> dict:
+def _segment_row(seg: dict, budget: list, sites: CallSites, stacks: dict) -> dict:
+    """[offset, block, state, label, address, stack] a block; stack indexes the map's `stacks` (each
+    distinct stack once, innermost first, up to STACK_FRAMES frames; -1: none), shown on hover."""
     blocks = []
     for addr, lt, state in seg["blocks"]:
         if budget[0] <= 0:
             break
-        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites)])
+        frames = tuple(format_frames(lt.frames, STACK_FRAMES)) if lt.frames else ()
+        stack = stacks.setdefault(frames, len(stacks)) if frames else -1
+        blocks.append([addr - seg["address"], lt.block, STATE_CODES.get(state, 0), _block_label(lt, state, sites),
+                       hex(addr), stack])
         budget[0] -= 1
     return {"address": hex(seg["address"]), "size": seg["size"], "stream": seg["stream"],
             "expandable": seg["expandable"], "blocks": blocks, "count": 1,
@@ -76,14 +83,14 @@ def _aggregate_rows(segments: list) -> list[dict]:
     return sorted(groups.values(), key=lambda g: (-g["largest"], g["stream"], g["expandable"]))
 
 
-def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
+def _segment_rows(segments: list, sites: CallSites, stacks: dict) -> tuple[list, dict]:
     """Every segment: one row each when there are few; else the largest one row each (blocks drawn)
     and the rest aggregated per stream and power-of-two size class (filled by state)."""
     ranked = sorted(segments, key=lambda s: (-s["size"], s["address"]))
     budget = [MAX_BLOCKS_DRAWN]
     if len(ranked) <= MAX_SEGMENT_ROWS:
-        return [_segment_row(seg, budget, sites) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
-    rows = [_segment_row(seg, budget, sites) for seg in ranked[:DETAILED_ROWS]]
+        return [_segment_row(seg, budget, sites, stacks) for seg in ranked], {"count": 0, "segments": 0, "bytes": 0}
+    rows = [_segment_row(seg, budget, sites, stacks) for seg in ranked[:DETAILED_ROWS]]
     rest = ranked[DETAILED_ROWS:]
     rows += _aggregate_rows(rest)
     return rows, {"count": len(rows) - DETAILED_ROWS, "segments": len(rest), "bytes": sum(s["size"] for s in rest)}
@@ -91,23 +98,38 @@ def _segment_rows(segments: list, sites: CallSites) -> tuple[list, dict]:
 
 def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int, sites: CallSites) -> dict[str, Any]:
     segments, unplaced = segments_at(snapshot, tl, point)
-    rows, aggregated = _segment_rows(segments, sites)
+    stacks: dict[tuple, int] = {}
+    rows, aggregated = _segment_rows(segments, sites, stacks)
     free_blocks = free_runs(segments)
     return {"point": point, "t": tl.times[point] if tl.times else 0, "rows": rows, "aggregated": aggregated,
+            "stacks": [list(f) for f in stacks],
             "unplaced": unplaced, "segments": len(segments), "reserved": sum(s["size"] for s in segments),
             "allocated": sum(lt.block for s in segments for _, lt, st in s["blocks"]),
             "largest_free": max(free_blocks, default=0), "free": sum(free_blocks)}
 
 
 def _top_rows(tl: DeviceTimeline, n: int, sites: CallSites) -> list[dict[str, Any]]:
-    rows = []
-    for lt in top_lifetimes(tl, n):
+    """The n largest allocations, repeats folded: blocks of one size, request, stream, tag and call
+    site are one row (`count` of them, from the first one's allocation to the last one's free), so
+    an eval loop's 400 equal batches take one row, not the whole table."""
+    rows, by_key = [], {}
+    for lt in top_lifetimes(tl, MAX_FOLDED):
+        if len(rows) == n and lt.block < rows[-1]["block"]:
+            break   # smaller than every row: no fold can take it
         start = tl.times[lt.start + 1] if lt.start >= 0 else None
         end = tl.times[lt.end + 1] if lt.end is not None else None
-        rows.append({"block": lt.block, "size": lt.size, "stream": lt.stream, "address": hex(lt.addr),
-                     "start": start, "end": end, "tag": lt.tag, "frames": format_frames(lt.frames, 40),
-                     "site": sites(lt.frames),
-                     "live_at_start": lt.live_at_start, "live_at_end": lt.end is None})
+        key = (lt.block, lt.size, lt.stream, lt.tag, sites(lt.frames))
+        if key in by_key:
+            row = by_key[key]
+            row["count"] += 1
+            row["end"], row["live_at_end"] = end, lt.end is None
+            continue
+        if len(rows) == n:
+            continue
+        by_key[key] = {"block": lt.block, "size": lt.size, "stream": lt.stream, "address": hex(lt.addr),
+                       "start": start, "end": end, "tag": lt.tag, "frames": format_frames(lt.frames, 40),
+                       "site": key[-1], "live_at_start": lt.live_at_start, "live_at_end": lt.end is None, "count": 1}
+        rows.append(by_key[key])
     return rows
 
 
@@ -136,10 +158,19 @@ def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: Bl
     return stacked(tl, keep, peak, by_category(prov), split_before=False)
 
 
+def _peak_point(tl: DeviceTimeline, peak_time: float | None) -> int:
+    """The allocated peak; with `peak_time` (in the trace's time_us) the last point at or before it
+    instead: a prediction's peak, so that its page and its text name one moment."""
+    if peak_time is None or tl.time_unit != "us":
+        return tl.peak_point
+    at = peak_time - tl.start_time_us
+    return max((k for k, t in enumerate(tl.times) if t <= at), default=0)
+
+
 def device_report(snapshot: dict, device: int, top: int, prov: BlockLabels | None = None,
-                  replay_ooms: bool = True) -> dict[str, Any]:
+                  replay_ooms: bool = True, peak_time: float | None = None) -> dict[str, Any]:
     tl = build_timeline(snapshot, device)
-    peak, keep, sites = tl.peak_point, _kept(tl), CallSites()
+    peak, keep, sites = _peak_point(tl, peak_time), _kept(tl), CallSites()
     return {"device": device, "events": len(tl.events), "time_unit": tl.time_unit,
             "start_time_us": tl.start_time_us, "series": _series(tl, keep),
             "held": held_at(tl, peak, sites, prov), "stacked": stacked(tl, keep, peak, by_call_site(sites)),
@@ -156,12 +187,12 @@ def device_report(snapshot: dict, device: int, top: int, prov: BlockLabels | Non
 
 
 def report_data(snapshot: dict, top: int = 20, provenance: dict | None = None,
-                replay_ooms: bool = True) -> dict[str, Any]:
+                replay_ooms: bool = True, peak_time: float | None = None) -> dict[str, Any]:
     """Everything the report shows, per device with data, as plain JSON-able values. A Tracer's
     JSON (provenance) adds category and module groups; replay_ooms=False skips replaying each
-    out-of-memory error under every policy."""
+    out-of-memory error under every policy; `peak_time` names the peak (see _peak_point)."""
     prov = BlockLabels(provenance) if provenance is not None else None
-    devices = [device_report(snapshot, d, top, prov, replay_ooms) for d in devices_with_data(snapshot)]
+    devices = [device_report(snapshot, d, top, prov, replay_ooms, peak_time) for d in devices_with_data(snapshot)]
     amem = snapshot.get("amem") or {}
     return {"devices": devices, "source": "amem_alloc" if amem else "torch",
             "generator": amem.get("generator", ""), "empty": not devices}

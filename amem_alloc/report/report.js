@@ -2,6 +2,9 @@
 // No network, no libraries. Text from the trace is only ever set with textContent.
 // Each drawn plot gets data-drawn="true" and data-paths / data-rects counts; <body> gets
 // data-plots-drawn with the total, so a headless browser can check what was drawn.
+// A device's time plots zoom together: drag across one, or turn the wheel over it; double-click
+// zooms out. Each then carries data-zoom="first last" (the x range shown). Hovering a block of the
+// segment map shows its size, address and stack in a tooltip (.block-tip).
 (function () {
   "use strict";
   var SVG = "http://www.w3.org/2000/svg";  // the SVG namespace name, not a download
@@ -35,6 +38,9 @@
     if (t >= 1e3) return (t / 1e3).toFixed(t >= 1e4 ? 0 : 1) + " ms";
     return t.toFixed(0) + " µs";
   }
+  function fmtX(x, x0, unit) {  // a predicted run's x is the allocator call itself, not time since x0
+    return unit === "call" ? "call " + Math.round(x) : fmtTime(x - x0, unit);
+  }
   function fmtPct(v) { return (v * 100).toFixed(v < 0.1 ? 1 : 0) + "%"; }
   function niceStep(span, count) {
     var raw = span / Math.max(1, count), mag = Math.pow(10, Math.floor(Math.log10(raw || 1)));
@@ -49,10 +55,11 @@
 
   // A step-line chart: xs, one or more series of ys; markers are vertical lines (OOMs, peak).
   function lineChart(host, xs, series, opt) {
+    zoomable(host, opt, function () { lineChartOnce(host, xs, series, opt); });
+  }
+  function lineChartOnce(host, xs, series, opt) {
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, role: "img" }, host);
-    var x0 = xs[0], x1 = xs[xs.length - 1];
-    if (!(x1 > x0)) { x1 = x0 + 1; }
-    x1 += (x1 - x0) * 0.03;  // room on the right, so a marker at the last point is not hidden by the lines
+    var x0 = opt.zoom.lo, x1 = opt.zoom.hi;
     var ymax = opt.ymax || 0;
     series.forEach(function (s) { s.ys.forEach(function (v) { if (v > ymax) ymax = v; }); });
     if (!(ymax > 0)) ymax = 1;
@@ -66,10 +73,12 @@
     }
     var xstep = niceStep(x1 - x0, 8);
     for (var x = Math.ceil(x0 / xstep) * xstep; x <= x1; x += xstep) {
-      text(axis, sx(x), H - 10, fmtTime(x - x0, opt.unit), "middle");
+      text(axis, sx(x), H - 10, fmtX(x, xs[0], opt.unit), "middle");
     }
     el("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, stroke: "#a0aec0" }, svg);
     el("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, stroke: "#a0aec0" }, svg);
+    var plot = clipped(svg);
+    drawPhases(plot, opt.phases || [], sx);  // under the lines
     var paths = 0;
     series.forEach(function (s) {
       var d = "M" + sx(xs[0]).toFixed(1) + " " + sy(s.ys[0]).toFixed(1);
@@ -78,14 +87,82 @@
       }
       if (xs.length === 1) d += "H" + sx(x1).toFixed(1);
       el("path", { d: d, fill: "none", stroke: s.color, "stroke-width": 1.6, "class": "plot-line",
-                   "data-series": s.name, "data-points": xs.length }, svg);
+                   "data-series": s.name, "data-points": xs.length }, plot);
       paths++;
     });
-    drawMarkers(svg, opt.markers || [], sx);
+    drawMarkers(plot, opt.markers || [], sx);
     addReadout(host, svg, xs, series, sx, opt);
+    addZoom(svg, opt.zoom);
     host.setAttribute("data-paths", paths);
-    host.setAttribute("data-drawn", "true");
-    drawn++;
+  }
+
+  // Zooming: a device's time plots share one range (zoomGroup); each plot is redrawn whole when it
+  // changes. The lines and markers are clipped to the plot area.
+  function zoomGroup(xs) {
+    var x0 = xs[0], x1 = xs[xs.length - 1];
+    if (!(x1 > x0)) { x1 = x0 + 1; }
+    x1 += (x1 - x0) * 0.03;  // room on the right, so a marker at the last point is not hidden by the lines
+    var g = { lo: x0, hi: x1, full: [x0, x1], plots: [] };
+    g.set = function (lo, hi) {
+      var span = g.full[1] - g.full[0], least = span / 1e6;
+      lo = Math.max(g.full[0], lo); hi = Math.min(g.full[1], hi);
+      if (!(hi - lo > least)) return;
+      g.lo = lo; g.hi = hi;
+      g.plots.forEach(function (redraw) { redraw(); });
+    };
+    return g;
+  }
+  function zoomable(host, opt, draw) {
+    var first = true;
+    function redraw() {
+      while (host.firstChild) host.removeChild(host.firstChild);
+      if (opt.legend) opt.legend.textContent = "";
+      draw();
+      host.setAttribute("data-zoom", opt.zoom.lo + " " + opt.zoom.hi);
+      host.setAttribute("data-zoomed", opt.zoom.lo > opt.zoom.full[0] || opt.zoom.hi < opt.zoom.full[1] ? "true" : "false");
+      if (first) { host.setAttribute("data-drawn", "true"); drawn++; first = false; }
+    }
+    opt.zoom.plots.push(redraw);
+    redraw();
+  }
+  function clipped(svg) {  // a nested <svg> clips to its own viewport, in the outer one's coordinates
+    var w = W - M.l - M.r;
+    return el("svg", { x: M.l, y: 0, width: w, height: H, viewBox: M.l + " 0 " + w + " " + H,
+                       overflow: "hidden", "class": "plot-area" }, svg);
+  }
+  function addZoom(svg, zoom) {
+    var toX = function (ev) {
+      var r = svg.getBoundingClientRect(), px = (ev.clientX - r.left) / r.width * W;
+      return zoom.lo + (px - M.l) / (W - M.l - M.r) * (zoom.hi - zoom.lo);
+    };
+    var toPx = function (x) { return M.l + (x - zoom.lo) / (zoom.hi - zoom.lo) * (W - M.l - M.r); };
+    svg.addEventListener("wheel", function (ev) {  // in over the cursor, out with the other direction
+      ev.preventDefault();
+      var at = toX(ev), f = ev.deltaY < 0 ? 0.6 : 1 / 0.6;
+      zoom.set(at - (at - zoom.lo) * f, at + (zoom.hi - at) * f);
+    });
+    var from = null, band = null;
+    svg.addEventListener("mousedown", function (ev) {
+      from = toX(ev);
+      band = el("rect", { x: toPx(from), y: M.t, width: 0, height: H - M.t - M.b, fill: "#4299e1",
+                          "fill-opacity": 0.15, "class": "zoom-band" }, svg);
+      ev.preventDefault();
+    });
+    svg.addEventListener("mousemove", function (ev) {
+      if (from === null) return;
+      var a = toPx(from), b = toPx(toX(ev));
+      band.setAttribute("x", Math.min(a, b)); band.setAttribute("width", Math.abs(b - a));
+    });
+    var end = function (ev, apply) {
+      if (from === null) return;
+      var to = toX(ev), a = from;
+      from = null;
+      if (band && band.parentNode) band.parentNode.removeChild(band);
+      if (apply && Math.abs(toPx(to) - toPx(a)) >= 4) zoom.set(Math.min(a, to), Math.max(a, to));
+    };
+    svg.addEventListener("mouseup", function (ev) { end(ev, true); });
+    svg.addEventListener("mouseleave", function (ev) { end(ev, false); });
+    svg.addEventListener("dblclick", function () { zoom.set(zoom.full[0], zoom.full[1]); });
   }
 
   // Vertical markers, drawn over the lines; an out-of-memory marker also gets a label at the top.
@@ -104,12 +181,40 @@
     });
   }
 
+  // A predicted run's phases ([first call, last call, name, colour]): a strip under the plot area
+  // and a light tint over it, each titled with its name and calls.
+  function drawPhases(svg, phases, sx) {
+    if (!phases.length) return;
+    var g = el("g", { "class": "phases" }, svg);
+    phases.forEach(function (p) {
+      var x = Math.max(M.l, sx(p[0] - 1)), w = Math.max(0.5, sx(p[1]) - x);
+      el("rect", { x: x.toFixed(1), y: M.t, width: w.toFixed(1), height: H - M.t - M.b, fill: p[3],
+                   "fill-opacity": 0.07 }, g);
+      var strip = el("rect", { x: x.toFixed(1), y: H - M.b + 1, width: w.toFixed(1), height: 6, fill: p[3],
+                               "class": "phase", "data-phase": p[2] }, g);
+      var said = p[2] + ": allocator calls " + p[0] + "–" + p[1];
+      if (p[4] > 1) {  // an eval loop whose iterations allocate alike: one bar, "×N"
+        strip.setAttribute("data-times", p[4]);
+        strip.setAttribute("class", "phase folded");
+        said += ", " + p[4] + " iterations allocating alike (" + p[5] + " calls each)";
+        if (w > 24) {
+          var t = text(g, x + w / 2, H - M.b - 2, p[2] + " ×" + p[4], "middle", "phase-times");
+          t.setAttribute("fill", p[3]);
+        }
+      }
+      el("title", {}, strip).textContent = said;
+    });
+  }
+
   // A stacked area chart: bands of ys over xs, drawn bottom-up; the legend names each band.
   function stackedChart(host, legend, xs, bands, opt) {
+    var o = {}; for (var k in opt) o[k] = opt[k];
+    o.legend = legend;
+    zoomable(host, o, function () { stackedChartOnce(host, legend, xs, bands, o); });
+  }
+  function stackedChartOnce(host, legend, xs, bands, opt) {
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, role: "img" }, host);
-    var x0 = xs[0], x1 = xs[xs.length - 1];
-    if (!(x1 > x0)) { x1 = x0 + 1; }
-    x1 += (x1 - x0) * 0.03;
+    var x0 = opt.zoom.lo, x1 = opt.zoom.hi, xend = opt.zoom.full[1];
     var tops = [], base = xs.map(function () { return 0; }), ymax = 1;
     bands.forEach(function (b) {
       var top = base.map(function (v, i) { return v + b.values[i]; });
@@ -126,18 +231,20 @@
     }
     var xstep = niceStep(x1 - x0, 8);
     for (var x = Math.ceil(x0 / xstep) * xstep; x <= x1; x += xstep) {
-      text(axis, sx(x), H - 10, fmtTime(x - x0, opt.unit), "middle");
+      text(axis, sx(x), H - 10, fmtX(x, xs[0], opt.unit), "middle");
     }
+    var plot = clipped(svg);
+    drawPhases(plot, opt.phases || [], sx);  // under the bands
     var areas = 0;
     var sitesSeen = 0;
     tops.forEach(function (s) {
       var color = KIND_COLORS[s.band.kind] || BAND_COLORS[sitesSeen++ % BAND_COLORS.length], d = "M" + sx(xs[0]).toFixed(1) + " " + sy(s.hi[0]).toFixed(1);
       for (var i = 1; i < xs.length; i++) d += "H" + sx(xs[i]).toFixed(1) + "V" + sy(s.hi[i]).toFixed(1);
-      d += "H" + sx(x1).toFixed(1) + "V" + sy(s.lo[xs.length - 1]).toFixed(1);
+      d += "H" + sx(xend).toFixed(1) + "V" + sy(s.lo[xs.length - 1]).toFixed(1);
       for (var j = xs.length - 1; j > 0; j--) d += "H" + sx(xs[j]).toFixed(1) + "V" + sy(s.lo[j - 1]).toFixed(1);
       d += "H" + sx(xs[0]).toFixed(1) + "Z";
       var p = el("path", { d: d, fill: color, "fill-opacity": 0.85, stroke: "none", "class": "band",
-                           "data-band": s.band.name }, svg);
+                           "data-band": s.band.name }, plot);
       el("title", {}, p).textContent = s.band.name;
       var item = document.createElement("span");
       item.className = "band-name";
@@ -150,12 +257,11 @@
     });
     el("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, stroke: "#a0aec0" }, svg);
     el("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, stroke: "#a0aec0" }, svg);
-    drawMarkers(svg, opt.markers || [], sx);
+    drawMarkers(plot, opt.markers || [], sx);
     addReadout(host, svg, xs, tops.map(function (s) { return { name: s.band.name, ys: s.band.values }; }).reverse(),
                sx, opt);
+    addZoom(svg, opt.zoom);
     host.setAttribute("data-bands", areas);
-    host.setAttribute("data-drawn", "true");
-    drawn++;
   }
 
   function addReadout(host, svg, xs, series, sx, opt) {
@@ -169,7 +275,7 @@
       while (lo < hi) { var mid = (lo + hi + 1) >> 1; if (sx(xs[mid]) <= px) lo = mid; else hi = mid - 1; }
       cursor.setAttribute("x1", sx(xs[lo])); cursor.setAttribute("x2", sx(xs[lo]));
       cursor.setAttribute("visibility", "visible");
-      box.textContent = fmtTime(xs[lo] - xs[0], opt.unit) + ": " + series.map(function (s) {
+      box.textContent = fmtX(xs[lo], xs[0], opt.unit) + ": " + series.map(function (s) {
         return s.name + " " + (opt.percent ? fmtPct(s.ys[lo]) : fmtBytes(s.ys[lo]));
       }).join(", ");
     });
@@ -180,6 +286,10 @@
     var rowH = 11, gap = 3, labelW = 190, barW = W - labelW - M.r;
     var rows = map.rows, height = Math.max(1, rows.length) * (rowH + gap) + 4;
     var svg = el("svg", { viewBox: "0 0 " + W + " " + height, role: "img" }, host);
+    var tip = document.createElement("div");
+    tip.className = "block-tip";
+    tip.hidden = true;
+    host.appendChild(tip);
     var rects = 0, segments = 0;
     rows.forEach(function (row, i) {
       var y = 2 + i * (rowH + gap);
@@ -207,7 +317,8 @@
         var x = labelW + b[0] / row.size * barW, w = Math.max(0.6, b[1] / row.size * barW);
         var r = el("rect", { x: x.toFixed(2), y: y, width: Math.min(w, labelW + barW - x).toFixed(2),
                              height: rowH, fill: STATE_COLORS[b[2]] || STATE_COLORS[0], "class": "block" }, svg);
-        el("title", {}, r).textContent = b[3];
+        r.addEventListener("mouseover", function (ev) { showBlock(tip, host, b, map.stacks || [], ev); });
+        r.addEventListener("mouseout", function () { tip.hidden = true; });
         rects++;
       });
     });
@@ -218,27 +329,63 @@
     drawn++;
   }
 
+  // The hovered block: its size, address and stack (innermost first), as text only.
+  function showBlock(tip, host, b, stacks, ev) {
+    tip.textContent = "";
+    var head = document.createElement("b");
+    head.textContent = fmtBytes(b[1]) + " at " + (b[4] || "?");
+    tip.appendChild(head);
+    var line = document.createElement("div");
+    line.textContent = b[3];
+    tip.appendChild(line);
+    var frames = b[5] >= 0 ? stacks[b[5]] || [] : [];
+    if (!frames.length) {
+      var none = document.createElement("div");
+      none.className = "muted";
+      none.textContent = "no stack recorded for this block";
+      tip.appendChild(none);
+    }
+    frames.forEach(function (f) {
+      var c = document.createElement("code");
+      c.textContent = f;
+      tip.appendChild(c);
+    });
+    var r = host.getBoundingClientRect();
+    tip.style.left = Math.max(0, Math.min(r.width - 420, ev.clientX - r.left + 12)) + "px";
+    tip.style.top = (ev.clientY - r.top + 14) + "px";
+    tip.hidden = false;
+    host.setAttribute("data-hovered", b[4] || "");
+  }
+
   function drawDevice(dev) {
     var s = dev.series, id = dev.device;
     var markers = dev.ooms.map(function (o) {
       return { x: o.t, color: "#e53e3e", cls: "oom-marker", width: 2.5, tag: "OOM " + fmtBytes(o.size),
                label: "out of memory: " + fmtBytes(o.size) + " requested, " + fmtBytes(o.free) + " free" };
     });
+    var steps = dev.steps || [];
+    steps.forEach(function (call, k) {
+      markers.push({ x: call, color: "#718096", dash: "2 3", width: 1, cls: "step-marker",
+                     label: "optimizer step " + (k + 1) + " ends after allocator call " + call });
+    });
     markers.unshift({ x: dev.peak.t, color: "#2f855a", dash: "4 3", cls: "peak-marker",
-                      label: "peak allocated: " + fmtBytes(dev.peak.allocated) });
+                      label: "peak allocated: " + fmtBytes(dev.peak.allocated) +
+                             (dev.time_unit === "call" ? ", after allocator call " + Math.round(dev.peak.t) : "") });
+    var zoom = zoomGroup(s.t);
     var t = document.getElementById("timeline-" + id);
     if (t) lineChart(t, s.t, [{ name: "allocated", ys: s.allocated, color: COLORS.allocated },
                               { name: "reserved", ys: s.reserved, color: COLORS.reserved }],
-                     { unit: dev.time_unit, markers: markers });
+                     { unit: dev.time_unit, markers: markers, phases: dev.phases, zoom: zoom });
     var st = document.getElementById("stacked-" + id), lg = document.getElementById("stacked-legend-" + id);
     if (st && lg && dev.stacked.bands.length) stackedChart(st, lg, s.t, dev.stacked.bands,
-                                                          { unit: dev.time_unit, markers: markers });
+                                                          { unit: dev.time_unit, markers: markers, phases: dev.phases, zoom: zoom });
     var sc = document.getElementById("stacked-cat-" + id), lc = document.getElementById("stacked-cat-legend-" + id);
     if (sc && lc && dev.stacked_categories && dev.stacked_categories.bands.length)
-      stackedChart(sc, lc, s.t, dev.stacked_categories.bands, { unit: dev.time_unit, markers: markers });
+      stackedChart(sc, lc, s.t, dev.stacked_categories.bands,
+                   { unit: dev.time_unit, markers: markers, phases: dev.phases, zoom: zoom });
     var f = document.getElementById("fragmentation-" + id);
     if (f) lineChart(f, s.t, [{ name: "fragmentation", ys: s.fragmentation, color: COLORS.fragmentation }],
-                     { unit: dev.time_unit, percent: true, ymax: 1, markers: markers });
+                     { unit: dev.time_unit, percent: true, ymax: 1, markers: markers, phases: dev.phases, zoom: zoom });
     var m = document.getElementById("segmap-" + id);
     if (m) segmentMap(m, dev.segmap);
   }

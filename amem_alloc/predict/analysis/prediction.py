@@ -35,10 +35,11 @@ from ... import policies as policies_mod
 from ... import replay
 from ...code_files import display_path
 from ...replay.evaluation import PolicyRow, evaluate
-from ...replay.traced import describe_infos, traced_snapshot
+from ...replay.traced import describe_infos, event_ops, traced_snapshot
 from ..gpus import Gpu
 from ..notes import displayed
 from ..run import NOTE, RecordedRun
+from . import phases
 from .at_peak import AtPeak, OverRun, figures
 from .verdict import verdict
 
@@ -94,6 +95,7 @@ class Prediction:
     def to_dict(self) -> dict:
         g = self.gpu
         allocs = self.run.allocations
+        spans = phases.spans(self.ops, self.infos)
         return {
             "predicted": True, "note": NOTE, "target": self.target,
             "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
@@ -110,7 +112,9 @@ class Prediction:
             "category_peaks": self.over_run.category_peaks if self.over_run else {},
             "at_markers": self.over_run.at_markers if self.over_run else [],
             "program": {"ops": len(self.ops), "allocations": allocs,
-                        "markers": [[i, name] for i, name in self.markers]},
+                        "markers": [[i, name] for i, name in self.markers],
+                        "phases": spans, "repeats": phases.repeats(self.ops, spans),
+                        "steps": phases.steps(self.markers)},
             "seconds": self.seconds,
             "notes": self.notes,
             "stopped_after": self.stopped_after,
@@ -152,10 +156,15 @@ def analyse(run: RecordedRun, gpu: Gpu, policies: Iterable[policies_mod.Policy])
                       shown_notes(run.notes, base), over_run=over, script_folder=base)
 
 
+OP_COLUMN = "op"   # amem's extra column in a predicted trace: the program's op that made each event
+
+
 def predicted_snapshot(run: RecordedRun, start: int = 0) -> dict:
     """A recorded run in torch's snapshot format (replayed with the core's trace on, from op `start`)."""
     snap = traced_snapshot(run.ops, describe_infos(run.infos), run.live_conf, start)
     snap["allocator_settings"]["prediction"] = NOTE
+    for device, extra in enumerate(snap.get("amem", {}).get("devices") or []):   # each event's op (OP_COLUMN)
+        extra.setdefault("columns", {})[OP_COLUMN] = event_ops(run.ops, snap["device_traces"][device], start)
     return snap
 
 
