@@ -16,6 +16,7 @@ or as amem's own API refuses a call, is marked `for_the_script(err)`: it is the 
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import runpy
@@ -71,15 +72,32 @@ def name_of(argv: list[str]) -> str:
 def check_target(target: str, module: bool) -> None:
     """UsageError if the script or module does not exist (amem's to say, before anything runs)."""
     if module:
-        try:
-            found = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
+        if not _module_exists(target):
             raise UsageError(f"no module named {target!r}; check the name, or give a script path instead of -m")
     elif not Path(target).is_file():
         what = "is a folder" if Path(target).is_dir() else "no such file"
         raise UsageError(f"{target}: {what}; give the path of a Python script (amem run train.py args...)")
+
+
+def _module_exists(target: str) -> bool:
+    """Whether `python -m target` run here finds the module: the working folder first on the path,
+    as python -m puts it, and no package's __init__ run to find out (the program's code runs under
+    prediction, not before it)."""
+    parts = target.split(".")
+    path_before = list(sys.path)
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])   # a top-level name: found, not imported
+        for depth in range(2, len(parts) + 1):
+            locations = spec.submodule_search_locations if spec is not None else None
+            if locations is None:
+                return False
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), list(locations))
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path[:] = path_before
+    return spec is not None
 
 
 def _user_frames(tb):

@@ -5,6 +5,7 @@ the user's own errors keep their traceback and status; bad input is one line; --
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -252,13 +253,15 @@ def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path):
 
 def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp_path):
     """`-- python -m pkg.train` (and torchrun -m): the working folder on the path as python -m puts
-    it, sys.argv as the module sees it, and the package's lines named as the user's in the notes."""
+    it, sys.argv as the module sees it, and the package's lines named as the user's in the notes.
+    Run through the `amem` console script, whose own folder, not the working one, is first on its
+    path: finding the module must not depend on it, nor run the package's __init__ outside the run."""
     import os
     import subprocess
 
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("print('package initialised')\n")
     (pkg / "train.py").write_text(textwrap.dedent("""
         import sys
         import torch
@@ -266,10 +269,11 @@ def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp
         print("argv", sys.argv[1:], "loss", x.sum().item())
     """))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
-    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--", "python", "-m",
-                           "pkg.train", "--lr", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    proc = subprocess.run([str(Path(sys.executable).parent / "amem"), "predict", "--gpu", "H100", "--", "python",
+                           "-m", "pkg.train", "--lr", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("package initialised") == 1
     assert "argv ['--lr', '1']" in proc.stdout
     assert "4.00 MiB" in proc.stdout
     stand_in = next(line for line in proc.stdout.splitlines() if "item() of a CUDA tensor" in line)
