@@ -63,8 +63,9 @@ def summary(p: dict) -> dict[str, str]:
     out = {"note": p["note"], "gpu": f"{g['name']} ({format_bytes(g['capacity_bytes'])}, usable "
                                      f"{format_bytes(g['usable_bytes'])})"}
     for r in p["policies"]:
+        total = f", device total {format_bytes(r['device_total'])}" if "device_total" in r else ""
         out[f"policy {r['policy']}"] = (f"peak allocated {format_bytes(r['peak_allocated'])}, peak reserved "
-                                        f"{format_bytes(r['peak_reserved'])}, min capacity "
+                                        f"{format_bytes(r['peak_reserved'])}{total}, min capacity "
                                         f"{format_bytes(r['min_capacity'])}, fits: {'yes' if r['fits'] else 'no'}")
     if p["at_peak_phase"]:
         out["at peak: phase"] = p["at_peak_phase"]

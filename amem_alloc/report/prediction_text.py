@@ -37,7 +37,8 @@ def format_prediction(prediction: Any, top: int = 8) -> str:
     lines += _policy_table(d["policies"])
     lines += _at_peak(d, top)
     lines += _markers_text(d.get("at_markers") or [], top)
-    lines += ["", f"headroom: usable memory less the policy's peak reserved. Card figures: {d['gpu']['memory_source']}."]
+    lines += ["", f"headroom: usable memory (the card's total less what the process holds outside the caching "
+                  f"allocator) less the policy's peak reserved. Card figures: {d['gpu']['memory_source']}."]
     lines += _notes_text(d.get("notes") or [])
     lines += format_what_if(d)
     return "\n".join(lines)
@@ -45,7 +46,7 @@ def format_prediction(prediction: Any, top: int = 8) -> str:
 
 def _heading(d: dict) -> list[str]:
     g = d["gpu"]
-    ctx = f"context ~{format_bytes(g['context_bytes'])} ({g['context_source']})" if g["context_bytes"] else \
+    ctx = f"{format_bytes(g['context_bytes'])} outside the caching allocator" if g["context_bytes"] else \
         "no context taken"
     lines = [f"amem predict: {d['target']} on {g['name']} ({format_bytes(g['capacity_bytes'])}; {ctx}; "
              f"usable {format_bytes(g['usable_bytes'])})", d["note"], ""]
@@ -198,8 +199,10 @@ def format_fit(fit: Any) -> str:
     """amem fit's answer (a FitResult, or its JSON)."""
     d = _data(fit)
     g = d["gpu"]
+    held = g.get("context_bytes") or 0
+    outside = f": its {format_bytes(g['capacity_bytes'])} less {format_bytes(held)} outside the allocator" if held else ""
     lines = [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable "
-             f"{format_bytes(g['usable_bytes'])}), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
+             f"{format_bytes(g['usable_bytes'])}{outside}), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
     lines += ["  " + _fit_line(d["arg"], p) for p in d["policies"]]
     return "\n".join(lines)
 

@@ -49,6 +49,7 @@ def forward(args, kwargs, s: Scratch, session) -> None:
     stride, padding, dilation, transposed, output_padding, groups = (_arg(args, kwargs, i, n) for i, n in _FWD)
     if not _cudnn(x, w, groups, transposed):
         return
+    session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
     _copies(s, fmt, x, w)
     y = out_shape(x.shape, w.shape, stride, padding, dilation, transposed, output_padding, groups)
@@ -62,6 +63,7 @@ def backward(args, kwargs, s: Scratch, session) -> None:
     mask = _arg(args, kwargs, 10, "output_mask")
     if not _cudnn(x, w, groups, transposed):
         return
+    session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
     _copies(s, fmt, x, w)
     if not dy.is_contiguous(memory_format=fmt):
