@@ -192,3 +192,51 @@ def test_the_text_and_the_report_show_the_breakdown(mlp, tmp_path):
     assert "device total 984.00 MiB of 139.80 GiB" in text          # 226 MiB reserved + 758
     page = amem_alloc.write_prediction_report(mlp, tmp_path / "r.html").read_text()
     assert page.count('class="outside-part"') == 3 and "device total" in page
+
+
+# ============================================================================ a ResNet, cudnn.benchmark on and off
+torchvision = pytest.importorskip("torchvision")
+FWD, BWD_DATA, BWD_FILTER = "forward", "backward data", "backward filter"
+
+
+def resnet_step(benchmark: bool):
+    """torchvision's ResNet-18, batch 2 at 64x64, fp32, one SGD step; with cudnn.benchmark or not."""
+    def step():
+        torch.backends.cudnn.benchmark = benchmark
+        try:
+            model = torchvision.models.resnet18(num_classes=10).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.randn(2, 3, 64, 64, device="cuda")
+            torch.nn.functional.cross_entropy(model(x), torch.zeros(2, dtype=torch.long, device="cuda")).backward()
+            opt.step()
+        finally:
+            torch.backends.cudnn.benchmark = False
+    return step
+
+
+def _searches(p) -> list[tuple[str, int]]:
+    return [(p.infos[key].op.rsplit(", ", 1)[-1], size) for kind, key, size, _ in p.ops
+            if kind == 0 and "search workspace" in (p.infos[key].op or "")]
+
+
+@pytest.mark.skipif(not torch.backends.cudnn.is_available(), reason="cuDNN's rules need a torch built with it")
+def test_a_resnets_device_total_with_cudnn_benchmark_on_and_off():
+    from amem_alloc import replay
+    from amem_alloc.predict.rules import convolution
+
+    off = amem_alloc.predict(resnet_step(False), gpu="H200", policies="torch")
+    on = amem_alloc.predict(resnet_step(True), gpu="H200", policies="torch")
+    for p in (off, on):   # cuBLAS (the fc layer), cuDNN (its convolutions and batch norms), a backward pass
+        assert p.run.libraries == {"cuda": 1, "cublas": 1, "cudnn": 1, "backward": 1}
+        assert p.to_dict()["policies"][0]["device_total"] == p.row("torch").peak_reserved + 758 * MiB
+    assert not _searches(off) and not any(op[0] == replay.RELEASE for op in off.ops)
+    # ResNet-18's distinct convolutions: conv1, layer1's 3x3 (4 alike), and per later stage its
+    # strided 3x3, its 3x3 (3 alike) and its 1x1 downsample: 1 + 1 + 3 * 3 = 11 forward; backward
+    # each filter gradient, and every data gradient but conv1's (the image needs none)
+    kinds = [k for k, _ in _searches(on)]
+    assert (kinds.count(FWD), kinds.count(BWD_DATA), kinds.count(BWD_FILTER)) == (11, 10, 11)
+    assert sum(op[0] == replay.RELEASE for op in on.ops) == 32   # each search empties the cache
+    conv1 = 4 * (2 * 3 * 64 * 64 + 2 * 64 * 32 * 32 + 64 * 3 * 7 * 7)   # x + y + w, fp32
+    assert _searches(on)[0] == (FWD, convolution.SEARCH_FACTOR * conv1)
+    assert on.row("torch").device_mallocs > off.row("torch").device_mallocs   # segments made again after each release
+    assert any("cuDNN benchmark search workspace" in n["what"] for n in on.notes)

@@ -119,6 +119,7 @@ class FakeCudaSession:
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
         self.libraries: dict[str, int] = {}   # what the run initialised: cuda, cublas, cudnn, backward, nccl (context.py)
+        self.cudnn_searched: set = set()   # convolution configurations cudnn.benchmark searched (rules/convolution.py)
 
     # ------------------------------------------------------------------ interface
     def add_listener(self, listener: AllocationListener) -> None:
