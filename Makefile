@@ -21,7 +21,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1
 # Real third-party programs that the prediction tests run unchanged (tests/programs): their libraries,
 # from the package index. torchvision is pinned to the release built against $(TORCH).
-PROGRAM_LIBS ?= "transformers>=5,<6" "accelerate>=1,<2" "torchvision==0.29.*" "lightning>=2.4,<3" "peft>=0.13"
+PROGRAM_LIBS ?= "transformers>=5,<6" "accelerate>=1,<2" "torchvision==0.29.*" "lightning>=2.4,<3" "peft>=0.13" "torchsummary==1.5.1"
 CPP_BUILD := build/cpp-tests
 # Any sanitizer report fails the run (UBSan only reports unless told to halt).
 SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
