@@ -240,3 +240,17 @@ def test_a_resnets_device_total_with_cudnn_benchmark_on_and_off():
     assert _searches(on)[0] == (FWD, convolution.SEARCH_FACTOR * conv1)
     assert on.row("torch").device_mallocs > off.row("torch").device_mallocs   # segments made again after each release
     assert any("cuDNN benchmark search workspace" in n["what"] for n in on.notes)
+
+
+def test_a_ddp_rank_holds_nccls_communicator():
+    from amem_alloc.predict.distributed import launch as launch_mod
+    from amem_alloc.predict.distributed.ranks import predict_ranks
+
+    script = str(Path(__file__).parent / "predict_models" / "dist_ddp.py")
+    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [script], "H200", "torch", steps=2, timeout=300, workers=1)
+    rank = result.ranks[0].prediction
+    assert rank.run.libraries.get("nccl") == 1          # init_process_group's one group
+    parts = {p["part"]: p["bytes"] for p in rank.to_dict()["device_total"]["parts"]}
+    assert parts["NCCL: its kernels and first communicator"] == 262 * MiB
+    assert rank.to_dict()["device_total"]["bytes"] == (758 + 262) * MiB
+    assert any("NCCL's buffers for each peer" in n for n in rank.to_dict()["device_total"]["not_counted"])
