@@ -254,3 +254,21 @@ def test_a_ddp_rank_holds_nccls_communicator():
     assert parts["NCCL: its kernels and first communicator"] == 262 * MiB
     assert rank.to_dict()["device_total"]["bytes"] == (758 + 262) * MiB
     assert any("NCCL's buffers for each peer" in n for n in rank.to_dict()["device_total"]["not_counted"])
+
+
+def test_a_captured_graph_is_said_not_counted_beyond_its_pool():
+    def step():
+        x = torch.randn(1024, 1024, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x @ x
+        g.replay()
+        return y
+    p = amem_alloc.predict(step, gpu="H200", policies="torch")
+    assert p.run.libraries.get("graphs") == 1
+    assert any("instantiated CUDA graph" in n for n in p.to_dict()["device_total"]["not_counted"])
+    assert not any("CUDA graph" in n for n in mlp_outside().not_counted)
+
+
+def mlp_outside() -> context.Outside:
+    return context.outside_allocator(H200, TRAIN, LAZY13)

@@ -67,12 +67,13 @@ class Used:
     cudnn: bool = False      # a convolution, batch norm or attention that cuDNN runs
     backward: bool = False   # a backward pass ran: a training step's kernels
     nccl: int = 0            # process groups on NCCL (each its own communicator)
+    graphs: bool = False     # a CUDA graph was captured
 
     @classmethod
     def of(cls, libraries: dict | None) -> "Used":
         d = libraries or {}
         return cls(bool(d.get("cuda")), bool(d.get("cublas")), bool(d.get("cudnn")), bool(d.get("backward")),
-                   int(d.get("nccl", 0)))
+                   int(d.get("nccl", 0)), bool(d.get("graphs")))
 
     def names(self) -> list[str]:
         return [n for n in ("cublas", "cudnn", "backward") if getattr(self, n)] + (["nccl"] if self.nccl else [])
@@ -244,6 +245,9 @@ def _not_counted(used: Used) -> tuple[str, ...]:
                    + (f"{used.nccl - 1} more communicator(s) of other process groups" if used.nccl > 1
                       else "the peers' connections")
                    + ": measured with one rank only")
+    if used.graphs:
+        out.append("what the driver holds for each instantiated CUDA graph (its private pool is the allocator's, "
+                   "in the reserved memory): not measured")
     out.append("kernels of custom CUDA extensions and of Triton (torch.compile): not modelled")
     return tuple(out)
 
