@@ -25,7 +25,12 @@ optimizer instance, a user's model class); its attribute may name a family ("eve
 initializer"), where `apply` is then called once per member.
 
 Environment variables that amem sets for a prediction (a child's marker, torchrun's variables)
-go through `setenv` under a declaration too.
+go through `setenv` under a declaration too. A whole table of the interpreter's (os.environ,
+sys.modules, logging's loggers) is kept as it was with `restore_mapping` (what was added or changed
+is undone on exit) and `set_aside` (some of its items taken out until exit: distributed/
+fresh_libraries.py gives each in-process rank its libraries afresh so), and what modules and
+classes hold is put back where something rebound it with `keep_attributes`, each under a
+declaration.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, MutableMapping
 
 _MISSING = object()   # an attribute the object did not hold itself (inherited, or absent), or an unset variable
 
@@ -94,6 +99,31 @@ def _restore_env(name: str, value: Any) -> None:
         os.environ[name] = value
 
 
+def _restore_mapping(mapping: MutableMapping, before: dict) -> None:
+    for key in [k for k in list(mapping) if k not in before]:
+        mapping.pop(key, None)
+    for key, value in before.items():
+        now = mapping.get(key, _MISSING)
+        if now is not value and now != value:
+            mapping[key] = value
+
+
+def _put_back_rebound(before: list[tuple[Any, dict]]) -> None:
+    for obj, attributes in before:
+        now = obj.__dict__
+        for name, value in attributes.items():
+            if now.get(name, _MISSING) is not value:
+                with contextlib.suppress(AttributeError, TypeError):   # a type that cannot be set
+                    setattr(obj, name, value)
+
+
+def _put_aside_back(mapping: MutableMapping, taken: dict, forget: Callable[[str, Any], bool]) -> None:
+    for key, value in list(mapping.items()):
+        if key not in taken and forget(key, value):
+            mapping.pop(key, None)
+    mapping.update(taken)
+
+
 class PatchSet:
     """Applies declared changes and undoes them, last first, on exit (or close())."""
 
@@ -127,6 +157,33 @@ class PatchSet:
         os.environ[name] = value
         self._stack.callback(_restore_env, name, before)
         self.applied.append((patch, os.environ, name, before))
+
+    def restore_mapping(self, patch: Patch, mapping: MutableMapping) -> None:
+        """On exit, `mapping` (os.environ, ...) as it is now: keys added since are removed, keys
+        changed or removed get their values back."""
+        self._check(patch, "the table")
+        self._stack.callback(_restore_mapping, mapping, dict(mapping))
+
+    def set_aside(self, patch: Patch, mapping: MutableMapping, forget: Callable[[str, Any], bool]) -> None:
+        """The items of `mapping` that `forget(key, value)` accepts are taken out of it until exit; on
+        exit, those it accepts then (added since) are removed and the ones taken out put back."""
+        self._check(patch, "the table")
+        taken = {k: v for k, v in list(mapping.items()) if forget(k, v)}
+        for key in taken:
+            mapping.pop(key, None)
+        self._stack.callback(_put_aside_back, mapping, taken, forget)
+
+    def keep_attributes(self, patch: Patch, objects: list, kept: Callable[[Any], bool]) -> None:
+        """On exit, each attribute that one of `objects` (modules, classes) holds now, whose value
+        `kept` accepts and which was rebound or deleted since, is given its value back (attributes
+        added since stay)."""
+        self._check(patch, "the attributes of")
+        before = [(obj, {k: v for k, v in list(vars(obj).items()) if kept(v)}) for obj in objects]
+        self._stack.callback(_put_back_rebound, before)
+
+    def _check(self, patch: Patch, what: str) -> None:
+        if patch not in CATALOGUE:
+            raise AssertionError(f"amem: an undeclared change of {what} {patch.owner!r}")
 
     def callback(self, fn: Callable[..., Any], *args: Any) -> None:
         """Something else to undo with the patches (in the same last-first order)."""

@@ -226,6 +226,33 @@ def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path)
     assert parallel.worst.rank == 2
 
 
+SYMMETRIC = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+kept = torch.empty(1 << 26, dtype=torch.uint8, device="cuda")   # 64 MiB on every rank
+"""
+
+
+def test_a_symmetric_job_records_its_first_and_last_rank_and_takes_the_rest_as_rank_0(tmp_path):
+    """symmetry.py: ranks 0 and 5 record the same program, so 1-4 are rank 0's, not recorded; a job
+    whose ends differ (each rank keeps (rank + 1) x 64 MiB) records every rank."""
+    script = tmp_path / "symmetric.py"
+    script.write_text(SYMMETRIC)
+    result = predict_ranks(launch_mod.Launch(6, 1, None), [str(script)], "H100", "torch", steps=1, timeout=120)
+    assert [(r.rank, r.same_as, r.recorded) for r in result.ranks] == [
+        (0, None, True), (1, 0, False), (2, 0, False), (3, 0, False), (4, 0, False), (5, 0, True)]
+    data = result.to_dict()
+    assert "ranks 0 and 5 recorded the same program" in data["not_recorded_because"]
+    from amem_alloc.report.prediction_text import format_ranks
+    text = format_ranks(result)
+    assert "6 predicted (2 recorded)" in text and "1-4" in text and "0 (not recorded)" in text
+    uneven = _uneven(tmp_path, 4, workers=2)
+    assert all(r.recorded and r.same_as is None for r in uneven.ranks) and not uneven.not_recorded_because
+    named = predict_ranks(launch_mod.Launch(4, 1, launch_mod.parse_ranks("all", 4)), [str(script)], "H100",
+                          "torch", steps=1, timeout=120)
+    assert all(r.recorded for r in named.ranks) and len(named.ranks) == 4
+
+
 def test_a_rank_failing_in_a_worker_fails_the_prediction_with_its_status(tmp_path):
     from amem_alloc.user_script import ScriptFailed
 
@@ -613,3 +640,19 @@ def test_a_barrier_with_device_ids_records_the_byte_c10d_makes_without_the_drive
     first, second = made[0][1], made[1][1]
     order = [(kind, key) for kind, key, _, _ in p.ops if key in (first, second)]
     assert order == [(ALLOC, first), (ALLOC, second), (FREE, first)]
+
+
+# ---------------------------------------------------------------------------- values a broadcast delivers
+def test_a_broadcast_delivers_the_values_an_earlier_root_sent(capfd):
+    """tests/predict_models/dist_broadcast_values.py on 3 ranks, in turn: rank 0 sends [7, 8, 9]
+    (the others put -1) and every rank reads it, as a GPU run's would; on a group of ranks 0 and 1,
+    rank 1 sends 11, and rank 0, recorded before it, cannot know that: its read is a stand-in (0)
+    with a note, where it had kept its own 10 and taken it for rank 1's."""
+    result = predict_ranks(launch_mod.Launch(3, 1, (0, 1, 2)), [str(MODELS / "dist_broadcast_values.py")], "H100",
+                           "torch", steps=0, timeout=300, workers=1)
+    out = capfd.readouterr().out
+    assert "rank 0 received [7, 8, 9] and [0]" in out
+    assert "rank 1 received [7, 8, 9] and [11]" in out
+    assert "rank 2 received [7, 8, 9] and [12]" in out   # not in the group: its own tensor, untouched
+    stand_ins = {r: [n["what"] for n in result.rank(r).prediction.notes if n["kind"] == "stand-in"] for r in (0, 1, 2)}
+    assert len(stand_ins[0]) == 1 and "tolist" in stand_ins[0][0] and stand_ins[1] == stand_ins[2] == [], stand_ins

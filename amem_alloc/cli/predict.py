@@ -51,13 +51,13 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     try:
         with run:
             if script:
-                run.steps_run = script_mod.run(script, run, steps, timeout)
+                run.steps_run = script_mod.run(script, run, steps, timeout, args.write_repeats)
             else:
                 _run_workload(run, args.workload, args.size, args.steps)
     except predict_exits.failures() as failure:
         return predict_exits.status_of(failure, run.child_reports)
     if script:
-        run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps)
+        run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps, run.written_out)
     return run.result
 
 
@@ -112,6 +112,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "after this many optimizer steps (default 5; 0: run it to its end)")
     p.add_argument("--timeout", type=float, help="stop a script that runs longer than this many seconds, with "
                    "no prediction (default 600; 0: no limit)")
+    p.add_argument("--write-repeats", action="store_true", help="where two steps in a row made the same "
+                   "allocations, write the rest of the --steps out instead of running them (faster, for a loop "
+                   "that runs on past --steps)")
     p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
                    "(loss.item(), print(t)) instead of answering it with a stand-in")
     p.add_argument("--json", help="write the result as JSON")

@@ -64,7 +64,8 @@ def predict_command(args: argparse.Namespace) -> int:
     gpu = predict_options.card(args)
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
-    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict))
+    result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict,
+                                             write_repeats=args.write_repeats))
     if isinstance(result, int):
         return result
     from ..report.prediction_text import format_ranks

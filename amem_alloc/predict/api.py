@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from .. import policies as policies_mod
 from . import gpus as gpus_mod
-from . import state
+from . import repeat, state
 from .engine.children import ChildWatch
 from .shims.cuda import CudaShims, LiveAllocator
 from .notes import NotModelledError
@@ -98,6 +98,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
         self.recording: RunRecorder | None = None   # the one listener that writes the run (run.py)
         self.shims: CudaShims | None = None
         self.recorded: RecordedRun | None = None
+        self.written_out = 0   # steps repeating the last one run, written out instead (repeat.py)
         self.result: Prediction | None = None
         self._started = 0.0
 
@@ -146,6 +147,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.recorded = self.recording.finish(self.target, notes, self.live_policy.conf,
                                                   getattr(self.session, "autocast_keys", ()), seconds,
                                                   getattr(self.session, "libraries", None))
+            self.recorded = repeat.extend(self.recorded, self.written_out)   # steps not run (script.py)
             if self._analyse:
                 self.result = analyse(self.recorded, self.gpu, self.policies)
         return False

@@ -10,6 +10,10 @@ traceback from its first frame, 130 on Ctrl-C). Two bounds keep a prediction sho
   step; gradients and activations repeat). After `steps` optimizer steps the script is stopped
   there (`StopPrediction`, a BaseException, so the script's own `except Exception` does not
   catch it) and the prediction covers what ran; the output says so. 0 runs the script to its end.
+  With `write_repeats` (`--write-repeats`), where two steps in a row (from the third on) made the
+  same allocations, the script is stopped there too and the steps left up to `steps` are written
+  out from the last (repeat.py), not run: faster, for a loop that runs on past `steps` (what
+  follows the loop, such as an evaluation, is not run either way once the script is stopped).
 * time: past `timeout` seconds the script is stopped (`PredictionTimeout`) and no prediction is
   printed: what it would have allocated later is unknown.
 
@@ -22,6 +26,7 @@ import threading
 from typing import Any
 
 from .. import user_script
+from . import repeat
 from .notes import NotModelledError, call_site
 from .engine.values import DataDependentError
 
@@ -79,7 +84,8 @@ def _in_free_callback(frame: Any) -> bool:
     return False
 
 
-def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT) -> int:
+def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT,
+        write_repeats: bool = False) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
     user_script.ScriptFailed when it fails; DataDependentError, NotModelledError and
     PredictionTimeout go on."""
@@ -90,17 +96,30 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         run.marker("step")
         if steps and n >= steps:
             raise StopPrediction
+        if write_repeats and steps and _repeats(run):   # the rest written out, not run (repeat.py)
+            run.written_out = steps - n
+            raise StopPrediction
 
     try:
         with _Deadline(timeout):
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout))
     except StopPrediction:
-        return done[0]
+        return done[0] + getattr(run, "written_out", 0)
 
 
-def stopped_after_line(done: int, steps: int) -> str | None:
+def _repeats(run: Any) -> bool:
+    recording = getattr(run, "recording", None)
+    return recording is not None and repeat.last_steps_repeat(recording.ops, recording.markers)
+
+
+def stopped_after_line(done: int, steps: int, written_out: int = 0) -> str | None:
     """What the output says when --steps stopped the script, or None when it ran to its end."""
+    if written_out:
+        ran = done - written_out
+        return (f"the script ran {ran} optimizer steps; steps {ran + 1}-{done} repeat step {ran} exactly (steps "
+                f"{ran - 1} and {ran} made the same allocations) and are written out, not run (--steps {steps}; "
+                "--steps 0 runs it to its end)")
     if steps and done >= steps:
         return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
                 "to its end): the figures cover what ran until then")

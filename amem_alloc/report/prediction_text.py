@@ -169,10 +169,14 @@ def format_ranks(ranks: Any) -> str:
     d = _data(ranks)
     entries = d["ranks"]
     distinct = sum(1 for e in entries if e["same_as"] is None)
+    recorded = sum(1 for e in entries if e.get("recorded", True))
     nodes = d["nnodes"]
     lines = [f"amem predict: {d['world_size']} ranks ({nodes} node{'s' if nodes > 1 else ''} "
-             f"x {d['nproc_per_node']} processes), {len(entries)} predicted, "
-             f"{distinct} distinct program{'s' if distinct > 1 else ''}", ""]
+             f"x {d['nproc_per_node']} processes), {len(entries)} predicted ({recorded} recorded), "
+             f"{distinct} distinct program{'s' if distinct > 1 else ''}"]
+    if d.get("not_recorded_because"):
+        lines.append(d["not_recorded_because"])
+    lines.append("")
     lines += _rank_table(entries)
     worst = next(e for e in entries if e["rank"] == d["worst_rank"])
     lines += ["", f"worst rank: {worst['rank']} (the one that needs the most memory under "
@@ -185,13 +189,30 @@ def _rank_table(entries: list[dict]) -> list[str]:
     policies = [r["policy"] for r in entries[0]["policies"]]
     headers = ["rank", "same as", "peak allocated"] + [f"reserved {p}" for p in policies] + ["fits"]
     body = []
-    for e in entries:
+    for first, last, e in _rank_runs(entries):
         rows = e["policies"]
         fitting = [r["policy"] for r in rows if r["fits"]]
         fits = "all" if len(fitting) == len(rows) else ", ".join(fitting) or "none"
-        body.append([str(e["rank"]), "-" if e["same_as"] is None else str(e["same_as"]),
-                     format_bytes(rows[0]["peak_allocated"])] + [format_bytes(r["peak_reserved"]) for r in rows] + [fits])
+        ranks = str(first) if first == last else f"{first}-{last}"
+        same = "-" if e["same_as"] is None else str(e["same_as"])
+        if not e.get("recorded", True):
+            same += " (not recorded)"
+        body.append([ranks, same, format_bytes(rows[0]["peak_allocated"])]
+                    + [format_bytes(r["peak_reserved"]) for r in rows] + [fits])
     return align([headers] + body, text_columns=2)
+
+
+def _rank_runs(entries: list[dict]) -> list[tuple[int, int, dict]]:
+    """(first rank, last rank, entry): consecutive ranks taken as the same recorded rank are one row."""
+    runs: list[tuple[int, int, dict]] = []
+    for e in entries:
+        prev = runs[-1] if runs else None
+        if (prev and not e.get("recorded", True) and not prev[2].get("recorded", True)
+                and prev[2]["same_as"] == e["same_as"] and prev[1] + 1 == e["rank"]):
+            runs[-1] = (prev[0], e["rank"], prev[2])
+        else:
+            runs.append((e["rank"], e["rank"], e))
+    return runs
 
 
 # ============================================================================ amem fit

@@ -34,6 +34,8 @@ def main():
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP (run it under torchrun)")
+    parser.add_argument("--deepspeed", metavar="CONFIG", help="DeepSpeed's JSON config, e.g. ds_zero2.json "
+                        "(run it under torchrun)")
     args = parser.parse_args()
 
     config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads, vocab_size=args.vocab,
@@ -59,6 +61,7 @@ def main():
             disable_tqdm=True,
             fsdp=args.fsdp,
             fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]} if args.fsdp else None,
+            deepspeed=args.deepspeed,
         )
         trainer = Trainer(model=model, args=training_args, train_dataset=train)
         result = trainer.train()

@@ -28,6 +28,17 @@ above the Recorder, adds what ProcessGroupNCCL does beyond that
 * The list forms flatten: `allgather` into a list of tensors gathers into one flat buffer of
   world x input bytes, then copies out; `reduce_scatter` of a list copies the inputs into one flat
   buffer of world x output bytes (`newLikeFlat`). The buffer lives for the call.
+
+Values, where they are known (engine/known.py: small tensors made from known data). A broadcast
+delivers the root's values, which the fake group does not carry; libraries read them to check that
+the ranks agree (DeepSpeed ZeRO-3 broadcasts rank 0's list of module ids, where the other ranks
+put -1, and compares: deepspeed/runtime/zero/utils.py `assert_ints_same_as_other_ranks`). The
+ranks of a job are recorded in order, and a rank recorded later in this process (or in a worker
+forked after it) is given what an earlier root sent: the job's `sent` table keeps the known values
+each broadcast's root sent, by process group and the broadcast's number on it (every rank runs the
+same script, so their n-th broadcasts on a group match). A receiving rank whose root has not been
+recorded before it (`--rank 1` alone; a root of higher rank) has unknown values there: a read gets a
+stand-in and a note.
 Not modelled: NCCL's own device memory (its channels, buffers and user-buffer registration live
 outside the caching allocator: cudaMalloc or cuMem by NCCL itself) and `TORCH_NCCL_*` tuning.
 """
@@ -63,11 +74,13 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 class CollectiveMode(TorchDispatchMode):
     """Dispatch mode: NCCL's streams and lifetimes for c10d ops and functional collectives."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, sent: dict | None = None) -> None:
         super().__init__()
         self.session = session
         self.streams: dict[Any, int] = {}   # process group -> its NCCL stream's id
         self.collectives = 0
+        self.sent = {} if sent is None else sent   # (group, n-th broadcast, tensor) -> the root's values
+        self.broadcasts: dict[Any, int] = {}       # group -> broadcasts on it so far
 
     def nccl_stream(self, group: Any) -> int:
         """The NCCL stream of `group` (a group name, a ProcessGroup or the ScriptObject c10d ops
@@ -96,12 +109,32 @@ class CollectiveMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         if flat is not None:
             self.session.storages.on_free(flat)
+        if func is _c10d.broadcast_.default:
+            self._broadcast_values(args)
         if self._is_async(func, args, kwargs):
             stream = self.nccl_stream(self._group(func, args))
             stream_uses.launched(stream)
             for t in _tensors(args) + _tensors(out):
                 stream_uses.record(t, stream)
         return _with_valued_work(out)
+
+    def _broadcast_values(self, args) -> None:
+        """The root keeps the known values it sent; another rank gets what an earlier root sent, or
+        unknown values (see above). args: (tensors, process_group, root_rank, ...)."""
+        import torch.distributed as dist
+
+        group = dist.ProcessGroup.unbox(args[1]) if isinstance(args[1], torch.ScriptObject) else args[1]
+        name = _group_name(group)
+        n = self.broadcasts[name] = self.broadcasts.get(name, 0) + 1
+        known = self.session.known
+        for i, t in enumerate(_tensors(args[0])):
+            if group.rank() == args[2]:
+                value = known.value(t)
+                if value is not None:
+                    with torch._C.DisableTorchFunction():
+                        self.sent[(name, n, i)] = value.clone()
+            else:
+                _receive(known, t, self.sent.get((name, n, i)))
 
     def waited(self) -> None:
         """The current stream waits for the NCCL streams: frees held for them complete."""
@@ -147,6 +180,19 @@ def _group_name(group: Any) -> Any:
 
         group = dist.ProcessGroup.unbox(group)
     return getattr(group, "group_name", None) or id(group)
+
+
+def _receive(known: Any, t: torch.Tensor, value: torch.Tensor | None) -> None:
+    """`t` (a fake tensor a broadcast wrote) holds `value` (what its root sent), or unknown values."""
+    mine = known.value(t)
+    whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    if value is None or value.shape != t.shape or value.dtype != t.dtype or (mine is None and not whole):
+        known.forget(t)   # (the rest of a larger storage would be taken for known zeros)
+    elif mine is not None:
+        with torch._C.DisableTorchFunction():
+            mine.copy_(value)
+    else:
+        known.remember(t, value)
 
 
 def _with_valued_work(out: Any) -> Any:

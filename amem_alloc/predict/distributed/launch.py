@@ -49,9 +49,11 @@ def _count(option: str, value: str) -> int:
 
 
 def parse_ranks(text: str | None, world_size: int) -> tuple[int, ...] | None:
-    """--rank R | R,S | all -> the ranks (None: all)."""
-    if text is None or text == "all":
+    """--rank R | R,S | all -> the ranks (None: none named, symmetry.py chooses; all: every one)."""
+    if text is None:
         return None
+    if text == "all":
+        return tuple(range(world_size))
     out = []
     for part in text.split(","):
         if not part.strip().isdigit() or int(part) >= world_size:

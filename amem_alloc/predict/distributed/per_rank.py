@@ -29,12 +29,14 @@ class RankResult:
     same_as: int | None = None      # an earlier rank with an equal recorded program
     steps: int = 0
     recording_s: float = 0.0       # the rank's recording, wall time (its own, equal or not)
+    recorded: bool = True          # False: taken as `same_as` by symmetry, not recorded (symmetry.py)
 
 
 @dataclass
 class RankPrediction:
     launch: Launch
     ranks: list[RankResult] = field(default_factory=list)
+    not_recorded_because: str = ""   # why some ranks were taken as another's (symmetry.py)
 
     def rank(self, r: int) -> RankResult:
         return next(x for x in self.ranks if x.rank == r)
@@ -54,9 +56,10 @@ class RankPrediction:
         first = self.ranks[0].prediction.to_dict()
         out = {"predicted": True, "note": NOTE, "gpu": first["gpu"],
                "world_size": self.launch.world_size, "nproc_per_node": self.launch.nproc_per_node,
-               "nnodes": self.launch.nnodes, "worst_rank": self.worst.rank, "ranks": []}
+               "nnodes": self.launch.nnodes, "worst_rank": self.worst.rank,
+               "not_recorded_because": self.not_recorded_because, "ranks": []}
         for x in self.ranks:
-            entry = {"rank": x.rank, "same_as": x.same_as, "steps": x.steps}
+            entry = {"rank": x.rank, "same_as": x.same_as, "recorded": x.recorded, "steps": x.steps}
             entry.update({k: v for k, v in x.prediction.to_dict().items() if k not in ("gpu", "note", "predicted")})
             out["ranks"].append(entry)
         return out

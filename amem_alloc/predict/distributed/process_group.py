@@ -18,7 +18,8 @@ Two answers a GPU machine gives are given too while the rank runs, restored afte
 DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes and compares the
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 For the same reason the object collectives answer from the rank's own objects (object_collectives.py).
-At the end of the rank every process group is destroyed, so the next rank starts from none.
+At the end of the rank every process group is destroyed, so the next rank starts from none (and
+from fresh libraries: fresh_libraries.py).
 
 FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
 sharded, all-gathered on its unshard stream (refilled with `resize_` through torch/distributed/
@@ -76,18 +77,6 @@ def nccl_groups(backend: Any) -> int:
     if backend is not None and "nccl" not in str(backend).lower():
         return 0
     return len(getattr(c10d._world, "pg_map", {}) or {})
-
-
-def _forget_accelerate_state() -> None:
-    """accelerate keeps the process's distributed state in class-wide singletons (accelerate/state.py,
-    `PartialState._shared_state`): left from one rank, the next rank's Accelerator takes the destroyed
-    group for initialised and DDP fails with "Default process group has not been initialized"."""
-    import sys
-
-    state = sys.modules.get("accelerate.state")
-    if state is not None:
-        state.AcceleratorState._reset_state(reset_partial_state=True)
-        state.GradientState._reset_state()
 
 
 class FakeWorld:
@@ -152,7 +141,6 @@ class FakeWorld:
             if dist.is_initialized():
                 self._count_nccl_groups()
                 dist.destroy_process_group()
-            _forget_accelerate_state()
         finally:
             self.patches.close()
             self.patches = PatchSet()

@@ -3,17 +3,20 @@ fake process group, and ranks whose recorded programs are equal are analysed onc
 
 Design note
 -----------
-A rank's run is `api.predicting` (fake CUDA, the live allocator, torch.cuda's stand-ins with
-`device_count` = processes per node) around, in this order: the rank's environment
+A rank's run is, inside its own fresh libraries (fresh_libraries.py: the script's libraries
+imported afresh, as in the new process torchrun would start), `api.predicting` (fake CUDA, the
+live allocator, torch.cuda's stand-ins with `device_count` = processes per node) around, in this order: the rank's environment
 (environment.py), its fake world (process_group.py), NCCL's streams and lifetimes
 (collectives.py), then the user's script (script.py: steps and time limits, as for one process).
 Every process group is destroyed at the end of a rank. The ranks are recorded in worker processes
 forked from this one where the machine has the cores, else one after another here
 (recording.py); either way each chosen rank's script runs and its program is recorded.
 
-Most ranks of a data-parallel job allocate the same sequence: their programs are compared
-(recording.program_signature) and a rank equal to an earlier one takes its analysis (`same_as`);
-only distinct programs go through the per-policy replay and min-capacity search.
+Which ranks are recorded is symmetry.py's: where the user names none, the first and the last,
+and the others only where those two differ. Most ranks of a data-parallel job allocate the same
+sequence: the recorded programs are compared (recording.program_signature) and a rank equal to an
+earlier one takes its analysis (`same_as`); only distinct programs go through the per-policy
+replay and min-capacity search.
 """
 from __future__ import annotations
 
@@ -27,10 +30,12 @@ from .. import script as script_mod
 from .collectives import CollectiveMode, WorkWaits
 from .ddp import FakeGroupDDP
 from .environment import RankEnvironment
+from .fresh_libraries import FreshLibraries
 from .launch import Launch
 from .per_rank import RankPrediction, RankResult
 from .process_group import FakeWorld
-from .recording import Recording, record_all
+from .recording import Recording
+from .symmetry import in_rank_order, record_ranks
 
 
 def _analyse(recording: Recording, gpu: Any, policies: Any) -> Any:
@@ -49,48 +54,60 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
 
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-             timeout: float, strict: bool) -> tuple[Any, int, float]:
-    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script."""
+             timeout: float, strict: bool, sent: dict | None = None,
+             write_repeats: bool = False) -> tuple[Any, int, float]:
+    """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script; `sent`:
+    the job's values sent by broadcasts so far (collectives.py), added to by this rank."""
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, device_count=launch.nproc_per_node, analyse=False)
-    with RankEnvironment(launch, rank), run:
-        mode = CollectiveMode(run.session)
+    with FreshLibraries(), RankEnvironment(launch, rank), run:
+        mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
-            done = script_mod.run(script, run, steps, timeout)
+            done = script_mod.run(script, run, steps, timeout, write_repeats)
     return run, done, time.perf_counter() - started
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-                timeout: float, strict: bool) -> Recording:
+                timeout: float, strict: bool, sent: dict | None = None, write_repeats: bool = False) -> Recording:
     """One rank's script run under prediction, as its Recording."""
-    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict)
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats)
     run.recorded.seconds = seconds
-    return Recording(rank, run.recorded, done)
+    return Recording(rank, run.recorded, done, written_out=run.written_out)
 
 
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
                   timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False,
-                  workers: int | None = None) -> RankPrediction:
+                  workers: int | None = None, write_repeats: bool = False) -> RankPrediction:
     """Every chosen rank recorded (in `workers` processes; None: the usable cores); each distinct
     program analysed once. Exceptions of a rank's script (user_script.ScriptFailed,
     DataDependentError, NotModelledError, PredictionTimeout) go on unchanged, the lowest failing
     rank's."""
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
     record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
-                               timeout=timeout, strict=strict)
+                               timeout=timeout, strict=strict, sent={},   # the ranks in order: what roots sent
+                               write_repeats=write_repeats)
+    plan = record_ranks(launch, record, workers)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}
-    for recording in record_all(launch.chosen(), record, workers):
+    by_rank: dict[int, RankResult] = {}
+    for rank, recording, taken_as in in_rank_order(plan):
+        if recording is None:   # not recorded: the rank symmetry.py takes it as
+            model = by_rank[taken_as]
+            results.append(RankResult(rank, model.prediction, same_as=taken_as, steps=model.steps, recorded=False))
+            continue
         first = seen.get(recording.signature)
         if first is not None:
-            results.append(RankResult(recording.rank, _equal_rank(first.prediction, recording), same_as=first.rank,
-                                      steps=recording.steps, recording_s=recording.seconds))
+            result = RankResult(recording.rank, _equal_rank(first.prediction, recording), same_as=first.rank,
+                                steps=recording.steps, recording_s=recording.seconds)
+            results.append(result)
+            by_rank[rank] = result
             continue
         prediction = _analyse(recording, gpu, policies)
-        prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps)
+        prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps, recording.written_out)
         result = RankResult(recording.rank, prediction, same_as=None, steps=recording.steps,
                             recording_s=recording.seconds)
         seen[recording.signature] = result
         results.append(result)
-    return RankPrediction(launch, results)
+        by_rank[rank] = result
+    return RankPrediction(launch, results, plan.reason)

@@ -8,8 +8,9 @@ A rank's recording (`Recording`) is what its analysis needs and nothing live: it
 took), the steps its script made, and its signature (equal programs, equal signatures). Recording is most of a
 distributed prediction's time, and ranks are independent (each runs the whole script on its own
 fake world). With W > 1 usable cores and more than two ranks, the first rank is recorded here,
-which builds once what every rank's run shares (the script's imports, torch's first-call caches:
-DTensor's sharding propagation cache alone is most of a first FSDP2 rank's time); then W worker
+which builds once what every rank's run shares in torch (its lazily imported modules, its
+first-call caches: DTensor's sharding propagation cache alone is most of a first FSDP2 rank's
+time; the script's libraries each rank imports afresh, fresh_libraries.py); then W worker
 processes are forked from this one (multiprocessing's "fork" start method: all of that is
 inherited, nothing is rebuilt) and take the other ranks one at a time, each sending its
 `Recording` back (pickled). The ranks come out in rank order, as the serial loop gives them, and
@@ -49,8 +50,9 @@ _POLL_S = 1.0   # how often the parent checks that its workers are alive while i
 class Recording:
     rank: int
     run: Any            # the rank's RecordedRun (predict/run.py)
-    steps: int          # optimizer steps the script made
+    steps: int          # optimizer steps the script made (with those written out)
     signature: str = ""
+    written_out: int = 0   # steps repeating the last one run, written out instead (repeat.py)
 
     def __post_init__(self) -> None:
         self.signature = self.signature or program_signature(self.run.ops, self.run.markers)
@@ -77,13 +79,21 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def record_all(ranks: list[int], record: Callable[[int], Recording], workers: int | None = None) -> Iterator[Recording]:
+def record_all(ranks: list[int], record: Callable[[int], Recording], workers: int | None = None,
+               together: bool = False) -> Iterator[Recording]:
     """Each rank's Recording, in rank order; `record(rank)` runs one rank. workers: processes to
-    record in (None: the usable cores; 1: this process, in turn)."""
+    record in (None: the usable cores; 1: this process, in turn). together: the workers start
+    before the first rank is recorded here, all at once (a few ranks, where waiting for a warm
+    first rank would take longer than building the shared state in each)."""
     workers = usable_cores() if workers is None else workers
-    if workers <= 1 or len(ranks) <= 2 or not _can_fork():
+    if workers <= 1 or len(ranks) < 2 or not _can_fork() or (len(ranks) == 2 and not together):
         for rank in ranks:
             yield record(rank)
+        return
+    if together:
+        pool = _Pool(ranks[1:], record, min(workers - 1, len(ranks) - 1))
+        yield record(ranks[0])
+        yield from pool.results()
         return
     yield record(ranks[0])   # here: what every rank shares is built once, and the workers inherit it
     gc.collect()

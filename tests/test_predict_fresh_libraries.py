@@ -1,0 +1,90 @@
+"""Every rank predicted in this process starts from the library state of a new process
+(amem_alloc/predict/distributed/fresh_libraries.py): the libraries its script imports are imported
+afresh for it, whether a rank before it or the caller imported them, and are forgotten after it;
+the environment it set and the torch functions its libraries replaced are put back; torch, its
+dependencies and the standard library stay loaded.
+
+tests/predict_models/stateful_library keeps state the ways DeepSpeed and accelerate do (a module
+singleton, a class-wide dict, a handler on its logger, an environment variable, torch's F.linear
+replaced for the process) and refuses to initialise where another rank's state is left; dist_library_state.py initialises it on every rank.
+The real libraries are covered where they run: accelerate, the HF Trainer and DeepSpeed in
+test_predict_distributed.py and test_predict_deepspeed.py, Lightning in test_predict_lightning.py."""
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amem_alloc.predict.distributed import fresh_libraries  # noqa: E402
+from amem_alloc.predict.distributed.launch import Launch  # noqa: E402
+from amem_alloc.predict.distributed.ranks import predict_ranks  # noqa: E402
+
+MODELS = Path(__file__).parent / "predict_models"
+SCRIPT = [str(MODELS / "dist_library_state.py")]
+
+
+def _predict(world: int, workers: int):
+    return predict_ranks(Launch(world, 1, None), SCRIPT, "H100", "torch", steps=1, timeout=300, workers=workers)
+
+
+@pytest.mark.parametrize("world, workers", [(2, 1), (3, 2)])
+def test_every_rank_finds_the_library_state_of_a_new_process(world, workers):
+    """In turn here (2 ranks), and with rank 0 here and the others in workers forked after it (3
+    ranks): each rank's script initialises the library, which would refuse (the script fails) had
+    it found the state a rank before it left."""
+    assert "stateful_library" not in sys.modules
+    linear = torch.nn.functional.linear
+    result = _predict(world, workers)
+    assert [r.rank for r in result.ranks] == list(range(world)) and all(r.steps == 1 for r in result.ranks)
+    assert "stateful_library" not in sys.modules          # forgotten after the last rank
+    assert "STATEFUL_LIBRARY_RANK" not in os.environ
+    assert "stateful_library" not in logging.Logger.manager.loggerDict
+    assert "sympy" in sys.modules                         # torch needs it: it stays
+    assert str(MODELS) not in sys.path                    # the script's folder was the rank's only
+    assert torch.nn.functional.linear is linear           # torch's again (the library replaced it)
+
+
+def test_a_library_the_caller_imported_is_imported_afresh_for_each_rank_and_given_back(monkeypatch):
+    """The caller's own copy, initialised as rank 7, is out of the ranks' way (else rank 0 would
+    refuse) and is the caller's again afterwards, its state untouched."""
+    monkeypatch.syspath_prepend(str(MODELS))
+    import stateful_library
+
+    linear = torch.nn.functional.linear
+    try:
+        stateful_library.init(7)
+        del os.environ["STATEFUL_LIBRARY_RANK"]   # the caller's environment is the ranks' too, as torchrun's is
+        torch.nn.functional.linear = linear       # and so is its torch (it stays loaded)
+        handlers = list(stateful_library.logger.handlers)
+        _predict(2, 1)
+        assert sys.modules["stateful_library"] is stateful_library and stateful_library.GROUP == 7
+        assert stateful_library.State._shared_state == {"rank": 7}
+        assert logging.getLogger("stateful_library").handlers == handlers
+        assert "STATEFUL_LIBRARY_RANK" not in os.environ
+    finally:
+        torch.nn.functional.linear = linear
+        sys.modules.pop("stateful_library", None)
+        logging.Logger.manager.loggerDict.pop("stateful_library", None)
+
+
+def test_what_stays_the_standard_library_torch_what_they_need_and_compiled_modules():
+    """The rules, one by one: the standard library and torch stay; a distribution torch declares
+    (sympy) stays; a package a staying module holds stays (amem's modules hold numpy); a compiled
+    extension module stays whatever its package; anything else is a library, set aside."""
+    staying = fresh_libraries.Staying()
+    import json
+    import numpy
+    import sympy
+
+    for name, module in (("json", json), ("torch", torch), ("sympy", sympy), ("numpy", numpy),
+                         ("torch._C", torch._C), ("amem_alloc", sys.modules["amem_alloc"])):
+        assert not staying.forgets_module(name, module), name
+    extension = sys.modules["numpy._core._multiarray_umath"]
+    assert fresh_libraries._compiled(extension) and not staying.forgets_module("somelib._speedups", extension)
+    plain = type(json)("somelib")
+    plain.__file__ = "/site-packages/somelib/__init__.py"
+    assert staying.forgets_module("somelib", plain) and staying.forgets_module("somelib.sub", plain)
+    assert staying.forgets_logger("DeepSpeed", None) and not staying.forgets_logger("torch.distributed", None)
