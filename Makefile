@@ -24,7 +24,7 @@ TORCH  ?= torch==2.14.1
 # installed without building its CUDA ops (DS_BUILD_OPS=0: prediction runs torch's AdamW, and the
 # tests read the ZeRO internals of this minor release).
 PROGRAM_LIBS ?= "transformers>=5,<6" "accelerate>=1,<2" "torchvision==0.29.*" "lightning>=2.4,<3" "peft>=0.13" \
-                "deepspeed>=0.19,<0.20" "torchsummary==1.5.1"
+                "deepspeed>=0.19,<0.20" "torchtitan==0.3.*" "torchsummary==1.5.1"
 CPP_BUILD := build/cpp-tests
 # Any sanitizer report fails the run (UBSan only reports unless told to halt).
 SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
@@ -58,7 +58,7 @@ test: setup test-python test-cpp test-sanitize
 
 # The tests that run real programs, many predictions or benchmarks are left out (make test runs them).
 SLOW_TESTS := test_predict_programs.py test_predict_lightning.py test_predict_distributed.py test_predict_lm_medium.py \
-              test_predict_deepspeed.py test_predict_fresh_libraries.py \
+              test_predict_deepspeed.py test_predict_fresh_libraries.py test_predict_torchtitan.py \
               test_predict_whatif.py test_fit.py test_bench_fragmentation.py test_benchmarks_smoke.py test_compare.py \
               test_workloads_hard.py test_patches.py test_stress_hostile.py
 test-fast: setup test-cpp

@@ -97,9 +97,19 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = ())
     """Runs the script or module as __main__; returns its exit status (its traceback printed).
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
-    torch.OutOfMemoryError as the run's OOM).
+    torch.OutOfMemoryError as the run's OOM). The caller's sys.argv and sys.path are theirs again
+    afterwards: an in-process prediction (amem_alloc.fit, a rank) leaves no script folder behind.
     """
+    argv_before, path_before = sys.argv, list(sys.path)
     sys.argv = [target, *args]
+    try:
+        return _run_as_main(target, module, reraise)
+    finally:
+        sys.argv = argv_before
+        sys.path[:] = path_before
+
+
+def _run_as_main(target: str, module: bool, reraise: tuple) -> int:
     try:
         if module:
             sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first

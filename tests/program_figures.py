@@ -365,6 +365,130 @@ def fused_adamw(impl="fused", vocab=4096, d_model=256, heads=4, layers=2, seq=12
                    0.10, "saved for backward at the end of forward, fp32, SDPA memory-efficient")
 
 
+# ============================================================================ mixture of experts
+def training_peak(fig: Figures) -> int:
+    """A training loop's peak allocated (AdamW foreach, zero_grad to None), from its figures: the
+    larger of the start of backward — parameters, optimizer state, cuBLAS's workspaces, every
+    activation, and the loss's two fp32 (T, V) gradients alive at once in log_softmax's backward
+    (nll_loss's gradient in, log_softmax's out: `loss_gradients`) — and the optimizer step —
+    parameters, gradients, state, workspaces and foreach AdamW's one parameter-sized temporary (the
+    square root of exp_avg_sq, torch/optim/adam.py _multi_tensor_adam)."""
+    backward = fig.parameter + fig.optimizer_state + fig.workspace + fig.activation + fig.notes["loss_gradients"]
+    step = fig.parameter + 2 * fig.gradient + fig.optimizer_state + fig.workspace
+    return max(backward, step)
+
+
+def routed_rows(tokens, top_k) -> int:
+    """The rows a top-k router sends to all experts of a layer together: every token to k experts
+    (distinct), whatever the routing."""
+    return tokens * top_k
+
+
+def mixtral_param_shapes(hidden, intermediate, layers, heads, kv_heads, experts, vocab):
+    """MixtralForCausalLM (tie_word_embeddings False): embed_tokens; per layer q/k/v/o (no bias), the
+    router's weight (experts, hidden), the experts' fused gate_up_proj (experts, 2I, hidden) and
+    down_proj (experts, hidden, I) (MixtralExperts keeps 3-D parameters), two RMSNorm weights; the
+    final norm; lm_head."""
+    Hd, kv = hidden, hidden // heads * kv_heads
+    shapes = [(vocab, Hd)]
+    for _ in range(layers):
+        shapes += [(Hd, Hd), (kv, Hd), (kv, Hd), (Hd, Hd), (experts, Hd), (experts, 2 * intermediate, Hd),
+                   (experts, Hd, intermediate), (Hd,), (Hd,)]
+    return shapes + [(Hd,), (vocab, Hd)]
+
+
+def hf_mixtral_moe(hidden=512, intermediate=1024, layers=2, experts="grouped_mm", num_experts=8, top_k=2,
+                   vocab=4096, seq=512, batch=2, dtype="bfloat16") -> Figures:
+    """The model in bf16 (`.to(device, bfloat16)`: parameters and the rotary buffers), no autocast;
+    AdamW foreach (state in bf16 like the parameters, `step` on the CPU). 8 query and 2 key/value
+    heads.
+
+    Activations per token per layer (T = batch * seq tokens), 2 bytes an element unless said:
+      each RMSNorm (Python: x.to(float32), pow, mean, rsqrt, multiply, .to(bf16), weight *):
+        the fp32 copy 4H (saved by pow and the multiply), its bf16 cast 2H (saved by the weight
+        multiply), the output 2H (the next linears' input), rsqrt 4 B: 8H + 4, twice per layer
+      attention: q after rotary 2H (the add's output, SDPA's query); the config's default
+        use_cache=True makes a DynamicCache in training too, whose update concatenates the keys and
+        values (cat: copies), which SDPA saves: 2*kv + 2*kv; SDPA's output 2H (already in (B, S, H)
+        order: o_proj's input is a view of it), logsumexp 4 B per head. q*cos and rotate_half(q)*sin
+        save only cos and sin (no gradient flows to them)
+      router: softmax's fp32 output 4E, topk's int64 indices 8k, the weights' sum 4 B and the
+        in-place division's saved copy 4k: 4E + 12k + 4
+      experts, per routed row, rows = T * k in all (the number every routing conserves):
+        eager (a pass per expert on its rows): the gathered input 2H, gate_up's output 4I (gate and
+          up are views of it: silu and the multiply save it), silu's output 2I, the product 2I
+          (down's input), down's output 2H (saved by the multiply with the fp32 routing weight,
+          whose gathered [n, 1] column is 4 B), the product cast back to bf16 2H (index_add_ saves
+          its source: derivatives.yaml uses source's shape), torch.where's int64 (n, 2) 16 B:
+          6H + 8I + 20
+        grouped_mm (sorted by expert, one grouped matmul each way): the gathered input 2H, the
+          first grouped_mm's output 4I, silu 2I, the product 2I, the second's output 2H, the fp32
+          weight 4 B, the int64 perm // k, the sorted weights' perm and inv_perm 24 B: 4H + 8I + 28
+    Outside the layers: the final norm 8H + 4; the loss upcasts the logits to fp32 and log_softmax
+    saves its output 4V; input ids and labels 16 B; cos and sin (bf16, seq x head_dim each).
+    Tolerance 10%.
+    """
+    Hd, I, L, V, E, k = hidden, intermediate, layers, vocab, num_experts, top_k
+    T, heads, kv_heads = batch * seq, 8, 2
+    hd = Hd // heads
+    kv = hd * kv_heads
+    itemsize = 2 if dtype == "bfloat16" else 4
+    shapes = mixtral_param_shapes(Hd, I, L, heads, kv_heads, E, V)
+    buffers = [(hd // 2,), (hd // 2,)]
+    per_token = 2 * (8 * Hd + 4) + 4 * Hd + 4 * kv + 4 * heads + 4 * E + 12 * k + 4
+    per_row = 6 * Hd + 8 * I + 20 if experts == "eager" else 4 * Hd + 8 * I + 28
+    outside = T * (8 * Hd + 4 + 4 * V + 16) + 2 * 2 * seq * hd
+    activation = L * (T * per_token + routed_rows(T, k) * per_row) + outside
+    return Figures(f"hf_mixtral_moe[{experts}]", sum(math.prod(s) for s in shapes), len(shapes),
+                   storages(shapes, itemsize) + storages(buffers, itemsize), storages(shapes, itemsize),
+                   2 * storages(shapes, itemsize), activation, 0.10,
+                   "saved for backward at the end of forward, bf16 model, T*k routed rows per layer",
+                   notes={"routed_rows_per_layer": routed_rows(T, k), "expert_bytes_per_row": per_row,
+                          "loss_gradients": 2 * 4 * V * T})
+
+
+def deepseek_param_shapes(dim, inter, layers, experts, shared, vocab):
+    """deepseek_moe.py's Model: embedding; per layer an RMSNorm weight, the gate's (experts, dim),
+    each routed expert's w1 (inter, dim), w2 (dim, inter), w3 (inter, dim), the shared experts as one
+    SwiGLU of shared * inter; the final norm; the head."""
+    shapes = [(vocab, dim)]
+    for _ in range(layers):
+        shapes += [(dim,), (experts, dim)]
+        shapes += [(inter, dim), (dim, inter), (inter, dim)] * experts
+        shapes += [(shared * inter, dim), (dim, shared * inter), (shared * inter, dim)]
+    return shapes + [(dim,), (vocab, dim)]
+
+
+def deepseek_moe(dim=256, inter=512, layers=2, experts=8, topk=2, shared=2, vocab=4096, seq=256, batch=4) -> Figures:
+    """fp32, no autocast; AdamW foreach.
+
+    Activations per token per layer (T = batch * seq):
+      RMSNorm (torch's fused kernel): its input, the residual stream 4H, the inverse RMS 4 B, its
+        output 4H (the gate's, the shared experts' and the gathers' input)
+      gate: sigmoid's output 4E, topk's indices 8k (gather saves them), the gathered scores 4k and
+        their sum 4 B (the division saves both): 4E + 12k + 4
+      routed experts, per routed row (T * k rows in all): x[idx] 4H (w1 and w3 save it), w1's output
+        4I (silu), silu's output 4I and w3's 4I (their product saves both), the product 4I (w2),
+        w2's output 4H (the multiply by the weight saves it, and the gathered [n, 1] weight 4 B),
+        torch.where's int64 (n, 2) 16 B (the gathers' indices): 8H + 16I + 20 (y[idx] += ...
+        saves only indices: index and index_put_)
+      shared experts on every token: w1's, silu's, w3's outputs and the product, 4 x 4*shared*I
+    Outside: the final norm (input 4H, inverse RMS 4 B, output 4H), the logits 4V (the loop keeps
+    them) and log_softmax's output 4V, the int64 tokens and the targets' copy 16 B. Tolerance 10%.
+    """
+    H, I, L, V, E, k, T = dim, inter, layers, vocab, experts, topk, batch * seq
+    shapes = deepseek_param_shapes(dim, inter, layers, experts, shared, vocab)
+    per_token = 4 * H + 4 + 4 * H + 4 * E + 12 * k + 4 + 16 * shared * I
+    per_row = 8 * H + 16 * I + 20
+    outside = T * (8 * H + 4 + 8 * V + 16)
+    activation = L * (T * per_token + routed_rows(T, k) * per_row) + outside
+    return Figures("deepseek_moe", sum(math.prod(s) for s in shapes), len(shapes), storages(shapes),
+                   storages(shapes), adam_state(shapes, fused=False), activation, 0.10,
+                   "saved for backward at the end of forward, fp32, T*k routed rows per layer",
+                   notes={"routed_rows_per_layer": routed_rows(T, k), "expert_bytes_per_row": per_row,
+                          "loss_gradients": 2 * 4 * V * T})
+
+
 # ============================================================================ the programs
 @dataclass
 class Program:
@@ -445,6 +569,17 @@ PROGRAM_LIST = [
             lambda a: nanogpt(), stand_ins=["losses[k] = loss.item()", "lossf = loss.item()"],
             not_modelled=lambda args: [] if "--compile=False" in args else ["model = torch.compile(model)"],
             folder=NANOGPT),
+    Program("hf_mixtral_moe_eager", "hf_mixtral_moe.py",
+            ["--experts", "eager", "--hidden", "256", "--intermediate", "1024", "--vocab", "1024", "--seq", "512",
+             "--batch", "4"],
+            ["--experts", "eager", "--hidden", "512", "--intermediate", "2048", "--seq", "1024", "--batch", "4"],
+            lambda a: _pick(hf_mixtral_moe, a), stand_ins=["loss.item()"], needs=("transformers",)),
+    Program("hf_mixtral_moe", "hf_mixtral_moe.py",
+            ["--hidden", "256", "--intermediate", "1024", "--vocab", "1024", "--seq", "512", "--batch", "4"],
+            ["--hidden", "512", "--intermediate", "2048", "--seq", "1024", "--batch", "4"],
+            lambda a: _pick(hf_mixtral_moe, a), stand_ins=["loss.item()"], needs=("transformers",)),
+    Program("deepseek_moe", "deepseek_moe.py", ["--vocab", "1024"], ["--dim", "512", "--inter", "1024", "--seq", "1024"],
+            lambda a: _pick(deepseek_moe, a), stand_ins=["loss.item()"]),
 ]
 BY_NAME = {p.name: p for p in PROGRAM_LIST}
 

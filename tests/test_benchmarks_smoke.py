@@ -51,6 +51,17 @@ def test_bench_stacks_quick_prints_its_ratios():
     assert "| on+stacks |" in out.stdout and "x |" in out.stdout
 
 
+def test_bench_traced_quick_checks_and_times_both_loops(tmp_path):
+    from amem_alloc import replay
+
+    saved = replay.Program(replay.pack([(replay.ALLOC, 1, 4096, 0), (replay.FREE, 2, 0, 0), (replay.RELEASE, 0, 0, 0),
+                                        (replay.ALLOC, 1, 3 << 20, 7)])).save(tmp_path / "p.npz")
+    for args in (["--quick"], ["--program", str(saved), "--start", "1", "--reps", "2"]):
+        out = _bench("bench_traced.py", *args)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "| replay |" in out.stdout and "| snapshot |" in out.stdout and "x |" in out.stdout, out.stdout
+
+
 def test_bench_predict_gpu_skips_cleanly_without_a_gpu(tmp_path):
     import os
     import subprocess

@@ -118,7 +118,9 @@ def test_a_script_that_grows_gets_its_largest_value(tmp_path):
     exactly; 257 need 1 GiB + 4 MiB."""
     script = tmp_path / "s.py"
     script.write_text(GROWS)
+    path, argv = list(sys.path), sys.argv
     result = amem_alloc.fit([str(script)], "batch", capacity_gb=1, policies="torch")
+    assert (sys.path, sys.argv) == (path, argv)   # the caller's again after each trial
     p = result.policies[0]
     assert (p.largest, p.first_failing, p.peak_reserved) == (256, 257, 2**30)
     assert p.needed_at_first_failing == 2**30 + 4 * 2**20

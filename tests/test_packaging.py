@@ -68,7 +68,7 @@ def test_base_dependencies_and_extras(metadata):
 def test_the_programs_extra_names_the_makefiles_program_libraries(metadata):
     """make setup installs PROGRAM_LIBS (with torchvision pinned to its torch); the extra, for a user's
     own environment, must name the same libraries."""
-    line = re.search(r"^PROGRAM_LIBS \?= (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    line = re.search(r"^PROGRAM_LIBS \?= ((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     makefile = sorted(_requirement_name(r) for r in re.findall(r'"[^"]+"', line))
     extra = sorted(_requirement_name(r) for r in metadata.get_all("Requires-Dist") if 'extra == "programs"' in r)
     assert makefile == extra

@@ -37,13 +37,14 @@ def test_every_rank_finds_the_library_state_of_a_new_process(world, workers):
     it found the state a rank before it left."""
     assert "stateful_library" not in sys.modules
     linear = torch.nn.functional.linear
+    path = list(sys.path)
     result = _predict(world, workers)
     assert [r.rank for r in result.ranks] == list(range(world)) and all(r.steps == 1 for r in result.ranks)
     assert "stateful_library" not in sys.modules          # forgotten after the last rank
     assert "STATEFUL_LIBRARY_RANK" not in os.environ
     assert "stateful_library" not in logging.Logger.manager.loggerDict
     assert "sympy" in sys.modules                         # torch needs it: it stays
-    assert str(MODELS) not in sys.path                    # the script's folder was the rank's only
+    assert str(MODELS) not in sys.path and sys.path == path   # the script's folder was the rank's only
     assert torch.nn.functional.linear is linear           # torch's again (the library replaced it)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amem_alloc.predict.engine.known import MAX_ELEMENTS
+from amem_alloc.predict.engine.known import MAX_ELEMENTS, MAX_INDEX_ELEMENTS
 from amem_alloc.predict.engine.session import FakeCudaSession
 
 
@@ -50,12 +50,24 @@ def test_unknown_values_still_get_stand_ins():
         found_inf.add_(noise.sum())
         found_inf.fill_(1.0).add_(noise[:1])
         assert found_inf.item() == 0.0
-        big = torch.arange(MAX_ELEMENTS + 1, device="cuda")   # over the cap: not shadowed
-        assert big[-1].item() == 0
+        big = torch.arange(MAX_ELEMENTS + 1, dtype=torch.float32, device="cuda")   # over the cap: not shadowed
+        assert big[-1].item() == 0.0
         garbage = torch.empty(4, device="cuda")               # uninitialised memory
         assert garbage.tolist() == [0.0] * 4
     lines = sorted(n.what for n in _stand_ins(s))
     assert len(lines) == 4, lines   # noise, found_inf once written, big, garbage
+
+
+def test_integer_tensors_are_shadowed_up_to_a_larger_cap():
+    """Indices and masks decide sizes and branches: they are shadowed up to MAX_INDEX_ELEMENTS
+    (floating tensors up to MAX_ELEMENTS)."""
+    with FakeCudaSession() as s:
+        ids = torch.arange(MAX_ELEMENTS * 2, device="cuda")
+        assert ids[-1].item() == MAX_ELEMENTS * 2 - 1
+        assert (ids % 2 == 0).nonzero().shape == (MAX_ELEMENTS, 1)
+        huge = torch.arange(MAX_INDEX_ELEMENTS + 1, device="cuda")
+        assert huge[-1].item() == 0   # over the index cap: a stand-in
+    assert len(_stand_ins(s)) == 1
 
 
 def test_strict_does_not_stop_at_a_known_value():

@@ -72,11 +72,12 @@ class Prediction:
         return f"exit {self.returncode}\n--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-5000:]}"
 
 
-def predict(script: str, args: list, cwd: Path, out: Path, gpu: str = "H100") -> Prediction:
+def predict(script: str, args: list, cwd: Path, out: Path, gpu: str = "H100", shapes: str | None = None) -> Prediction:
     out.mkdir(parents=True, exist_ok=True)
     json_path, trace_path = out / "prediction.json", out / "trace.pickle"
     argv = [sys.executable, "-m", "amem_alloc", "predict", "--gpu", gpu, "--json", str(json_path),
-            "--trace", str(trace_path), "--", "python", script, *map(str, args)]
+            "--trace", str(trace_path), *(["--shapes", shapes] if shapes else []),
+            "--", "python", script, *map(str, args)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (amem_path(), os.environ.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -562,10 +563,11 @@ def test_a_channels_last_convolution_stays_channels_last(tmp_path):
 
 def test_faster_rcnn_training_holds_its_model_state_and_notes_its_data_dependent_shapes(tmp_path):
     """torchvision's Faster R-CNN (tests/programs/detection_fasterrcnn.py, one 256-pixel image, one
-    SGD step): anchor matching, box sampling and NMS give shapes only values decide; each is taken
-    at its upper bound and noted at the program's line (torchvision's nms refused meta tensors).
-    Parameters and FrozenBatchNorm's buffers, gradients of the trainable parameters and SGD's
-    momentum buffers, each storage to the byte."""
+    SGD step): anchor matching, box sampling and NMS give shapes only values decide; each is noted at
+    the program's line: NMS and the matcher's selections at their upper bound, the samplers' picks at
+    the counts the program fixed, the RoI pooler's levels from assumed values (rules/data_dependent.py;
+    tests/test_predict_shapes.py checks the figures). Parameters and FrozenBatchNorm's buffers,
+    gradients of the trainable parameters and SGD's momentum buffers, each storage to the byte."""
     tv = pytest.importorskip("torchvision")
     p = predict("detection_fasterrcnn.py", ["--image", "256", "--batch", "1", "--steps", "1"], PROGRAMS,
                 tmp_path / "out")
@@ -577,9 +579,12 @@ def test_faster_rcnn_training_holds_its_model_state_and_notes_its_data_dependent
     most = category_maxima(p.trace)
     assert (most["parameter"], most["gradient"], most["optimizer_state"]) == (
         pf.storages(state), pf.storages(trainable), pf.storages(trainable)), most
-    bounded = {n["what"] for n in p.data["notes"] if n["kind"] == "upper-bound"}
-    assert {"torchvision.ops.nms(): output sized for every element", "nonzero(): output sized for every element"} == bounded
-    assert all(n["where"].startswith("detection_fasterrcnn.py:") for n in p.data["notes"] if n["kind"] == "upper-bound")
+    bounded = {n["what"].split(": ")[0] + ": " + n["what"].split(": ")[1] for n in p.data["notes"] if n["kind"] == "upper-bound"}
+    assert {"torchvision.ops.nms(): every box kept", "nonzero(): every element"} == bounded
+    assumed = {n["what"].split(":")[0] for n in p.data["notes"] if n["kind"] == "assumed"}
+    assert {"nonzero()", "nonzero(), from assumed values"} == assumed, assumed
+    assert all(n["where"].startswith("detection_fasterrcnn.py:") for n in p.data["notes"]
+               if n["kind"] in ("upper-bound", "assumed"))
 
 
 def test_peft_lora_trains_only_the_adapters(tmp_path):

@@ -45,6 +45,22 @@ def test_program_round_trip(tmp_path):
     assert np.array_equal(p.ops, q.ops) and (q.prologue, q.device) == (0, 0)
 
 
+def test_pack_makes_the_records_a_record_per_op_made():
+    import random
+
+    rng = random.Random(3)
+    ops = [(rng.choice(replay.CORE_KINDS), rng.randrange(1 << 64), rng.randrange(1 << 40), rng.randrange(1 << 64))
+           for _ in range(5000)] + [(True, np.uint64(1 << 63), np.int64(7), 0), (2, 1.9, 0, 0)]
+    expected = np.array([(key, size, stream, kind) for kind, key, size, stream in ops], dtype=replay.OPS)
+    assert replay.pack(ops).tobytes() == expected.tobytes()
+    assert replay.pack(iter(ops[:10])).tobytes() == expected[:10].tobytes()  # any iterable
+    assert replay.pack([]).dtype == replay.OPS and len(replay.pack(iter(()))) == 0
+    with pytest.raises(ValueError, match="kind, key, size, stream"):
+        replay.pack([(replay.ALLOC, 1, 2, 0), (replay.FREE, 1, 0)])
+    with pytest.raises(OverflowError):
+        replay.pack([(replay.ALLOC, -1, 2, 0)])
+
+
 def test_amem_replay_reads_a_recorded_program(tmp_path, capsys):
     from amem_alloc.cli import main as amem
 

@@ -2,7 +2,7 @@
 
     amem predict [--gpu NAME | --capacity-gb N] [--context-mb MIB | --calibration-file FILE]
                  [--policy LIST] [--json PATH] [--trace PATH] [--report PATH] [--steps N] [--timeout S]
-                 [--strict] -- python SCRIPT ARGS...
+                 [--strict] [--shapes expected|upper] -- python SCRIPT ARGS...
     amem predict --workload NAME [--size N] [--steps N] [...]
 
 The script runs unchanged in this process (script.py: runpy, sys.argv set, as __main__): real
@@ -47,7 +47,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
     steps, timeout = predict_options.script_limits(args)
-    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict)
+    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict, shapes=args.shapes)
     try:
         with run:
             if script:
@@ -91,6 +91,7 @@ def predict_command(args: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from ..predict import gpus
+    from ..predict import options as predict_options_table
     from . import predict_options, predict_ranks
     from . import predict_whatif as whatif
 
@@ -115,8 +116,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-repeats", action="store_true", help="where two steps in a row made the same "
                    "allocations, write the rest of the --steps out instead of running them (faster, for a loop "
                    "that runs on past --steps)")
-    p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
-                   "(loss.item(), print(t)) instead of answering it with a stand-in")
+    predict_options_table.add_arguments(p)   # --strict, --shapes: predict/options.py's table
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")

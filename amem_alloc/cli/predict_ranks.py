@@ -65,7 +65,7 @@ def predict_command(args: argparse.Namespace) -> int:
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
     result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict,
-                                             write_repeats=args.write_repeats))
+                                             write_repeats=args.write_repeats, shapes=args.shapes))
     if isinstance(result, int):
         return result
     from ..report.prediction_text import format_ranks

@@ -37,5 +37,5 @@ def from_cli(args: Any, script: list[str] | None, base: Any, body_for_workload: 
         body = trial.script_body(script, *predict_options.script_limits(args))
     else:
         body = body_for_workload
-    whatif_run.run_all(names, body, base, api.predicting, blocks=args.blocks, strict=args.strict,
+    whatif_run.run_all(names, body, base, api.predicting, blocks=args.blocks, strict=args.strict, shapes=args.shapes,
             progress=lambda line: print(f"amem predict: {line}", file=sys.stderr, flush=True))

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from .. import policies as policies_mod
 from . import gpus as gpus_mod
+from . import options as options_mod
 from . import repeat, state
 from .engine.children import ChildWatch
 from .shims.cuda import CudaShims, LiveAllocator
@@ -80,9 +81,11 @@ class predicting:  # noqa: N801 - used like a function in `with`
     (`.recording.ops` is the program so far, `.recorded` the whole run)."""
 
     def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
-                 context_mb: float | None = None, calibration_file: Any = None, policies: Any = None, live_policy: str = "torch", device_count: int = 1,
+                 context_mb: float | None = None, calibration_file: Any = None, policies: Any = None,
+                 live_policy: str = "torch", device_count: int = 1,
                  target: str = "code", session_factory: Callable[..., Any] | None = None,
-                 shims: bool = True, analyse: bool = True, strict: bool = False) -> None:
+                 shims: bool = True, analyse: bool = True, strict: bool = False,
+                 shapes: str = options_mod.default("shapes")) -> None:
         self.gpu = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
         self.policies = resolve_policies(policies)
         self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
@@ -90,7 +93,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
             raise ValueError(f"device_count must be an integer >= 1, got {device_count!r}")
         self.device_count, self.target = device_count, target
         self._factory = session_factory
-        self._use_shims, self._analyse, self.strict = shims, analyse, strict
+        self._use_shims, self._analyse = shims, analyse
+        self.strict, self.shapes = options_mod.check("strict", strict), options_mod.check("shapes", shapes)
         self.children = ChildWatch()
         self.child_reports: list[dict] = []   # children that used CUDA (children.py)
         self.live = LiveAllocator(self.live_policy.conf)
@@ -109,6 +113,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
     def __enter__(self) -> "predicting":
         factory = self._factory or engine()[0]
         options = {"strict": True} if self.strict else {}
+        if self.shapes != options_mod.default("shapes"):
+            options["shapes"] = self.shapes
         self.session = factory(device_count=self.device_count, device_name=self.gpu.name,
                                capability=self.gpu.capability, total_memory=self.gpu.total_memory, **options)
         self.recording = getattr(self.session, "recording", None)
@@ -157,12 +163,14 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
             capacity_gb: float | None = None, context_mb: float | None = None, calibration_file: Any = None,
             policies: Any = None, live_policy: str = "torch",
             device_count: int = 1, session_factory: Callable[..., Any] | None = None, strict: bool = False,
-            what_if: Any = None, blocks: str | None = None, **kwargs: Any) -> Prediction:
+            shapes: str = options_mod.default("shapes"), what_if: Any = None, blocks: str | None = None,
+            **kwargs: Any) -> Prediction:
     """Runs fn(*args, **kwargs) once under prediction; returns the Prediction (peaks per policy,
     min capacity, fits, what holds memory at the peak; .write_json/.write_trace; its text and page:
     amem_alloc.format_prediction and amem_alloc.write_prediction_report).
     what_if: changes (whatif.NAMES, a list or 'a,b' or 'all'): fn runs again once per change, with the
     change applied by amem (blocks: the stack to checkpoint); the answers are in `.what_if`.
+    strict, shapes: options.py's table (shapes: 'expected' or 'upper', for sizes only values decide).
     context_mb: what the process holds outside the caching allocator (CUDA context and libraries), in
     MiB, as measured; calibration_file: amem doctor --calibrate's file to take it from instead."""
     if not callable(fn):
@@ -170,12 +178,13 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
     name = getattr(fn, "__qualname__", None) or repr(fn)
     card = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
     with predicting(card, policies=policies, live_policy=live_policy,
-                    device_count=device_count, target=name, session_factory=session_factory, strict=strict) as run:
+                    device_count=device_count, target=name, session_factory=session_factory, strict=strict,
+                    shapes=shapes) as run:
         fn(*args, **kwargs)
     assert run.result is not None
     if what_if:
         from .whatif import answers as whatif, run as whatif_run
 
         whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
-                           blocks=blocks, strict=strict, policies=run.policies)
+                           blocks=blocks, strict=strict, policies=run.policies, shapes=shapes)
     return run.result

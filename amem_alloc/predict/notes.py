@@ -26,9 +26,10 @@ from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, display_path, is_script_
 
 STAND_IN = "stand-in"          # a value read answered with a stand-in; the run went on
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
+ASSUMED = "assumed"            # a data-dependent size or value taken by the shape rule (--shapes)
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
-KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED)
+KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED)
 
 
 def call_site(skip: int = 1) -> str:
@@ -67,10 +68,54 @@ class Note:
     where: str       # call_site() of the first occurrence
     count: int = 1
     nbytes: int = 0  # for estimates: the bytes the estimate allocated (the largest seen)
+    seen: dict = field(default_factory=dict)   # shape rule -> what each occurrence gave under it
+    unit: str = ""   # of the numbers in `seen` ("rows")
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "what": self.what, "where": self.where, "count": self.count,
-                "bytes": self.nbytes}
+        out = {"kind": self.kind, "what": self.what, "where": self.where, "count": self.count,
+               "bytes": self.nbytes}
+        if self.seen:   # a size or value that depends on the shape rule: each rule's, where they differ
+            out["what"] = f"{self.what}: {seen_text(self.seen, self.unit)}"
+            out["seen"] = {rule: _summary(got) for rule, got in self.seen.items()}
+        return out
+
+
+def seen_text(seen: dict, unit: str) -> str:
+    """"256 rows each, 2,048 in all; under --shapes upper: 0–1,024 rows, 2,048 in all": the first
+    rule's figures (the session's), then another's where they differ and are known."""
+    rules = list(seen)
+    text = _figures(seen[rules[0]], unit)
+    for rule in rules[1:]:
+        got = seen[rule]
+        if got != seen[rules[0]]:
+            known = [g for g in got if g is not None]
+            text += f"; under --shapes {rule}: " + (_figures(got, unit) if len(known) == len(got) else
+                                                    (_figures(known, unit) + f" (of {len(known)} of the {len(got)})"
+                                                     if known else "not followed (earlier sizes differ)"))
+    return text
+
+
+def _figures(got: list, unit: str) -> str:
+    """Sizes (with a unit) as a range and a total; values read as each distinct value and how often."""
+    if unit and got and all(isinstance(g, int) and not isinstance(g, bool) for g in got):
+        total, low, high = sum(got), min(got), max(got)
+        if low == high:
+            return f"{low:,} {unit}" + (f" each, {total:,} in all" if len(got) > 1 else "")
+        return f"{low:,}–{high:,} {unit}, {total:,} in all"
+    tally: dict = {}
+    for g in got:
+        tally[repr(g)] = tally.get(repr(g), 0) + 1
+    shown = [k if n == len(got) else f"{k} x{n}" for k, n in list(tally.items())[:4]]
+    return ", ".join(shown) + (f", ... ({len(tally)} distinct)" if len(tally) > 4 else "")
+
+
+def _summary(got: list) -> dict:
+    if got and all(isinstance(g, int) and not isinstance(g, bool) for g in got):
+        return {"min": min(got), "max": max(got), "total": sum(got), "n": len(got)}
+    tally: dict = {}
+    for g in got:
+        tally[repr(g)] = tally.get(repr(g), 0) + 1
+    return {"values": tally, "n": len(got)}
 
 
 @dataclass
@@ -78,15 +123,20 @@ class Notes:
     """The notes of one prediction, in the order first seen."""
     items: dict = field(default_factory=dict)   # (kind, what, where) -> Note
 
-    def add(self, kind: str, what: str, where: str, nbytes: int = 0) -> Note:
+    def add(self, kind: str, what: str, where: str, nbytes: int = 0, seen: dict | None = None,
+            unit: str = "") -> Note:
+        """One more occurrence; `seen` (shape rule -> what this occurrence gave under it, None where
+        not known) is kept per rule, in the order first given."""
         if kind not in KINDS:
             raise ValueError(f"unknown note kind {kind!r}")
         key = (kind, what, where)
         note = self.items.get(key)
         if note is None:
-            note = self.items[key] = Note(kind, what, where, 0, 0)
+            note = self.items[key] = Note(kind, what, where, 0, 0, {}, unit)
         note.count += 1
         note.nbytes = max(note.nbytes, int(nbytes))
+        for rule, got in (seen or {}).items():
+            note.seen.setdefault(rule, [None] * (note.count - 1)).append(got)
         return note
 
     def __iter__(self):
@@ -110,11 +160,12 @@ def current() -> Notes | None:
     return st.notes if st is not None else None
 
 
-def record(kind: str, what: str, nbytes: int = 0, where: str | None = None) -> None:
+def record(kind: str, what: str, nbytes: int = 0, where: str | None = None, seen: dict | None = None,
+           unit: str = "") -> None:
     """Adds a note to the prediction running now (nothing outside one)."""
     notes = current()
     if notes is not None:
-        notes.add(kind, what, where or call_site(2), nbytes)
+        notes.add(kind, what, where or call_site(2), nbytes, seen, unit)
 
 
 class NotModelledError(RuntimeError):

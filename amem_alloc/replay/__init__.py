@@ -7,6 +7,8 @@
                  replay, amem compare and amem predict print
     trace.py     `amem replay`: every device of a trace evaluated under several policies, with
                  the capacity it assumes and the native figures (replay_trace)
+    traced.py    a program re-run with the core's trace on (the C++ loop's traced variant), as
+                 torch's snapshot: a prediction's trace (traced_snapshot)
 
 Prediction (amem_alloc.predict) and amem compare produce programs too; everything after the
 program is this package's.

@@ -4,16 +4,21 @@
 Each alloc and free event is labelled by `describe(key)` -> (frames, user_metadata): the caller
 knows what each of its program's keys was (prediction: the engine's AllocInfo); the blocks still
 live at the end get their frames too. Recording starts at op `start` (a record window's start).
+
+The program runs in the core's C++ loop (`CoreAllocator.replay_traced`, Note [traced replay] in
+csrc/core/replay.h: its rules for reused keys, unknown frees, size-0 requests and captured pools,
+and the ring's size), which hands back the keys allocated from `start` on, in order, and the
+keys live at the end: predictions can record millions of ops, and a binding call per op cost
+about a microsecond each.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from .._C import CoreAllocator
-from .program import ALLOC, FREE, POOL_BEGIN, POOL_END, RELEASE
+from .program import pack
 
 Describe = Callable[[int], tuple[list[dict], str]]
-_RING_SLACK = 4096   # trace ring entries beyond 4 per op (alloc/free and the segment events they cause)
 
 
 class _SimAllocator:
@@ -29,43 +34,16 @@ class _SimAllocator:
         return self._core.settings
 
 
-def _pool_op(core: Any, kind: int, pool: int) -> None:
-    """A CUDA graph capture's pool scope (Note [captured pools]): every stream goes to the pool."""
-    if kind == POOL_BEGIN:
-        core.begin_allocate_to_pool((0, pool), [])
-    elif kind == POOL_END:
-        core.end_allocate_to_pool((0, pool))
-    else:
-        core.release_pool((0, pool))
-
-
 def traced_snapshot(ops: list[tuple], describe: Describe, conf: str = "", start: int = 0) -> dict:
-    """The program `ops` ((kind, key, size, stream)) re-run on a fresh sim core, recording from op
-    `start`: torch's snapshot format, every event labelled by `describe`."""
+    """The program `ops` ((kind, key, size, stream): ALLOC, FREE, RELEASE and captured pools' POOL_BEGIN,
+    POOL_END, POOL_RELEASE) re-run on a fresh sim core, recording from op `start`: torch's snapshot
+    format, every event labelled by `describe`."""
     from ..snapshot import build_snapshot
 
+    if start < 0:
+        raise ValueError(f"amem: a trace starts at an op of the program, not at {start}")
     alloc = _SimAllocator(conf)
-    core, live, order = alloc._core, {}, []
-    for i, (kind, key, size, stream) in enumerate(ops):
-        if i == start:
-            core.start_trace(4 * (len(ops) - start) + _RING_SLACK)
-        if kind == ALLOC:
-            if key in live:
-                core.free(live.pop(key))
-            address = core.malloc(size, stream)
-            if address:
-                live[key] = address
-                if i >= start:
-                    order.append(key)
-        elif kind == FREE:
-            if key in live:
-                core.free(live.pop(key))
-        elif kind == RELEASE:
-            core.empty_cache()
-        else:
-            _pool_op(core, kind, key)
-    if start >= len(ops):
-        core.start_trace(_RING_SLACK)
+    order, live = alloc._core.replay_traced(pack(ops).tobytes(), start)
     snap = build_snapshot(alloc)
     _label(snap, describe, order, {a: k for k, a in live.items()})
     return snap

@@ -74,13 +74,18 @@ auto on_device(int device, Fn fn) {  // introspection of a device that may not e
   return a ? fn(*a) : decltype(fn(*a))();
 }
 
-// ops: a buffer of packed 32-byte ReplayOp records (see replay.h).
-py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples, bool record_segments) {
-  py::buffer_info info = ops.request();
+// The packed 32-byte ReplayOp records of a buffer (see replay.h); `info` keeps them alive.
+size_t replay_records(const py::buffer_info& info, const amem::ReplayOp** records) {
   if (info.size * info.itemsize % sizeof(amem::ReplayOp) != 0)
     throw std::invalid_argument("amem: replay ops must be packed 32-byte records (key, size, stream, kind)");
-  const auto* records = static_cast<const amem::ReplayOp*>(info.ptr);
-  size_t count = static_cast<size_t>(info.size * info.itemsize) / sizeof(amem::ReplayOp);
+  *records = static_cast<const amem::ReplayOp*>(info.ptr);
+  return static_cast<size_t>(info.size * info.itemsize) / sizeof(amem::ReplayOp);
+}
+
+py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples, bool record_segments) {
+  py::buffer_info info = ops.request();
+  const amem::ReplayOp* records = nullptr;
+  size_t count = replay_records(info, &records);
   amem::ReplayResult r;
   {
     py::gil_scoped_release release;
@@ -100,6 +105,19 @@ py::dict run_replay(CachingAllocator& a, py::buffer ops, size_t max_samples, boo
     segment_events.append(py::make_tuple(e.op, amem::trace_action_name(e.action), e.bytes));
   out["segment_events"] = segment_events;
   return out;
+}
+
+// (keys allocated from `start` on, in order; {key: address} live at the end): Note [traced replay].
+py::tuple run_replay_traced(CachingAllocator& a, py::buffer ops, size_t start) {
+  py::buffer_info info = ops.request();
+  const amem::ReplayOp* records = nullptr;
+  size_t count = replay_records(info, &records);
+  amem::TracedReplay r;
+  {
+    py::gil_scoped_release release;
+    r = amem::replay_traced(a, records, count, start);
+  }
+  return py::make_tuple(py::cast(r.order), py::cast(r.live));
 }
 
 // Tests and tools: a private-pool scope for requests on the given streams (none given: every
@@ -137,6 +155,7 @@ void bind_allocator(py::module_& m) {
       .def("block_info", &block_info, arg("address"))
       .def("set_stream_busy", &set_stream_busy, arg("stream"), arg("busy"))
       .def("replay", &run_replay, arg("ops"), arg("max_samples"), arg("record_segments") = false)
+      .def("replay_traced", &run_replay_traced, arg("ops"), arg("start"))
       .def("begin_allocate_to_pool", &begin_pool, arg("pool_id"), arg("streams"))
       .def("end_allocate_to_pool", &CachingAllocator::end_allocate_to_pool, arg("pool_id"))
       .def("release_pool", &CachingAllocator::release_pool, arg("pool_id"))

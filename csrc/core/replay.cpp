@@ -1,4 +1,4 @@
-// replay.cpp — the replay loop (see replay.h).
+// replay.cpp — the replay loop and its traced variant (see replay.h).
 #include "replay.h"
 
 #include <stdexcept>
@@ -7,6 +7,32 @@
 
 namespace amem {
 namespace {
+
+// ---------------------------------------------------------------- captured pools (both loops)
+
+// Note [captured pools] (replay.h): while a capture is open every request goes to its pool.
+PoolId captured_pool(const ReplayOp& op) { return {0, op.key}; }
+
+void run_pool_op(CachingAllocator& allocator, const ReplayOp& op) {
+  switch (op.kind) {
+    case kReplayBeginPool: allocator.begin_allocate_to_pool(captured_pool(op), [](StreamId) { return true; }); break;
+    case kReplayEndPool: allocator.end_allocate_to_pool(captured_pool(op)); break;
+    default: allocator.release_pool(captured_pool(op)); break;
+  }
+}
+
+constexpr uint64_t kind_bit(uint64_t kind) { return uint64_t{1} << kind; }
+constexpr uint64_t kPoolKinds = kind_bit(kReplayBeginPool) | kind_bit(kReplayEndPool) | kind_bit(kReplayReleasePool);
+
+// Every op's kind is one of `accepted` (a bit per kind); `kinds` names them for the error.
+void check_kinds(const ReplayOp* ops, size_t count, uint64_t accepted, const char* kinds) {
+  for (size_t i = 0; i < count; ++i)
+    if (ops[i].kind >= 64 || (accepted & kind_bit(ops[i].kind)) == 0)
+      throw std::invalid_argument("amem: replay op " + std::to_string(i) + " has unknown kind " +
+                                  std::to_string(ops[i].kind) + " (" + kinds + ")");
+}
+
+// ---------------------------------------------------------------- the replay loop
 
 struct Replayer {
   CachingAllocator& allocator;
@@ -47,14 +73,6 @@ struct Replayer {
     allocator.empty_cache();
   }
 
-  // Note [captured pools] (replay.h): while a capture is open every request goes to its pool.
-  static PoolId captured_pool(const ReplayOp& op) { return {0, op.key}; }
-  void begin_pool(const ReplayOp& op) {
-    allocator.begin_allocate_to_pool(captured_pool(op), [](StreamId) { return true; });
-  }
-  void end_pool(const ReplayOp& op) { allocator.end_allocate_to_pool(captured_pool(op)); }
-  void release_pool(const ReplayOp& op) { allocator.release_pool(captured_pool(op)); }
-
   // The state the trace started in is rebuilt: measure from here.
   void end_prologue(uint64_t index) {
     allocator.reset_peak_stats();
@@ -91,17 +109,11 @@ struct Replayer {
 
 }  // namespace
 
-void check_kinds(const ReplayOp* ops, size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    if (ops[i].kind > kReplayReleasePool)
-      throw std::invalid_argument("amem: replay op " + std::to_string(i) + " has unknown kind " +
-                                  std::to_string(ops[i].kind) +
-                                  " (0 alloc, 1 free, 2 empty_cache, 3 end of prologue, 4-6 captured pools)");
-}
-
 ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples,
                     bool record_segments) {
-  check_kinds(ops, count);
+  check_kinds(ops, count, kind_bit(kReplayAlloc) | kind_bit(kReplayFree) | kind_bit(kReplayEmptyCache) |
+                              kind_bit(kReplayPrologueEnd) | kPoolKinds,
+              "0 alloc, 1 free, 2 empty_cache, 3 end of prologue, 4-6 captured pools");
   Replayer r{allocator, {}, {}, 1, record_segments, 0};
   r.live.reserve(1024);
   bool has_prologue = false;
@@ -113,10 +125,8 @@ ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t cou
       case kReplayAlloc: r.alloc(ops[i]); break;
       case kReplayFree: r.free(ops[i]); break;
       case kReplayEmptyCache: r.release(); break;
-      case kReplayBeginPool: r.begin_pool(ops[i]); break;
-      case kReplayEndPool: r.end_pool(ops[i]); break;
-      case kReplayReleasePool: r.release_pool(ops[i]); break;
-      default: r.end_prologue(i); break;
+      case kReplayPrologueEnd: r.end_prologue(i); break;
+      default: run_pool_op(allocator, ops[i]); break;
     }
     r.sample(i, i + 1 == count);
     if (record_segments) r.stamp(i);
@@ -124,6 +134,58 @@ ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t cou
   if (record_segments) allocator.set_segment_log(nullptr);
   r.result.ops = count;
   return r.result;
+}
+
+// ================================================================ the traced replay (Note [traced replay])
+
+namespace {
+
+struct TracedReplayer {
+  CachingAllocator& allocator;
+  TracedReplay result;
+
+  void free(uint64_t key) {
+    auto it = result.live.find(key);
+    if (it == result.live.end()) return;  // not live: ignored
+    allocator.free(it->second);
+    result.live.erase(it);
+  }
+
+  void alloc(const ReplayOp& op, bool recording) {
+    free(op.key);  // a live key's old block goes first
+    uintptr_t address = allocator.malloc(op.size, op.stream);
+    if (address == 0) return;  // size 0: no block, no alloc event
+    result.live.emplace(op.key, address);
+    if (recording) result.order.push_back(op.key);
+  }
+
+  void run(const ReplayOp& op, bool recording) {
+    switch (op.kind) {
+      case kReplayAlloc: alloc(op, recording); break;
+      case kReplayFree: free(op.key); break;
+      case kReplayEmptyCache: allocator.empty_cache(); break;
+      default: run_pool_op(allocator, op); break;
+    }
+  }
+};
+
+}  // namespace
+
+size_t traced_ring_entries(size_t count, size_t start) {
+  return start < count ? kTracedEntriesPerOp * (count - start) + kTracedRingSlack : kTracedRingSlack;
+}
+
+TracedReplay replay_traced(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t start) {
+  check_kinds(ops, count, kind_bit(kReplayAlloc) | kind_bit(kReplayFree) | kind_bit(kReplayEmptyCache) | kPoolKinds,
+              "0 alloc, 1 free, 2 empty_cache, 4-6 captured pools");
+  TracedReplayer r{allocator, {}};
+  r.result.live.reserve(1024);
+  for (size_t i = 0; i < count; ++i) {
+    if (i == start) allocator.start_trace(traced_ring_entries(count, start));
+    r.run(ops[i], i >= start);
+  }
+  if (start >= count) allocator.start_trace(traced_ring_entries(count, start));
+  return std::move(r.result);
 }
 
 }  // namespace amem

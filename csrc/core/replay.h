@@ -13,7 +13,9 @@
 // It runs in C++ because traces have millions of events; Python only parses
 // the trace and reads the result. With record_segments it also returns the
 // segment events each op caused (from the end of the prologue on), which is
-// all a fidelity check needs: there is no second, step-by-step engine.
+// all a fidelity check needs: there is no second, step-by-step engine. A
+// prediction's trace is the same loop with the event ring on (replay_traced,
+// Note [traced replay]), for the same reason: its programs have millions of ops.
 //
 // Out of memory does not stop a replay: the request is counted as failed, its
 // later free is skipped, and the run goes on — that is the answer to "would
@@ -23,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "caching_allocator.h"
@@ -76,5 +79,43 @@ struct ReplayResult {
 // Throws std::invalid_argument, before running anything, if an op has an unknown kind.
 ReplayResult replay(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t max_samples,
                     bool record_segments = false);
+
+// ---------------------------------------------------------------- the traced replay
+
+// Note [traced replay]: a prediction's trace (amem_alloc/replay/traced.py) is
+// its program re-run on a fresh allocator with the event ring on from op
+// `start` (a record window's start); the snapshot is then built from the ring
+// and the segments. The caller labels each alloc event with the key that made
+// it, so the replay hands back the keys of the allocations made from `start`
+// on, in order (the n-th alloc event of the ring is the n-th of them), and the
+// keys still live at the end with their addresses. Its rules are the ones that
+// trace has always had:
+//  * an alloc of a live key frees the old block first (as replay() does);
+//  * a free of a key that is not live is ignored;
+//  * a malloc that returns 0 (size 0, Note [size 0]) makes nothing live and
+//    records nothing;
+//  * out of memory and bad requests end the replay: the error reaches the
+//    caller (a trace of a run that could not run is no answer);
+//  * the ring holds kTracedEntriesPerOp entries per op from `start` on plus
+//    kTracedRingSlack, so nothing is dropped; with `start` at or past the end
+//    it is started, with the slack alone, after the last op.
+// Its ops are alloc, free, empty_cache and a captured pool's begin, end and
+// release (run as replay() runs them, Note [captured pools]); there is no
+// prologue to mark.
+struct TracedReplay {
+  std::vector<uint64_t> order;                   // keys of the allocations from `start` on, in order
+  std::unordered_map<uint64_t, uintptr_t> live;  // key -> address of each block live at the end
+};
+
+constexpr size_t kTracedEntriesPerOp = 4;   // alloc/free and the segment events they cause
+constexpr size_t kTracedRingSlack = 4096;   // ring entries beyond those
+
+// The ring's size for a traced replay of `count` ops recording from `start`.
+size_t traced_ring_entries(size_t count, size_t start);
+
+// Replays `ops` through `allocator` with its trace started before op `start`.
+// Throws std::invalid_argument, before running anything, if an op's kind is
+// the end of a prologue or unknown.
+TracedReplay replay_traced(CachingAllocator& allocator, const ReplayOp* ops, size_t count, size_t start);
 
 }  // namespace amem

@@ -28,8 +28,12 @@ top-level package other than these, which stay, shared by every rank:
 * every top-level package that a module which stays has imported (holds among its globals as a
   module): amem's modules hold numpy. Two copies would split its classes between what stays and
   the next rank's code;
-* compiled extension modules, of any package: CPython loads one once per process (a package's
-  Python modules are imported again around the same extension; numpy's would warn of a reload).
+* compiled extension modules, of any package: CPython loads one once per process; and so a
+  package with compiled extension modules inside it stays whole (imported again around an
+  extension that stays, its modules would not find it as their submodule: pandas' `_libs.window`);
+* a package that defines classes derived from a compiled extension's (other than torch's and the
+  standard library's): the extension may have registered them for the process (datasets' pyarrow
+  extension types, which a second import cannot register again).
 
 Loggers belong to the package their name starts with and go with it: a library imported again
 adds its handler to the logger it finds, and rank 1 would print each line twice. The import path
@@ -44,9 +48,9 @@ Weighed and not taken:
 * snapshotting the modules' globals and class attributes and restoring them: a module first
   imported during rank 0 has no state from before to restore, and state inside objects (a
   singleton instance's attributes, a dict filled in place) needs deep copies of arbitrary objects;
-* a new process per rank: torch's first-call caches (DTensor's sharding propagation, most of a
-  first FSDP2 rank's time) would be rebuilt for every rank, and one process must still work
-  where fork does not.
+* a new process per rank: torch's import and first-call caches would be rebuilt for every rank,
+  and one process must still work where fork does not. (DTensor's caches of sharding decisions
+  hold a rank's meshes, compared by value: those are emptied between ranks, below.)
 Cost: each rank imports its libraries again (measured on 2 cores outside prediction: transformers'
 Trainer 2-3 s, Lightning 3.4 s, DeepSpeed 0.5 s, accelerate 0.2 s; more under prediction: a
 2-rank Lightning DDP prediction went from 27.9 to 37.9 s), one walk of the modules that stay and a
@@ -76,6 +80,8 @@ import sys
 import types
 import warnings
 from typing import Any
+
+import torch
 
 from ...patching import PatchSet, declare
 
@@ -111,11 +117,50 @@ class FreshLibraries:
         self.patches.callback(_clear_logger_caches)
         self.patches.set_aside(MODULES, sys.modules, staying.forgets_module)
         self.patches.keep_attributes(REPLACED, staying.patchable(), _is_code)
+        _forget_sharding_decisions()
+        self.patches.callback(_forget_sharding_decisions)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.patches.close()
         self.patches = PatchSet()
+
+
+def _forget_sharding_decisions() -> None:
+    """DTensor's caches of decisions (sharding propagation, redistribution plans, expanded
+    strategies, mesh topologies) start empty for each rank: their keys compare meshes by value, so
+    a later rank's lookup would return what the earlier rank's cached, with that rank's mesh
+    objects, and FSDP2 refuses a parameter whose mesh is not the very one it was given
+    (torchtitan's rank 1: "different mesh objects"). The propagator's per-thread cache is replaced,
+    not cleared (clearing reaches one thread's)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for cache in _distributed_caches():
+        cache.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)   # its C++ dispatch's
+    if native is not None:
+        native()
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._sharding_prop import LocalLRUCache
+    except ImportError:   # a torch without DTensor's per-thread cache
+        return
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding = LocalLRUCache(propagator.propagate_op_sharding_non_cached)
+
+
+_CACHES: dict = {"modules": 0, "found": []}
+
+
+def _distributed_caches() -> list:
+    """The functools caches of torch.distributed's functions, found among every object (some are
+    closures made at op registration) when its modules last changed in number."""
+    loaded = sum(1 for name in list(sys.modules) if name.startswith("torch.distributed"))
+    if loaded != _CACHES["modules"]:
+        _CACHES["modules"] = loaded
+        _CACHES["found"] = [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)
+                            and str(getattr(getattr(o, "__wrapped__", None), "__module__", "")).startswith("torch.distributed")]
+    return _CACHES["found"]
 
 
 def _clear_logger_caches() -> None:
@@ -146,14 +191,21 @@ class Staying:
         """The modules that stay, other than the standard library's and amem's (whose changes are
         amem's own, undone by their PatchSets), and the classes they define."""
         out = []
-        for name, module in list(sys.modules.items()):
-            top = _top(name)
-            if module is None or top in _stdlib_tops() or top in MAIN or top == "amem_alloc" \
-                    or self.forgets_module(name, module):
-                continue
-            out.append(module)
-            out += [v for v in list(vars(module).values()) if isinstance(v, type) and v.__dict__.get("__module__") == name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # some modules' globals warn when touched (deprecated aliases)
+            for name, module in list(sys.modules.items()):
+                out += self._patchable_in(name, module)
         return out
+
+    def _patchable_in(self, name: str, module: Any) -> list:
+        """The module and the classes it defines, where it stays and is neither the standard
+        library's nor amem's."""
+        top = _top(name)
+        if module is None or top in _stdlib_tops() or top in MAIN or top == "amem_alloc" \
+                or self.forgets_module(name, module):
+            return []
+        return [module] + [v for v in list(vars(module).values())
+                           if isinstance(v, type) and v.__dict__.get("__module__") == name]
 
     def _walk(self) -> None:
         """Adds to `tops` every package a staying module has imported, until none is new."""
@@ -161,6 +213,7 @@ class Staying:
             warnings.simplefilter("ignore")   # some modules' globals warn when touched (deprecated aliases)
             while True:
                 modules = list(sys.modules.items())
+                self.tops |= {_top(n) for n, m in modules if n not in self.seen and _registers_in_extension(n, m)}
                 self.seen.update(n for n, _ in modules)
                 todo = [(n, m) for n, m in modules
                         if n not in self.walked and n not in MAIN and (_top(n) in self.tops or _compiled(m))]
@@ -169,6 +222,8 @@ class Staying:
                 for name, module in todo:
                     self.walked.add(name)
                     self.tops |= _held_tops(module) - {_top(name)}
+                    if "." in name and _compiled(module):   # its package cannot be imported again around it
+                        self.tops.add(_top(name))
 
 
 def _is_code(value: Any) -> bool:
@@ -190,6 +245,24 @@ def _compiled(module: Any) -> bool:
         return True
     origin = getattr(spec, "origin", None) or getattr(module, "__file__", None) or ""
     return isinstance(origin, str) and origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def _registers_in_extension(name: str, module: Any) -> bool:
+    """Whether a library module defines a class derived from a class of a compiled extension outside
+    torch and the standard library: such an extension may keep the class in a registry of its own,
+    which outlives the module (datasets registers its pyarrow extension types at import, and
+    pyarrow refuses the second import's: "type extension ... already defined")."""
+    if module is None or _top(name) in _stdlib_tops() or _top(name) in _declared_tops() or _compiled(module):
+        return False
+    for value in list(getattr(module, "__dict__", {}).values()):
+        if isinstance(value, type) and value.__dict__.get("__module__") == name:
+            for base in value.__mro__[1:]:
+                home = sys.modules.get(getattr(base, "__module__", "") or "")
+                top = _top(base.__module__ or "")
+                if home is not None and _compiled(home) and top not in _stdlib_tops() \
+                        and top not in _declared_tops():
+                    return True
+    return False
 
 
 def _held_tops(module: Any) -> set[str]:

@@ -55,12 +55,12 @@ def _equal_rank(first: Any, recording: Recording) -> Any:
 
 def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
              timeout: float, strict: bool, sent: dict | None = None,
-             write_repeats: bool = False) -> tuple[Any, int, float]:
+             write_repeats: bool = False, shapes: str = "expected") -> tuple[Any, int, float]:
     """(the finished `predicting` run, optimizer steps made, seconds) of one rank's script; `sent`:
     the job's values sent by broadcasts so far (collectives.py), added to by this rank."""
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
-                         strict=strict, device_count=launch.nproc_per_node, analyse=False)
+                         strict=strict, shapes=shapes, device_count=launch.nproc_per_node, analyse=False)
     with FreshLibraries(), RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
@@ -69,16 +69,18 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
-                timeout: float, strict: bool, sent: dict | None = None, write_repeats: bool = False) -> Recording:
+                timeout: float, strict: bool, sent: dict | None = None, write_repeats: bool = False,
+                shapes: str = "expected") -> Recording:
     """One rank's script run under prediction, as its Recording."""
-    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats)
+    run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats,
+                                  shapes)
     run.recorded.seconds = seconds
     return Recording(rank, run.recorded, done, written_out=run.written_out)
 
 
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
                   timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False,
-                  workers: int | None = None, write_repeats: bool = False) -> RankPrediction:
+                  workers: int | None = None, write_repeats: bool = False, shapes: str = "expected") -> RankPrediction:
     """Every chosen rank recorded (in `workers` processes; None: the usable cores); each distinct
     program analysed once. Exceptions of a rank's script (user_script.ScriptFailed,
     DataDependentError, NotModelledError, PredictionTimeout) go on unchanged, the lowest failing
@@ -86,7 +88,7 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
     record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
                                timeout=timeout, strict=strict, sent={},   # the ranks in order: what roots sent
-                               write_repeats=write_repeats)
+                               write_repeats=write_repeats, shapes=shapes)
     plan = record_ranks(launch, record, workers)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}

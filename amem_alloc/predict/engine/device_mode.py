@@ -99,7 +99,7 @@ class DeviceMode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in values.READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return values.read(name, args[0], args, kwargs, self._type(args[0]), self.session.strict,
-                               self.session.known.value(args[0]))
+                               self.session.known, self.session.shape_rule())
         method = self.methods.get(func)
         if method is not None:
             return method(func, args, kwargs)
@@ -212,7 +212,7 @@ class DeviceMode(TorchFunctionMode):
             out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
             self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
-            if out.numel() <= known_mod.MAX_ELEMENTS:   # nor does the value it holds (known.py)
+            if out.numel() <= known_mod.cap(out.dtype):   # nor does the value it holds (known.py)
                 kwargs["device"] = "cpu"
                 self.session.known.remember(out, func(*args, **kwargs))
         # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)

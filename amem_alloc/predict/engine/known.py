@@ -28,7 +28,24 @@ Rules, per op the recorder sees (execution.Recorder):
 The cap keeps the cost small: shadows are index-sized tensors (positions, masks over a batch's
 tokens, scalars), never activations or parameters (parameters are always fake, session.py), and
 no op is run for real whose output would exceed it. Values computed from unknowable data (model
-outputs, gradients, random numbers) stay unknown and their reads get stand-ins.
+outputs, gradients, random numbers) stay unknown and their reads get stand-ins. Integer and bool
+tensors (indices, masks, counts: what decides sizes and branches) may be larger
+(`MAX_INDEX_ELEMENTS`, 4 Mi elements) than floating ones (`MAX_ELEMENTS`, 64 Ki).
+
+Factories that take only a template's shape (`zeros_like`, `new_ones`, `full_like`, ...) are known
+whatever the template holds.
+
+Two more things are kept beside the values, for data-dependent sizes (rules/data_dependent.py says
+the model; this module only stores and propagates):
+
+* *assumed* values: an op whose inputs are unknown but whose output has a guaranteed structure (a
+  router's `topk` indices, a `randperm`) gets a value chosen by the shape rule (`expected` or
+  `upper`): a shadow like any other, marked assumed, with its value under the *other* rule beside
+  it (`alt`: None where it cannot be told, `SAME` where it is the same). Ops on assumed inputs run
+  once per rule, so a size computed from them is known under both (the notes give both), and their
+  outputs are assumed too. Reads of assumed values are stand-ins, and noted as such (values.py);
+* *counts*: the number of nonzero elements of an unknown mask whose values no shadow holds, where
+  the program fixed it (`mask[idx] = 1` on zeros sets len(idx) of them; `a | b`, `cat` add up).
 """
 from __future__ import annotations
 
@@ -37,27 +54,47 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-__all__ = ["KnownValues", "MAX_ELEMENTS"]
+from ..rules import data_dependent
 
-MAX_ELEMENTS = 1 << 16
+__all__ = ["KnownValues", "MAX_ELEMENTS", "MAX_INDEX_ELEMENTS", "SAME"]
+
+MAX_ELEMENTS = 1 << 16         # floating tensors: positions, scalars, small constants
+MAX_INDEX_ELEMENTS = 1 << 22   # integer and bool tensors: indices, masks, counts (sizes and branches)
+SAME = "same"                  # an assumed value that is the same under both shape rules
 META, CPU = torch.device("meta"), torch.device("cpu")
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
                   "resize_", "resize_as_", "set_"}
 _OVERWRITES = {"copy_", "fill_", "zero_"}   # in-place ops that write every element of their target
+_SHAPE_ONLY = {"zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"}   # a template's shape only
 
 
 class _Unknown(Exception):
     pass
 
 
+class Known(tuple):
+    """An op's inputs with each tensor replaced by its real value: (args, kwargs), and `alt`, the
+    same under the other shape rule where an input is assumed (None: no input is assumed; UNSEEN:
+    some assumed input's value there cannot be told)."""
+    alt: object = None
+
+
+UNSEEN = "unseen"
+
+
 class KnownValues:
     """id(storage) -> a real CPU buffer (uint8) of the storage's bytes, for small fake storages whose
-    values are known. A weak reference to the storage drops the buffer when the storage dies."""
+    values are known. A weak reference to the storage drops the buffer when the storage dies. Beside
+    it: which are assumed (and their value under the other shape rule), and counts of nonzero
+    elements of unknown masks (the module's note)."""
 
     def __init__(self):
         self.by_id: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self.assumed: dict[int, object] = {}   # id(storage) -> its buffer under the other rule, SAME or None
+        self.counts: dict[int, int] = {}       # id(storage) -> nonzero elements of an unknown mask
+        self.integral: set[int] = set()        # id(storage): unknown, but holds integers (floor's output)
         self._written: dict = {}   # func -> positions of the arguments it writes
-        self._kinds: dict = {}     # func -> _NEVER, _OVERWRITE or _ORDINARY
+        self._kinds: dict = {}     # func -> _NEVER, _OVERWRITE, _SHAPE or _ORDINARY
 
     # ------------------------------------------------------------------ single tensors
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
@@ -67,6 +104,17 @@ class KnownValues:
             return None
         return _view(rec[1], t)
 
+    def is_assumed(self, t: torch.Tensor) -> bool:
+        return id(t.untyped_storage()) in self.assumed
+
+    def other_value(self, t: torch.Tensor) -> torch.Tensor | None:
+        """An assumed tensor's value under the other shape rule (None where it cannot be told)."""
+        sid = id(t.untyped_storage())
+        alt = self.assumed.get(sid)
+        if alt is SAME:
+            return self.value(t)
+        return None if alt is None else _view(alt, t)
+
     def remember(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """Fake tensor `fake` (a fresh storage) holds the values of real CPU tensor `real`."""
         if _small(fake) and tuple(real.shape) == tuple(fake.shape):
@@ -75,6 +123,58 @@ class KnownValues:
                 with torch._C.DisableTorchFunction():
                     _view(buf, fake).copy_(real)
 
+    def assume(self, fake: torch.Tensor, value: torch.Tensor, other: torch.Tensor | None) -> None:
+        """Fake tensor `fake` (a fresh storage, values unknown) is taken to hold `value` under the
+        session's shape rule and `other` under the other one (None: cannot be told)."""
+        self.remember(fake, value)
+        sid = id(fake.untyped_storage())
+        if sid not in self.by_id:
+            return
+        if other is not None and tuple(other.shape) == tuple(value.shape) and torch.equal(other, value):
+            self.assumed[sid] = SAME
+        elif other is not None and tuple(other.shape) == tuple(fake.shape):
+            alt = torch.zeros_like(self.by_id[sid][1])
+            with torch._C.DisableTorchFunction():
+                _view(alt, fake).copy_(other)
+            self.assumed[sid] = alt
+        else:
+            self.assumed[sid] = None
+
+    def count(self, t: torch.Tensor) -> int | None:
+        """The number of nonzero elements of fake tensor `t`: from its value, or from a count the
+        program fixed (counts), or None."""
+        v = self.value(t)
+        if v is not None:
+            with torch._C.DisableTorchFunction():
+                return int(torch.count_nonzero(v))
+        if _covers_storage(t):
+            return self.counts.get(id(t.untyped_storage()))
+        return None
+
+    def set_count(self, t: torch.Tensor, n: int) -> None:
+        """Unknown fake tensor `t` (covering its storage) has `n` nonzero elements."""
+        if _covers_storage(t) and id(t.untyped_storage()) not in self.by_id:
+            st = t.untyped_storage()
+            sid = id(st)
+            self.counts[sid] = max(0, min(int(n), t.numel()))
+            weakref.finalize(st, self.counts.pop, sid, None)
+
+    def is_integral(self, t: torch.Tensor) -> bool:
+        """Whether fake tensor `t` holds integers: an integer dtype, or floor/ceil/round/trunc's output."""
+        return not t.dtype.is_floating_point or id(t.untyped_storage()) in self.integral
+
+    def learn(self, facts: list) -> None:
+        """Facts a VALUES rule (rules/data_dependent.py) told of an op's unknown outputs."""
+        for fact in facts:
+            if fact[0] == "assume":
+                self.assume(*fact[1:])
+            elif fact[0] == "count":
+                self.set_count(*fact[1:])
+            elif fact[0] == "integral" and fact[1].numel() <= MAX_INDEX_ELEMENTS:
+                st = fact[1].untyped_storage()
+                self.integral.add(id(st))
+                weakref.finalize(st, self.integral.discard, id(st))
+
     def _shadow(self, t: torch.Tensor) -> torch.Tensor | None:
         st = t.untyped_storage()
         if st.nbytes() == 0:
@@ -82,111 +182,195 @@ class KnownValues:
         sid = id(st)
         buf = torch.zeros(st.nbytes(), dtype=torch.uint8)
         self.by_id[sid] = (weakref.ref(st, lambda _, sid=sid, buf=buf: self._died(sid, buf)), buf)
+        self.assumed.pop(sid, None)
+        self.counts.pop(sid, None)
         return buf
 
     def _died(self, sid: int, buf: torch.Tensor) -> None:
         rec = self.by_id.get(sid)
         if rec is not None and rec[1] is buf:
             del self.by_id[sid]
+            self.assumed.pop(sid, None)
 
     def forget(self, t: torch.Tensor) -> None:
-        self.by_id.pop(id(t.untyped_storage()), None)
+        sid = id(t.untyped_storage())
+        self.by_id.pop(sid, None)
+        self.assumed.pop(sid, None)
+        self.counts.pop(sid, None)
 
     # ------------------------------------------------------------------ ops
     def inputs(self, func, args: tuple, kwargs: dict, leaves: list):
-        """(args, kwargs) with each tensor replaced by its real value, or None if any is unknown.
-        `leaves` are the op's arguments with lists opened (a quick first look: most ops of a
+        """A `Known` (args, kwargs) with each tensor replaced by its real value, or None if any is
+        unknown. `leaves` are the op's arguments with lists opened (a quick first look: most ops of a
         model have an unknown input)."""
         kind = self._kinds.get(func)
         if kind is None:
             kind = self._kinds[func] = _kind(func)
         if kind == _NEVER:
             return None
-        overwritten = args[0] if kind == _OVERWRITE and args and isinstance(args[0], torch.Tensor) else None
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        overwritten = first if kind == _OVERWRITE else None
+        template = first if kind == _SHAPE else None
         by_id = self.by_id
         for a in leaves:
             if isinstance(a, torch.Tensor) and a.device.type == "meta" and a is not overwritten \
-                    and id(a.untyped_storage()) not in by_id:
+                    and a is not template and id(a.untyped_storage()) not in by_id:
                 return None
+        alt = [False]
 
-        def real(a):
+        def real(a, other: bool):
             if isinstance(a, torch.device) and a.type == "meta":
                 return CPU
             if not isinstance(a, torch.Tensor):
                 return a
             if a.device.type != "meta":
-                if a.numel() > MAX_ELEMENTS:
+                if a.numel() > cap(a.dtype):
                     raise _Unknown
                 return a
+            if a is template and id(a.untyped_storage()) not in by_id:
+                return torch.empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype)   # its shape only
             v = self.value(a)
             if v is None and a is overwritten and _small(a) and _covers_storage(a):
                 buf = self._shadow(a)   # every element is about to be written
                 v = None if buf is None else _view(buf, a)
             if v is None:
                 raise _Unknown
+            if id(a.untyped_storage()) in self.assumed:
+                alt[0] = True
+                if other:
+                    v = self.other_value(a)
+                    if v is None:
+                        raise _Unseen
             return v
         try:
-            return tree_map(real, args), tree_map(real, kwargs)
+            known = Known((tree_map(lambda a: real(a, False), args), tree_map(lambda a: real(a, False), kwargs)))
         except _Unknown:
             return None
+        if alt[0]:
+            self._split_written(func, args, kwargs)
+            try:
+                known.alt = (tree_map(lambda a: real(a, True), args), tree_map(lambda a: real(a, True), kwargs))
+            except (_Unknown, _Unseen):
+                known.alt = UNSEEN
+        return known
+
+    def _split_written(self, func, args: tuple, kwargs: dict) -> None:
+        """Before an op with assumed inputs runs once per rule: what it writes gets a buffer of its
+        own for the other rule (a copy of its value), so the two runs write apart; it is assumed
+        from now on."""
+        for t in self._written_tensors(func, args, kwargs):
+            sid = id(t.untyped_storage())
+            rec = self.by_id.get(sid)
+            if rec is not None and not isinstance(self.assumed.get(sid), torch.Tensor):
+                self.assumed[sid] = rec[1].clone()
+
+    def _written_tensors(self, func, args: tuple, kwargs: dict) -> list:
+        positions = self._written.get(func)
+        if positions is None:
+            positions = self._written[func] = _written_arguments(func)
+        out = []
+        for pos in positions:
+            a = args[pos] if isinstance(pos, int) and pos < len(args) else kwargs.get(pos) if isinstance(pos, str) else None
+            out += [t for t in (a if isinstance(a, (list, tuple)) else (a,))
+                    if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+        return out
 
     def after(self, func, known, out) -> None:
-        """Run `func` for real on the known inputs and give `out`'s new storages their values."""
+        """Run `func` for real on the known inputs and give `out`'s new storages their values
+        (assumed ones, with their values under the other rule, where an input was assumed)."""
         outs, _ = tree_flatten(out)
         fresh = [t for t in outs if isinstance(t, torch.Tensor) and t.device.type == "meta"
                  and id(t.untyped_storage()) not in self.by_id]
         if not all(_small(t) for t in fresh):
             self.written(func, known[0], known[1])   # nothing is run: what it writes is unknown
             return
-        try:
-            with torch._C.DisableTorchFunction():
-                real = func(*known[0], **known[1])
-        except Exception:   # no CPU kernel (a CUDA-only op): its outputs stay unknown
+        real = _run(func, known[0], known[1])
+        if real is _FAILED:   # no CPU kernel (a CUDA-only op): its outputs stay unknown
             self.written(func, known[0], known[1])
             return
+        others = None
+        if getattr(known, "alt", None) is not None:
+            other = _run(func, *known.alt) if known.alt is not UNSEEN else _FAILED
+            others = tree_flatten(other)[0] if other is not _FAILED else [None] * len(outs)
         reals, _ = tree_flatten(real)
-        for fake, value in zip(outs, reals):
+        for i, (fake, value) in enumerate(zip(outs, reals)):
             if any(fake is t for t in fresh) and isinstance(value, torch.Tensor):
-                self.remember(fake, value)
+                if others is None:
+                    self.remember(fake, value)
+                else:
+                    o = others[i] if i < len(others) else None
+                    self.assume(fake, value, o if isinstance(o, torch.Tensor) else None)
 
     def written(self, func, args: tuple, kwargs: dict) -> None:
         """An op whose inputs are not all known: what it writes is unknown from now on."""
-        positions = self._written.get(func)
-        if positions is None:
-            positions = self._written[func] = _written_arguments(func)
-        if not positions or not self.by_id:
+        if not (self.by_id or self.counts):
             return
-        for pos in positions:
-            a = args[pos] if isinstance(pos, int) and pos < len(args) else kwargs.get(pos) if isinstance(pos, str) else None
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                    self.forget(t)
+        for t in self._written_tensors(func, args, kwargs):
+            self.forget(t)
 
-    def outputs_of(self, func, known, make) -> object:
-        """A data-dependent shape op (nonzero, boolean indexing, unique) on known inputs: its real
-        output, and fake outputs of the real shapes (`make(real_tensor) -> fake`) that know it."""
-        with torch._C.DisableTorchFunction():
-            real = func(*known[0], **known[1])
+    def outputs_of(self, func, known, make) -> tuple:
+        """A data-dependent shape op (nonzero, boolean indexing, unique) on known inputs: (its fake
+        outputs of the real shapes (`make(real_tensor) -> fake`) that know their values, the real
+        outputs under the other shape rule where an input was assumed: None where none was,
+        UNSEEN where they cannot be told)."""
+        real = _run(func, known[0], known[1], fail=False)
         reals, spec = tree_flatten(real)
         fakes = [make(r) if isinstance(r, torch.Tensor) else r for r in reals]
-        for fake, value in zip(fakes, reals):
-            if isinstance(fake, torch.Tensor):
+        alt = getattr(known, "alt", None)
+        other = None
+        if alt is not None:
+            other = _run(func, *alt) if alt is not UNSEEN else _FAILED
+            other = UNSEEN if other is _FAILED else other
+        others = tree_flatten(other)[0] if other not in (None, UNSEEN) else None
+        for i, (fake, value) in enumerate(zip(fakes, reals)):
+            if not isinstance(fake, torch.Tensor):
+                continue
+            if alt is None:
                 self.remember(fake, value)
-        return tree_unflatten(fakes, spec)
+            else:
+                o = others[i] if others is not None and i < len(others) else None
+                self.assume(fake, value, o if isinstance(o, torch.Tensor) else None)
+        return tree_unflatten(fakes, spec), other
 
 
-_NEVER, _OVERWRITE, _ORDINARY = "never", "overwrite", "ordinary"
+_FAILED = object()
+
+
+class _Unseen(Exception):
+    pass
+
+
+def _run(func, args, kwargs, fail: bool = True):
+    """func run for real on CPU values (an op the CPU refuses that CUDA runs, by its equivalent in
+    rules/data_dependent.py); _FAILED where it raises (with `fail`), else the error goes on."""
+    try:
+        with torch._C.DisableTorchFunction():
+            return data_dependent.CPU_KERNELS.get(func, func)(*args, **kwargs)
+    except Exception:
+        if not fail:
+            raise
+        return _FAILED
+
+
+def cap(dtype: torch.dtype) -> int:
+    """The most elements a shadow of this dtype may have."""
+    return MAX_ELEMENTS if dtype.is_floating_point or dtype.is_complex else MAX_INDEX_ELEMENTS
+
+
+_NEVER, _OVERWRITE, _SHAPE, _ORDINARY = "never", "overwrite", "shape", "ordinary"
 
 
 def _kind(func) -> str:
     name = func.__name__.partition(".")[0]
     if name in _UNINITIALISED or torch.Tag.nondeterministic_seeded in func.tags:
         return _NEVER
+    if name in _SHAPE_ONLY:
+        return _SHAPE
     return _OVERWRITE if name in _OVERWRITES else _ORDINARY
 
 
 def _small(t: torch.Tensor) -> bool:
-    return t.untyped_storage().nbytes() <= MAX_ELEMENTS * max(t.element_size(), 1)
+    return t.untyped_storage().nbytes() <= cap(t.dtype) * max(t.element_size(), 1)
 
 
 def _covers_storage(t: torch.Tensor) -> bool:

@@ -64,10 +64,11 @@ class Recorder(TorchDispatchMode):
     def _from_values(self, func, args, kwargs, args_leaves, known):
         """The answer from values, or _UNANSWERED: known values' true answer, a scalar read's
         stand-in, or a data-dependent shape at its upper bound (values.py)."""
-        if known is not None and values.reads_values(func, args):
+        if known is not None and values.reads_values(func, args, kwargs):
             return self._read_known(func, known, args_leaves)
         strict = self.session.strict
-        read = values.scalar_op(func, args, strict) or values.shape_op(func, args, kwargs, strict)
+        read = values.scalar_op(func, args, strict) or values.shape_op(
+            func, args, kwargs, strict, self.session.known, self.session.shape_rule())
         if read is None:
             return _UNANSWERED
         if isinstance(read[0], torch.Tensor):   # a shape from values, taken at its upper bound
@@ -79,7 +80,9 @@ class Recorder(TorchDispatchMode):
         fake outputs of the true shapes that know their values."""
         device = self._device(func, args_leaves)
         make = lambda r: torch.empty_strided(tuple(r.shape), r.stride(), dtype=r.dtype, device=META)  # noqa: E731
-        out = self.session.known.outputs_of(func, known, make)
+        out, other = self.session.known.outputs_of(func, known, make)
+        if other is not None:   # sized from assumed values: noted with the other rule's size
+            values.note_known_size(func, out, other, self.session.shape_rule())
         if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
             self._see(out, device, func.__name__)
         return out
@@ -114,10 +117,15 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _learn_values(self, func, args, kwargs, known, out) -> None:
+        """Known inputs: the op runs on their values. Otherwise what it writes is unknown, and what
+        the op still tells of its outputs (assumed values, counts: rules/data_dependent.py) is kept."""
+        known_values = self.session.known
         if known is not None:
-            self.session.known.after(func, known, out)
-        else:
-            self.session.known.written(func, args, kwargs)
+            known_values.after(func, known, out)
+            return
+        facts = rules.values(func, args, kwargs, out, known_values, self.session.shape_rule())
+        known_values.written(func, args, kwargs)
+        known_values.learn(facts)
 
     def _free(self, keys) -> None:
         for key in keys:

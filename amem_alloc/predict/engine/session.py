@@ -37,6 +37,7 @@ from ...provenance.scope import ModuleScope
 from ...replay import Program, pack
 from ...patching import PatchSet
 from .. import notes as notes_mod
+from .. import options as options_mod
 from .. import rules as cuda_rules
 from .. import state as state_mod
 from ..rules import meta_kernels
@@ -94,8 +95,9 @@ class FakeCudaSession:
 
     def __init__(self, device_count: int = 1, device_name: str = "NVIDIA H100 80GB HBM3",
                  capability: tuple[int, int] = (9, 0), total_memory: int = 80 * 2**30, frames: bool = True,
-                 strict: bool = False):
-        self.strict = strict   # a value read stops the prediction instead of getting a stand-in (values.py)
+                 strict: bool = False, shapes: str = options_mod.default("shapes")):
+        self.strict = options_mod.check("strict", strict)   # a value read stops the prediction (values.py)
+        self.shapes = options_mod.check("shapes", shapes)   # the shape rule (rules/data_dependent.py)
         self.device_count, self.device_name = device_count, device_name
         self.capability, self.total_memory = tuple(capability), total_memory
         self.record_frames = frames
@@ -210,6 +212,11 @@ class FakeCudaSession:
         """The run initialised `library` (cublas, cudnn, nccl: `count` communicators) or did
         `backward`: what it holds outside the caching allocator follows (predict/context.py)."""
         self.libraries[library] = max(self.libraries.get(library, 0), count)
+
+    def shape_rule(self) -> str | None:
+        """The rule data-dependent sizes take (options.py's `shapes`); None under strict, where
+        nothing is assumed and the first size from values stops the prediction."""
+        return None if self.strict else self.shapes
 
     def default_cuda(self) -> bool:
         return self._default_cuda

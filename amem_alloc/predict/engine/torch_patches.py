@@ -161,8 +161,8 @@ def _compile(session: Any, patches: PatchSet) -> None:
         backend = kwargs.get("backend", "inductor")
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
         inductor = backend == "inductor"
-        if backend not in _EAGER_BACKENDS:   # (the eager backends run as eager: nothing to note)
-            notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
+        if backend not in _EAGER_BACKENDS and not (inductor and _modelled_compiled(model)):
+            notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)   # (eager backends run as eager: no note)
         if isinstance(model, torch.nn.Module) or not callable(model):
             return model
         return session.compiled(model, inductor=inductor)
@@ -172,6 +172,13 @@ def _compile(session: Any, patches: PatchSet) -> None:
 
     patches.apply(COMPILE, torch, "compile", compile)
     patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
+
+
+def _modelled_compiled(fn: Any) -> bool:
+    """Functions whose compiled form has a rule of its own: flex_attention's fused kernel
+    (rules/flex_attention.py), which torchtitan and FlexAttention's documentation compile alone."""
+    flex = sys.modules.get("torch.nn.attention.flex_attention")
+    return flex is not None and fn is getattr(flex, "flex_attention", None)
 
 
 # ============================================================================ storages

@@ -20,10 +20,16 @@ Every stand-in is a note (notes.py): the user's file and line, how often, and wh
 (DataDependentError, one line naming the user's file and line).
 
 Where an output's *shape* depends on values (`nonzero`, `torch.where(cond)`, boolean-mask
-indexing, `masked_select`, `unique`), the output takes its upper bound — every element selected,
-every element distinct — so the prediction does not under-count; each is an "upper-bound" note.
-Ops with no upper bound (`bincount`, `repeat_interleave` with a tensor of repeats) stop with
-DataDependentError.
+indexing, `masked_select`, `unique`), rules/data_dependent.py says what the program fixes and, for
+the rest, what the shape rule (`--shapes expected|upper`, options.py) takes: sizes from counts the
+program set, from assumed values (a router's balanced choice), or the upper bound — every element
+selected, every element distinct — each a note ("assumed" or "upper-bound") with the figures under
+both rules where they differ. Ops with no upper bound (`bincount` without `minlength`,
+`repeat_interleave` with a tensor of repeats) stop with DataDependentError.
+
+A value read from *assumed* values (known.py: an `if` on a router's choice, `counts.tolist()`)
+answers the rule's value and is an "assumed" note with what each rule gave: the notes say which
+branch each such stand-in chose. A zero stand-in's note says so too ("False: the `if` is not taken").
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ import numpy as np
 import torch
 
 from .. import notes
+from ..rules import data_dependent
+from .known import UNSEEN
 
 META = torch.device("meta")
 
@@ -89,13 +97,21 @@ def _read_name(name: str) -> str:
             "__format__": "a formatted value (f-string)"}.get(name, f"{name}()")
 
 
-def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, known=None):
+def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, known_values=None,
+         shape_rule: str | None = None):
     """The stand-in for a value read `name` of fake tensor `t` (whose claimed device is `device`);
-    where its value is known (`known`, its real CPU value: known.py), the value itself."""
+    where its value is known (`known_values`, known.py), the value itself (noted, with what the
+    other rule gives, where the value is assumed)."""
+    known = known_values.value(t) if known_values is not None else None
+    what = f"{_read_name(name)} of a {({'cuda': 'CUDA', 'cpu': 'CPU'}).get(device, 'fake')} tensor"
     if known is not None and (name in _NUMBER_READS or name in _ARRAY_READS
                               or (name == "__format__" and known.dim() == 0)):
-        return _read_known(name, known, args, kwargs)
-    what = f"{_read_name(name)} of a {({'cuda': 'CUDA', 'cpu': 'CPU'}).get(device, 'fake')} tensor"
+        got = _read_known(name, known, args, kwargs)
+        if known_values.is_assumed(t):
+            other = known_values.other_value(t)
+            alt = _read_known(name, other, args, kwargs) if other is not None else None
+            _note_assumed(f"{what}, from assumed values", got, alt, shape_rule)
+        return got
     where = notes.call_site()
     if strict or name == "__dlpack__":
         raise DataDependentError(what, where)
@@ -103,7 +119,8 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
         dtype, shape = t.dtype, tuple(t.shape)
     zero = zero_of(dtype)
     if name in _NUMBER_READS:
-        notes.record(notes.STAND_IN, f"{what}: {zero!r}", where=where)
+        branch = ": the `if` is not taken" if name in ("__bool__", "__nonzero__") else ""
+        notes.record(notes.STAND_IN, f"{what}: {zero!r}{branch}", where=where)
         value = zero
         if name == "__index__" or name == "__int__":
             return int(value.real if isinstance(value, complex) else value)
@@ -129,10 +146,45 @@ _SCALAR_READS = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero":
                  "equal": "torch.equal"}
 
 
-def reads_values(func, args: tuple) -> bool:
+def reads_values(func, args: tuple, kwargs: dict) -> bool:
     """Whether aten op `func` returns a value or a shape that depends on its inputs' values."""
-    name = _op_name(func)
-    return name in _SCALAR_READS or name in _UPPER_BOUNDS or name in _NO_BOUND or _bool_index(func, args)
+    return func.__name__.split(".")[0] in _SCALAR_READS or data_dependent.is_data_dependent(func, args, kwargs)
+
+
+def _note_assumed(what: str, got, other, shape_rule: str | None, unit: str = "") -> None:
+    """An assumed note: `got` under the session's shape rule, `other` (None: not known) under the other."""
+    rule = shape_rule or data_dependent.EXPECTED
+    where = notes.call_site()
+    notes.record(notes.ASSUMED, what, where=where, seen={rule: _plain(got), data_dependent.other(rule): _plain(other)},
+                 unit=unit)
+
+
+def _plain(v):
+    """A read's answer as a note keeps it: a number or bool as it is, anything larger by its length."""
+    if isinstance(v, (bool, int, float)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)) and len(v) <= 16:
+        return repr(v)
+    return f"{len(v)} values" if hasattr(v, "__len__") else repr(v)
+
+
+def note_known_size(func, out, other, shape_rule: str | None) -> None:
+    """A data-dependent op (or value read) on known inputs some of which are assumed: its size (or
+    value) under the session's rule and under the other (`other`: None where an input there was not
+    known), as one note per call site."""
+    name = func.__name__.split(".")[0]
+    if name in _SCALAR_READS:
+        _note_assumed(f"{_SCALAR_READS[name]}, from assumed values", out, None if other is UNSEEN else other,
+                      shape_rule)
+        return
+    rows = _rows(out)
+    alt = _rows(other) if other is not None and other is not UNSEEN else None
+    _note_assumed(f"{_op_name(func)}(), from assumed values", rows, alt, shape_rule, "rows")
+
+
+def _rows(out) -> int | None:
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else None
 
 
 def _read_known(name: str, known, args: tuple, kwargs: dict):
@@ -158,51 +210,6 @@ def scalar_op(func, args: tuple, strict: bool):
 
 
 # ============================================================================ shapes from values
-def _empty(shape, dtype):
-    return torch.empty(shape, dtype=dtype, device=META)
-
-
-def _nonzero(x, *_, **__):
-    return _empty((x.numel(), x.dim()), torch.long)
-
-
-def _masked_select(x, mask):
-    n = torch.broadcast_shapes(x.shape, mask.shape).numel()
-    return _empty((n,), x.dtype)
-
-
-def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
-    n = x.numel()
-    return (_empty((n,), x.dtype), _empty(x.shape if return_inverse else (0,), torch.long),
-            _empty((n,) if return_counts else (0,), torch.long))
-
-
-def _unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
-    return _unique2(x, True, return_inverse, return_counts)
-
-
-def _unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
-    n = x.shape[dim]
-    return (_empty(x.shape, x.dtype), _empty((n,) if return_inverse else (0,), torch.long),
-            _empty((n,) if return_counts else (0,), torch.long))
-
-
-def _index(x, indices):
-    """Boolean masks among the indices become long indices selecting every element (upper bound)."""
-    out = []
-    for idx in indices:
-        if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
-            out.extend(_empty((idx.numel(),), torch.long) for _ in range(idx.dim()))
-        else:
-            out.append(idx)
-    return torch.ops.aten.index.Tensor(x, out)
-
-
-def _nms(dets, scores, iou_threshold):
-    """torchvision's non-maximum suppression keeps at most every box (the indices of those kept)."""
-    return _empty((dets.shape[0],), torch.long)
-
-
 def _op_name(func) -> str:
     """aten ops by their bare name ("nonzero"), others with their namespace ("torchvision::nms")."""
     name = func.__name__.split(".")[0]
@@ -210,42 +217,21 @@ def _op_name(func) -> str:
     return name if namespace == "aten" else f"{namespace}::{name}"
 
 
-_UPPER_BOUNDS = {"torchvision::nms": (_nms, "torchvision.ops.nms()"), "nonzero": (_nonzero, "nonzero()"),
-                 "masked_select": (_masked_select, "masked_select()"),
-                 "_unique2": (_unique2, "unique()"), "unique_consecutive": (_unique_consecutive, "unique_consecutive()"),
-                 "unique_dim": (_unique_dim, "unique(dim=)"), "_unique": (lambda x, s=True, inv=False:
-                                                                         _unique2(x, s, inv)[:2], "unique()")}
-_NO_BOUND = {"bincount", "histc", "repeat_interleave", "nonzero_static"}
-
-
-def _bool_index(func, args) -> bool:
-    return (func.__name__ == "index.Tensor" and len(args) > 1
-            and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]))
-
-
-def shape_op(func, args: tuple, kwargs: dict, strict: bool):
-    """An op whose output shape depends on values: (output,) at the upper bound, or None when `func`
-    is not one. Raises DataDependentError under strict, or where no upper bound exists."""
-    name = _op_name(func)
-    where = None
-    if _bool_index(func, args):
-        rule, what = (lambda x, idx: _index(x, idx)), "boolean-mask indexing"
-    elif name in _UPPER_BOUNDS:
-        rule, what = _UPPER_BOUNDS[name]
-    elif name in _NO_BOUND and (name != "repeat_interleave" or _tensor_repeats(args, kwargs)):
-        raise DataDependentError(f"{name}() (its output's size)", notes.call_site())
-    else:
+def shape_op(func, args: tuple, kwargs: dict, strict: bool, known_values=None, shape_rule: str | None = None):
+    """An op whose output shape depends on values not all known: (output,) as
+    rules/data_dependent.py sizes it, or None when `func` is not one. Raises DataDependentError under
+    strict, or where no upper bound exists."""
+    if not data_dependent.is_data_dependent(func, args, kwargs):
+        return None
+    sized = data_dependent.sizes(func, args, kwargs, known_values, shape_rule)
+    if sized is None:
         return None
     where = notes.call_site()
+    if sized is data_dependent.NO_BOUND:
+        raise DataDependentError(f"{_op_name(func)}() (its output's size)", where)
     if strict:
-        raise DataDependentError(f"{what} (its output's size)", where)
-    notes.record(notes.UPPER_BOUND, f"{what}: output sized for every element", where=where)
-    return (rule(*args, **kwargs),)
-
-
-def _tensor_repeats(args, kwargs) -> bool:
-    """repeat_interleave's output size is known when `repeats` is an int or `output_size` is given."""
-    if kwargs.get("output_size") is not None:
-        return False
-    repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if len(args) == 1 else None)
-    return is_fake(repeats)
+        raise DataDependentError(f"{sized.what.split(':')[0]} (its output's size)", where)
+    rule = shape_rule or data_dependent.EXPECTED
+    notes.record(notes.UPPER_BOUND if sized.upper_bound else notes.ASSUMED, sized.what, where=where,
+                 seen={rule: sized.rows, data_dependent.other(rule): sized.rows}, unit="rows")
+    return (sized.out,)

@@ -15,6 +15,8 @@ registry.py by the op and the stage they apply at:
     losses.py       cross-entropy under autocast, op for op (engine/autocast.py calls it)
     embedding.py    embedding backward's sort and segment buffers
     convolution.py  cuDNN convolution workspaces (an estimate by a stated rule)
+    data_dependent.py sizes only values decide: what the program fixes (counts, assumed values of
+                    a guaranteed structure), and the shape rule for the rest (expected, upper)
     meta_kernels.py Meta kernels for CUDA-only ops torch ships without one (a library the
                     session registers while it runs)
     scratch.py      how a rule takes and frees a kernel's temporaries
@@ -34,16 +36,19 @@ take and return); none of them knows an op by name: each is a lookup.
 * `before_op(func, args, kwargs, session) -> keys` before each CUDA op: the kernel's own
   temporaries (scratch.py); the keys returned are freed once the op has run;
 * `layout(func, args, kwargs, out) -> out` after a CUDA op's meta kernel;
-* `host_outputs(func, args, kwargs) -> positions` after a CUDA op: outputs CUDA keeps off the device.
+* `host_outputs(func, args, kwargs) -> positions` after a CUDA op: outputs CUDA keeps off the device;
+* `values(func, args, kwargs, out, known, rule) -> facts` after an op whose inputs are not all known
+  (data_dependent.py; its `sizes` is called by engine/values.py for data-dependent sizes).
 """
 from __future__ import annotations
 
-from . import attention, autograd, convolution, cublas, dropout, embedding, flex_attention, foreach, meta_kernels, norms  # noqa: F401 (register)
+from . import attention, autograd, convolution, cublas, data_dependent, dropout, embedding, flex_attention, foreach, meta_kernels, norms  # noqa: F401 (register)
 from .cublas import workspace_bytes as cublas_workspace_bytes
+from .data_dependent import values
 from .registry import NOT_APPLICABLE, Stage, lookup
 from .scratch import Scratch
 
-__all__ = ["function", "instead_of_op", "before_op", "layout", "host_outputs", "cublas_workspace_bytes",
+__all__ = ["function", "instead_of_op", "before_op", "layout", "host_outputs", "values", "cublas_workspace_bytes",
            "NOT_APPLICABLE", "meta_kernels"]
 
 

@@ -14,9 +14,10 @@ op names of its own.
     def dense_backward(args, kwargs, scratch, session): ...
 
 Keys: an aten overload (`aten.add.Tensor`), an overload packet (`aten.convolution`: every
-overload), or, for the torch-function stage, the name of a torch function (every binding of the
+overload), the qualified name of another library's op (`"torchvision::nms"`: no import needed to
+register it), or, for the torch-function stage, the name of a torch function (every binding of the
 name: `F.dropout`, `torch.dropout`, `_VF.dropout` are one function at that level). Lookup tries the
-overload, then its packet, then its name.
+overload, then its packet, then its qualified name, then its name.
 
 Stages, in the order an op meets them, and what each rule takes and returns:
 
@@ -33,6 +34,13 @@ Stages, in the order an op meets them, and what each rule takes and returns:
                   kernel lays it out (a convolution's channels-last output).
     HOST_OUTPUTS  (name, args, kwargs) -> positions. After a CUDA op: outputs, by position among
                   its tensor outputs, that CUDA keeps on the host (not device memory).
+    SIZES         (func, args, kwargs, known, rule) -> Sized, NO_BOUND, or None when the op's
+                  output size does not depend on values this time. An op whose output size
+                  depends on its inputs' values, when they are not all known: its output from
+                  what the program fixed, or at its upper bound (rules/data_dependent.py).
+    VALUES        (func, args, kwargs, out, known, rule) -> facts. After an op whose inputs are not
+                  all known: what it still tells of its outputs' values (assumed values of a
+                  guaranteed structure, counts of nonzero elements), applied by engine/known.py.
 
 Adding a rule is one decorated function in the module of its concern and one test; the module is
 imported by rules/__init__.py, which registers everything at import.
@@ -50,6 +58,8 @@ class Stage(enum.Enum):
     KERNEL = "kernel"
     LAYOUT = "layout"
     HOST_OUTPUTS = "host outputs"
+    SIZES = "sizes"
+    VALUES = "values"
 
 
 NOT_APPLICABLE = object()   # an AUTOGRAD rule's answer when its conditions do not hold: the op runs as it is
@@ -97,6 +107,7 @@ def _keys_of(func: Any) -> Iterator[Any]:
     packet = getattr(func, "overloadpacket", None)
     if packet is not None:
         yield packet
+        yield getattr(packet, "_qualified_op_name", None)
         yield packet.__name__
     else:
         yield getattr(func, "__name__", None)

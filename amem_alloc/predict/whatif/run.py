@@ -24,11 +24,11 @@ def _result(change: Any, prediction: Any) -> WhatIf:
 
 
 def run_one(name: str, body: Callable[[Any], None], base: Any, predicting: Any, *, blocks: str | None = None,
-            strict: bool = False, policies: list | None = None) -> WhatIf:
+            strict: bool = False, policies: list | None = None, shapes: str = "expected") -> WhatIf:
     change = changes_mod.make(name, blocks)
     try:
         prediction = trial.predict(body, predicting, base.gpu, policies or _policies(base), base.target,
-                                   strict=strict, change=change)
+                                   strict=strict, change=change, shapes=shapes)
     except trial.TrialFailed as failed:
         return WhatIf(name, failed=str(failed), costs_compute=change.costs_compute)
     return _result(change, prediction)
@@ -42,13 +42,14 @@ def _policies(base: Any) -> list:
 
 def run_all(names: list[str], body: Callable[[Any], None], base: Any, predicting: Any, *, blocks: str | None = None,
             strict: bool = False, policies: list | None = None,
-            progress: Callable[[str], None] | None = None) -> list[WhatIf]:
+            progress: Callable[[str], None] | None = None, shapes: str = "expected") -> list[WhatIf]:
     """Each change re-predicted; the list is also set as base.what_if."""
     out = []
     for name in names:
         if progress:
             progress(f"what-if {name}: predicting again with the change applied...")
-        out.append(run_one(name, body, base, predicting, blocks=blocks, strict=strict, policies=policies))
+        out.append(run_one(name, body, base, predicting, blocks=blocks, strict=strict, policies=policies,
+                           shapes=shapes))
     base.what_if = out
     base.what_if_json = answers.to_json(base)   # what the JSON, text and report show
     return out

@@ -36,10 +36,10 @@ def script_body(argv: list[str], steps: int, timeout: float) -> Callable[[Any], 
 
 
 def predict(body: Callable[[Any], None], predicting: Any, gpu: Any, policies: list, target: str, *,
-            strict: bool = False, change: Any = None) -> Any:
+            strict: bool = False, change: Any = None, shapes: str = "expected") -> Any:
     """The Prediction of body(run) under `predicting` (api.predicting, passed in: api uses this module)
     with `change` (a changes.Change, or None) active around the code."""
-    run = predicting(gpu, policies=policies, target=target, strict=strict)
+    run = predicting(gpu, policies=policies, target=target, strict=strict, shapes=shapes)
     try:
         with run:
             with change if change is not None else contextlib.nullcontext():
