@@ -13,6 +13,7 @@ configuration, e.g. `conf:max_split_size_mb:256`.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from . import _C
@@ -85,7 +86,9 @@ def get(name: str) -> Policy:
         _C.canonical_config(conf)  # raises ValueError naming the bad key or value
         return Policy(name, conf, f"amem with AMEM_CONF={conf!r}")
     if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)} "
+        near = difflib.get_close_matches(name, list(POLICIES), n=1)  # near_names.py's wording; a leaf imports no unit
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"unknown policy {name!r}{hint}; choose one of {', '.join(POLICIES)} "
                          f"or {CONF_PREFIX}<AMEM_CONF string>")
     conf, description = POLICIES[name]
     return Policy(name, conf, description)

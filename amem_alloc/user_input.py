@@ -25,8 +25,9 @@ class UsageError(ValueError):
     """A user mistake: the message says what was wrong and what to do."""
 
 
-def require_module(module: str, option: str, package: str | None = None) -> None:
-    """An optional dependency an option needs: one line saying what to install when it is missing."""
+def require_module(module: str, option: str, package: str | None = None, instead: str | None = None) -> None:
+    """An optional dependency an option needs: one line saying what to install when it is missing
+    (and what to do `instead`, where something needs no install; else: leave the option out)."""
     import importlib.util
 
     try:
@@ -35,7 +36,7 @@ def require_module(module: str, option: str, package: str | None = None) -> None
         found = False
     if not found:
         raise UsageError(f"{option} needs {module}, which is not installed; install it with "
-                         f"`python -m pip install {package or module}`, or leave {option} out")
+                         f"`python -m pip install {package or module}`, or {instead or f'leave {option} out'}")
 
 
 # ---------------------------------------------------------------------------- files

@@ -16,6 +16,7 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from .user_input import UsageError
 
@@ -83,6 +84,19 @@ def print_script_error(err: BaseException) -> None:
     print("".join(shown.format()), end="", file=sys.stderr)
 
 
+def cuda_start_failed(err: BaseException) -> str | None:
+    """'train.py:2: Found no NVIDIA driver ...' when `err` is torch failing to start CUDA (raised by
+    torch.cuda's lazy initialisation: no driver, no device, a CPU-only build), else None."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames or frames[-1].name != "_lazy_init" or not frames[-1].filename.endswith(
+            os.path.join("torch", "cuda", "__init__.py")):
+        return None
+    mine = [f for f in frames if not f.filename.startswith((_AMEM, _RUNPY)) and os.sep + "torch" + os.sep not in f.filename]
+    where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return where + first.split(". ")[0]  # torch's first sentence: "Found no NVIDIA driver on your system"
+
+
 def exit_status(code) -> int:
     """What Python's exit status would be for SystemExit(code)."""
     if code is None:
@@ -93,23 +107,26 @@ def exit_status(code) -> int:
     return 1
 
 
-def run(target: str, args: list[str], module: bool = False, reraise: tuple = ()) -> int:
+def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
+        explain: Callable[[BaseException], str | None] | None = None) -> int:
     """Runs the script or module as __main__; returns its exit status (its traceback printed).
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
-    torch.OutOfMemoryError as the run's OOM). The caller's sys.argv and sys.path are theirs again
-    afterwards: an in-process prediction (amem_alloc.fit, a rank) leaves no script folder behind.
+    torch.OutOfMemoryError as the run's OOM). Where `explain(err)` gives a line (amem run: the
+    script's first CUDA call on a machine with no GPU), that line is printed instead of the traceback.
+    The caller's sys.argv and sys.path are theirs again afterwards: an in-process prediction
+    (amem_alloc.fit, a rank) leaves no script folder behind.
     """
     argv_before, path_before = sys.argv, list(sys.path)
     sys.argv = [target, *args]
     try:
-        return _run_as_main(target, module, reraise)
+        return _run_as_main(target, module, reraise, explain)
     finally:
         sys.argv = argv_before
         sys.path[:] = path_before
 
 
-def _run_as_main(target: str, module: bool, reraise: tuple) -> int:
+def _run_as_main(target: str, module: bool, reraise: tuple, explain) -> int:
     try:
         if module:
             sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first
@@ -123,6 +140,10 @@ def _run_as_main(target: str, module: bool, reraise: tuple) -> int:
     except reraise:
         raise
     except BaseException as err:  # noqa: BLE001 - the script's own error: shown as Python shows it
+        line = explain(err) if explain is not None else None
+        if line:
+            print(line, file=sys.stderr)
+            return 1
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0

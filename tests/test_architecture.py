@@ -25,7 +25,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "amem_alloc"
-LEAVES = {"version", "provenance_format", "atomic_write", "policies", "code_files"}  # import no other unit (policies: _C only)
+LEAVES = {"version", "provenance_format", "atomic_write", "policies", "code_files", "near_names"}  # import no other unit (policies: _C only)
 
 
 def _module_name(path: Path) -> str:
@@ -145,7 +145,7 @@ def test_the_init_rule_sees_attribute_reads():
 TIERS = {
     # the top-level modules that talk to _C and torch, and the leaves they share
     "runtime": {"_autoenable", "allocator", "atomic_write", "calibration", "categories", "code_files", "config", "cuda",
-                "devices", "doctor", "introspection", "patching", "policies", "provenance_format", "recording",
+                "devices", "doctor", "introspection", "near_names", "patching", "policies", "provenance_format", "recording",
                 "snapshot_dump", "sources", "stacks", "torch_patch", "user_input", "user_script", "version"},
     # torch's snapshot format read and checked, and what is rebuilt or exported from a snapshot
     "formats": {"snapshot", "timeline", "trace_export"},

@@ -171,8 +171,13 @@ def test_plot_without_matplotlib_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     rc, err = run_verb(["replay", str(TRACE), "--plot", str(tmp_path / "p.png")])
     assert rc == 2 and err.strip() == ("amem replay: --plot needs matplotlib, which is not installed; install it with "
-                                       "`python -m pip install 'amem_alloc[plots]'`, or leave --plot out"), err
+                                       "`python -m pip install 'amem_alloc[plots]'`, or give --plot OUT.svg, which "
+                                       "needs no install"), err
     assert not (tmp_path / "p.png").exists()
+    rc, err = run_verb(["replay", str(TRACE), "--policy", "torch,amem", "--plot", str(tmp_path / "p.svg")])
+    assert rc == 0 and err == "", err
+    svg = (tmp_path / "p.svg").read_text()
+    assert svg.startswith("<svg xmlns='http://www.w3.org/2000/svg'") and svg.count("<polyline") >= 4
 
 
 def test_compare_mode_real_without_a_gpu_is_one_line_before_any_child(monkeypatch, tmp_path):

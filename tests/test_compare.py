@@ -3,6 +3,7 @@ configuration replays them in a process of its own (checked by pid), and the tab
 HTML say it was predicted without a GPU."""
 import json
 import os
+import sys
 import textwrap
 from types import SimpleNamespace
 
@@ -41,7 +42,8 @@ def test_compare_a_bundled_workload_simulated(tmp_path):
     assert saved["mode"] == "simulated" and len(saved["rows"]) == len(result.rows)
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     page = (tmp_path / "compare.html").read_text()
-    assert "data:image/png;base64," in page and "PREDICTED" in page
+    assert "<svg class='compare-plot'" in page and "PREDICTED" in page
+    assert page.count("<polyline") == 2 * len(result.rows) and page.count("class='mark'") == 3  # one rule a step
     from amem_alloc.introspection import format_bytes  # the page shows the text table's cells
     assert all(f"<td>{r['policy']}</td><td>{format_bytes(r['peak_allocated'])}</td>" in page for r in result.rows)
     assert not any(p.name.startswith("amem-compare-") for p in tmp_path.iterdir())  # work folder removed
@@ -137,3 +139,67 @@ def test_gpu_runs_read_their_timeline_from_the_allocator_trace():
     assert peak == 20 * MiB and at_peak == 4 * MiB + 512
     assert timeline[-1] == [7, 0, 0] and len(timeline) == len(events)
     assert [p[1] for p in timeline] == [0, 3 * MiB + 512, 3 * MiB + 512, 4 * MiB + 512, MiB, MiB, 0, 0]
+
+
+# ---------------------------------------------------------------------------- a script, as a new user runs it (issue 37)
+LONG_TRAINING = textwrap.dedent("""\
+    import torch
+    w = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.SGD(w.parameters(), lr=0.1)
+    for i in range(5000):                     # nanoGPT's max_iters: the run must not go to its end
+        w(torch.randn(32, 64, device="cuda")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"trained step {i}")
+""")
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, keeping what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_a_script_stops_after_steps_with_progress_and_a_plot_without_optional_installs(tmp_path, monkeypatch):
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(LONG_TRAINING)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # neither installed: import fails
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    result = compare(script=[str(script)], steps=2, policies=["torch", "amem"], out_dir=tmp_path / "c")
+    assert result.recording["steps"] == 2 and result.recording["info"]["stopped_after_steps"] == 2
+    assert "stopped after 2 optimizer steps" in format_text(result)
+    assert "png" not in result.files and not (tmp_path / "c" / "compare.png").exists()
+    page = (tmp_path / "c" / "compare.html").read_text()
+    assert "<svg class='compare-plot'" in page and page.count("<polyline") == 4 and page.count("class='mark'") == 2
+    assert "predicting the allocations: step 2 of 2" in terminal.text    # the recording's steps as they go
+    assert "3/3 runs done" in terminal.text and terminal.text.endswith("\r\x1b[K")  # then the runs; cleared
+
+
+def test_compare_on_a_script_prints_its_output_then_only_its_table(tmp_path):
+    from helpers import run_command
+
+    script = tmp_path / "train.py"
+    script.write_text(LONG_TRAINING)
+    proc = run_command([sys.executable, "-m", "amem_alloc", "compare", "--policy", "torch", "--out", str(tmp_path / "c"),
+                        "--", "python", str(script)], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[:4] == [f"trained step {i}" for i in range(4)] and "trained step 4" not in proc.stdout  # 5 steps
+    assert out[4].startswith("amem compare: script ") and not [ln for ln in out if ln.lstrip().startswith("{")]
+    assert proc.stderr == ""  # no note about matplotlib, no progress off a terminal
+    recording = json.loads((tmp_path / "c" / "compare.json").read_text())["recording"]
+    assert recording["steps"] == 5 and recording["info"]["stopped_after_steps"] == 5

@@ -65,6 +65,20 @@ def test_base_dependencies_and_extras(metadata):
     assert metadata["Requires-Python"] == ">=3.10"
 
 
+def test_the_amem_command_starts_outside_the_package(tmp_path):
+    """The console script is amem_command.main, a module of its own beside the package (py-modules), so
+    Ctrl-C while the package imports is one line (tests/test_cli_interrupts.py)."""
+    pytest.importorskip("setuptools")
+    code = ("from setuptools import build_meta; "
+            f"print(build_meta.prepare_metadata_for_build_wheel({str(tmp_path)!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    points = (tmp_path / proc.stdout.strip().splitlines()[-1] / "entry_points.txt").read_text()
+    assert "amem = amem_command:main" in points.splitlines()
+    imports = [m for m, _ in _imports(ROOT / "amem_command.py")]
+    assert "amem_alloc" in imports and set(imports) <= {"amem_alloc", "sys"}
+
+
 def test_the_programs_extra_names_the_makefiles_program_libraries(metadata):
     """make setup installs PROGRAM_LIBS (with torchvision pinned to its torch); the extra, for a user's
     own environment, must name the same libraries."""
@@ -126,7 +140,7 @@ def test_the_sdist_carries_what_the_build_reads(tmp_path):
     cmake = (ROOT / "CMakeLists.txt").read_text()
     built_from = set(re.findall(r"\b(csrc/[\w/]+\.(?:cpp|h))\b", cmake))
     headers = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")}
-    needed = {"CMakeLists.txt", "setup.py", "pyproject.toml", "README.md", "CHANGELOG.md",
+    needed = {"CMakeLists.txt", "setup.py", "pyproject.toml", "README.md", "CHANGELOG.md", "amem_command.py",
               "amem_alloc/amem_alloc_autoenable.pth", "amem_alloc/version.py",
               "amem_alloc/report/template.html", "amem_alloc/report/report.js", "amem_alloc/report/report.css"}
     assert len(built_from) > 20

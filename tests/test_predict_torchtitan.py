@@ -55,12 +55,12 @@ def _write_assets(root: Path) -> None:
         {"bos_token": specials[0], "eos_token": specials[1], "add_bos_token": True}))
 
 
-def _shapes() -> list[tuple[int, ...]]:
-    """Every parameter's shape in torchtitan's debug model, built on meta from its own config."""
+def _shapes(flavor: str) -> list[tuple[int, ...]]:
+    """Every parameter's shape in a torchtitan Llama 3 model, built on meta from its own config."""
     from torchtitan.models.llama3 import model_registry
 
     with torch.device("meta"):
-        model = model_registry("debugmodel").model.build()
+        model = model_registry(flavor).model.build()
     return [tuple(p.shape) for p in model.parameters()]
 
 
@@ -68,41 +68,74 @@ def _rounded(nbytes: int) -> int:
     return max(512, (nbytes + 511) // 512 * 512)   # the caching allocator's 512-byte rounding
 
 
-def _shard_bytes(shape: tuple[int, ...]) -> int:
-    rows = math.ceil(shape[0] / WORLD)
+def _shard_bytes(shape: tuple[int, ...], world: int) -> int:
+    rows = math.ceil(shape[0] / world)
     return _rounded(rows * math.prod(shape[1:]) * 4)
 
 
-@pytest.fixture(scope="module")
-def prediction(tmp_path_factory):
-    root = tmp_path_factory.mktemp("torchtitan")
-    _write_assets(root)
-    out = root / "prediction.json"
+def _predict(root: Path, world: int, config: list[str]) -> tuple[dict, str]:
+    out = root / f"prediction-{world}.json"
     cmd = [*AMEM, "predict", "--gpu", "H100", "--policy", "torch", "--json", str(out), "--",
-           "torchrun", "--nproc-per-node", str(WORLD), "-m", "torchtitan.train",
-           "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "2"]
+           "torchrun", "--nproc-per-node", str(world), "-m", "torchtitan.train", "--module", "llama3", *config]
     run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text()), run.stdout
 
 
-def test_every_rank_holds_its_fsdp2_shard_of_parameters_gradients_and_adamw_state(prediction):
-    data, _ = prediction
-    shards = [_shard_bytes(s) for s in _shapes()]
-    ranks = data["ranks"]
-    assert [r["rank"] for r in ranks] == list(range(WORLD))
-    for r in ranks:
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("torchtitan")
+    _write_assets(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def prediction(assets):
+    return _predict(assets, WORLD, ["--config", "llama3_debugmodel", "--training.steps", "2"])
+
+
+def _assert_model_state(data: dict, flavor: str, world: int) -> None:
+    shards = [_shard_bytes(s, world) for s in _shapes(flavor)]
+    for r in data["ranks"]:
         held = r["at_peak"]
         assert held["gradient"] == sum(shards)
         assert held["optimizer_state"] == 2 * sum(shards) + len(shards) * 512
 
 
+def test_every_rank_holds_its_fsdp2_shard_of_parameters_gradients_and_adamw_state(prediction):
+    data, _ = prediction
+    assert [r["rank"] for r in data["ranks"]] == list(range(WORLD))
+    _assert_model_state(data, "debugmodel", WORLD)
+
+
 def test_flex_attention_is_modelled_and_nothing_is_sequence_squared(prediction):
     """The debug model's attention is FlexAttention (seq 2048, 16 heads, local batch 8): no
-    allocation of size S x S per head, as the fused kernel has none; the run is not said to fail."""
+    allocation of size S x S per head, as the fused kernel has none; compiling flex_attention is
+    not said to run as eager; the run is not said to fail."""
     data, text = prediction
     seq, heads, batch = 2048, 16, 8
     for r in data["ranks"]:
         for block in r["at_peak_largest"]:
             assert block["bytes"] < batch * heads * seq * seq // 4
+        assert f"torchtitan/models/common/attention.py:{_flex_compile_line()}" not in \
+            [n.get("where") for n in r["notes"] if n["what"].startswith("torch.compile")]
     assert "the script failed" not in text
+
+
+def _flex_compile_line() -> int:
+    """The line of torchtitan's `torch.compile(flex_attention, ...)`."""
+    import torchtitan.models.common.attention as attention
+
+    lines = Path(attention.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if "torch.compile(" in line and "flex_attention" in lines[i])
+
+
+@pytest.mark.slow
+def test_the_8b_config_on_8_ranks_holds_each_ranks_shard_of_the_model_state(assets):
+    """torchtitan's Llama 3.1 8B config (local batch 1, seq 8192, FlexAttention, selective AC) on 8
+    ranks: ranks 0 and 7 recorded, the others taken as rank 0's; each holds 1/8 of the 8.03 B
+    parameters' gradients and twice that in AdamW state, from torchtitan's own model."""
+    data, _ = _predict(assets, 8, ["--config", "llama3_8b", "--hf_assets_path", "./tests/assets/tokenizer",
+                                   "--dataloader.dataset", "c4_test", "--training.steps", "2"])
+    assert [r["rank"] for r in data["ranks"] if r["recorded"]] == [0, 7]
+    _assert_model_state(data, "8B", 8)

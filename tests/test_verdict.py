@@ -2,7 +2,8 @@
 
 * the bar's parts are what is live at the peak of allocated memory, grouped, and add up to it
   exactly; parameters and autocast's copies against first principles;
-* "fits, X to spare" / "does not fit: needs X, Y more than usable", per policy;
+* "fits: needs X, Y to spare" / "does not fit: needs X, Y more than usable", per policy, last in the
+  text, then the next step; borderline within the context estimate; --check (tests/test_predict_verdict_cli.py);
 * the report opens with the verdict panel, its bars drawn (checked in headless chromium where
   /usr/bin/chromium works, and in the HTML itself everywhere); its time axis is labelled replay
   order; call sites are relative to the script's folder, libraries shortened to the package;
@@ -77,9 +78,9 @@ def test_fits_or_not_by_how_much(prediction):
                             f"{format_bytes(row.min_capacity - usable)} more than usable")
     assert not all(r.fits for r in prediction.rows), "the card is chosen small enough for one not to fit"
     text = amem_alloc.format_prediction(prediction)
-    head = text[:text.index("\npolicy ")]
-    assert "Verdict for a 0.03 GiB device (usable" in head
-    assert all(re.search(rf"  {r.policy} +\[[PGOACTW. |]+\] ", head) for r in prediction.rows), head
+    tail = text[text.index("\nVerdict for "):]      # the answer comes last, after every table
+    assert "Verdict for a 0.03 GiB device (usable" in tail and "\npolicy " not in tail
+    assert all(re.search(rf"  {r.policy} +\[[PGOACTW. |]+\] ", tail) for r in prediction.rows), tail
 
 
 def test_the_json_carries_the_verdict(prediction, tmp_path):

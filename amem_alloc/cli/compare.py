@@ -1,7 +1,11 @@
 """`amem compare`: every policy on a workload or a script, one process each (amem_alloc/compare).
 
     amem compare --workload gpt [--size N] [--policy ...] [--mode auto|real|simulated]
-    amem compare -- python train.py args...
+    amem compare [--steps N] -- python train.py args...   (stopped after N optimizer steps, default 5)
+
+It shows its progress on a terminal (the recording's steps, then the runs), ends its child
+processes however it ends (compare/processes.py), and prints the script's own output, then its
+table; compare.html plots without matplotlib.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ def command(args: argparse.Namespace) -> int:
     script = parser.script_argv(args.target)
     if (args.workload is None) == (script is None):
         raise ValueError("amem compare: give --workload NAME, or -- python script.py args... (one of the two)")
+    if args.workload is not None and args.steps == 0:
+        raise ValueError("amem compare: --steps 0 runs a script to its end; a workload takes --steps >= 1")
     policies = policies_mod.parse_list(args.policy) if args.policy else None
     if args.out:
         user_input.output_folder(args.out)
@@ -43,12 +49,7 @@ def command(args: argparse.Namespace) -> int:
         if row.get("error") and row.get("stderr"):
             print(f"--- {row['policy']}: the run's stderr ---\n{row['stderr'].rstrip()}", file=sys.stderr)
     print(table.format_text(result))
-    print("\nwrote " + ", ".join(str(p) for p in result.files.values()))
-    if "png" not in result.files:
-        try:
-            user_input.require_module("matplotlib", "compare.png", parser.PLOTS_EXTRA)
-        except user_input.UsageError as missing:  # optional: the table, JSON and page stand without it
-            print(f"amem compare: no {missing}", file=sys.stderr)
+    print("\nwrote " + ", ".join(str(p) for p in result.files.values()))  # the page's plot needs no matplotlib
     return exit_status.FAILED if any(r.get("error") for r in result.rows) else exit_status.OK
 
 
@@ -63,7 +64,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--workload", choices=list(workloads.WORKLOADS))
     cmp_.add_argument("--size", type=parser.int_up_to(workloads.MAX_SIZE), default=1,
                       help="the workload's size knob (default 1: CPU-sized)")
-    cmp_.add_argument("--steps", type=parser.int_up_to(workloads.MAX_STEPS), help="steps to run (default: the workload's)")
+    cmp_.add_argument("--steps", type=parser.count_up_to(workloads.MAX_STEPS),
+                      help="a workload's steps (default: the workload's); a script is stopped after this many "
+                      "optimizer steps, as amem predict stops it (default 5; 0: run it to its end)")
     parser.add_policy_option(cmp_, ",".join(policies_mod.DEFAULT_COMPARE))
     cmp_.add_argument("--mode", choices=MODES, default="auto", help="real needs a GPU; auto picks real when one is there")
     cmp_.add_argument("--out", help="output folder (default: amem-compare/<workload or script name>)")

@@ -1,8 +1,11 @@
 """`amem fit`: the largest value of a script's integer argument with which the run fits a card,
 per allocator policy, by bisection over predictions (fit.py).
 
-    amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--policy LIST] [--steps N] [--timeout S]
-             [--json PATH] -- python SCRIPT ARGS...
+    amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--margin 5%|GiB] [--policy LIST] [--steps N]
+             [--timeout S] [--json PATH] -- python SCRIPT ARGS...
+
+The answer leaves --margin of the usable memory free (default 5%, stated in the output); the text
+ends with it, one line per policy.
 
 Exit status (cli/main.py's convention): 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
 fails or does not fit at --lo, or its memory does not grow with the argument): one line each.
@@ -38,17 +41,17 @@ def fit_command(args: argparse.Namespace) -> int:
     from . import predict_options
 
     result = fit_mod.fit(script, args.arg, gpu=predict_options.card(args), policies=args.policy,
-                         lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
+                         lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout, margin=args.margin,
                          progress=lambda line: print(line, flush=True))
     from ..report.prediction_text import format_fit
 
-    print(format_fit(result))
-    if args.json:
-        print(f"\nwrote {result.write_json(args.json)}")
+    written = [result.write_json(args.json)] if args.json else []
+    print(format_fit(result, written=written))  # its last lines: the answer per policy
     return 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
+    from ..predict import fit as fit_mod
     from ..predict import gpus
     from . import predict_options
 
@@ -69,6 +72,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    + ",".join(policies_mod.DEFAULT_COMPARE))
     p.add_argument("--steps", type=int, help="optimizer steps per trial, as amem predict's (default 5)")
     p.add_argument("--timeout", type=float, help="seconds per trial, as amem predict's (default 600)")
+    p.add_argument("--margin", default=fit_mod.DEFAULT_MARGIN,
+                   help="usable memory every answer leaves free: a share (5%%) or GiB (1.5); default "
+                   f"{fit_mod.DEFAULT_MARGIN.replace('%', '%%')} (the context is an estimate; 0 finds the very edge)")
     p.add_argument("--json", help="write the answer as JSON")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump

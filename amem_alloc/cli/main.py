@@ -23,7 +23,10 @@ Exit status, the same for every command (the names are cli/exit_status.py's):
     3    amem predict --strict: the code needs a tensor's value (one line naming the file and line)
     4    amem predict: the run cannot be predicted (one line naming amem's limit)
     124  amem predict: past --timeout
-    130  Ctrl-C
+    130  Ctrl-C, at any moment (start-up too: the console script is amem_command.py, outside the
+         package), one line: `amem COMMAND: interrupted`; also a KeyboardInterrupt the script raises
+         under predict, compare and fit
+    143  amem compare ended by SIGTERM (`amem compare: terminated`; its children ended first)
     the script's own status, under run, compare and predict: its traceback is printed as Python
          prints it, from its own frames (user_script.py, the one script runner)
 
@@ -53,11 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     A script's errors under `amem run` never get here: user_script prints them as Python does.
     """
-    args = _parser().parse_args(argv)
-    command = f"amem {args.command}"
+    command = "amem"
     try:
+        args = parser.parse_command(_parser(), argv)
+        command = f"amem {args.command}"
         return args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the same line wherever it lands: parsing, importing torch, a run
         print(f"{command}: interrupted", file=sys.stderr)
         return exit_status.INTERRUPTED
     except ValueError as err:  # UsageError, SnapshotError, a bad value or configuration

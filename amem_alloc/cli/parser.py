@@ -13,17 +13,43 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import user_script
+from ..near_names import did_you_mean
 
 # What to install for an option that needs matplotlib (`--plot`, compare.png): the extra in pyproject.toml.
 PLOTS_EXTRA = "'amem_alloc[plots]'"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line (`amem replay: --top: ...; see amem replay --help`), exit 2."""
+    """argparse, but a mistake is one line (`amem replay: --top: ...; see amem replay --help`), exit 2,
+    and a mistyped choice names the nearest one (`invalid choice: 'gtp' (did you mean gpt?)`)."""
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}"
+                                         f"{did_you_mean(str(value), map(str, action.choices))} "
+                                         f"(choose from {choices})")
+        super()._check_value(action, value)
+
+
+def parse_command(top: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The top parser's arguments; an argument the command does not take is the command's mistake
+    (`amem predict: unrecognized arguments: --gpus (did you mean --gpu?)`), not `amem`'s."""
+    args, extra = top.parse_known_args(argv)
+    if extra:
+        command = _subparsers(top)[args.command]
+        flags = [f for a in command._actions for f in a.option_strings]
+        near = "".join(did_you_mean(e.split("=")[0], flags) for e in extra if e.startswith("-"))
+        command.error("unrecognized arguments: " + " ".join(extra) + near)
+    return args
+
+
+def _subparsers(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a.choices for a in top._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def one_line(err: BaseException, command: str = "amem") -> str:
@@ -58,6 +84,17 @@ def int_up_to(most: int):
         return value
 
     parse.__name__ = f"integer up to {most}"
+    return parse
+
+
+def count_up_to(most: int):
+    """An argparse type: an integer from 0 to `most` (0 where the option means "no limit")."""
+    def parse(text: str) -> int:
+        if text.strip() == "0":
+            return 0
+        return int_up_to(most)(text)
+
+    parse.__name__ = f"integer from 0 to {most}"
     return parse
 
 

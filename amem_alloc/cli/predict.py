@@ -2,11 +2,13 @@
 
     amem predict [--gpu NAME | --capacity-gb N] [--context-mb MIB | --calibration-file FILE]
                  [--policy LIST] [--json PATH] [--trace PATH] [--report PATH] [--steps N] [--timeout S]
-                 [--strict] [--shapes expected|upper] -- python SCRIPT ARGS...
+                 [--strict] [--shapes expected|upper] [--check] -- python SCRIPT ARGS...
     amem predict --workload NAME [--size N] [--steps N] [...]
 
 The script runs unchanged in this process (script.py: runpy, sys.argv set, as __main__): real
-CPU, fake CUDA tensors. Exit status: 0 with a prediction; the script's own status if it exits
+CPU, fake CUDA tensors. The text ends with the answer: the verdict per policy and, when one does
+not fit, the next step. Exit status: 0 with a prediction (5 under --check when a policy does not
+fit); the script's own status if it exits
 non-zero or raises (its traceback printed as Python would); 2 for bad arguments (one line); 3
 when, under --strict, the code needs a value (one line naming the file and line), or an output's
 size depends on values with no upper bound; 4 when the run cannot be predicted (CUDA graphs,
@@ -82,10 +84,11 @@ def predict_command(args: argparse.Namespace) -> int:
     from ..report import predict as report_page
     from ..report.prediction_text import format_prediction
 
-    print(format_prediction(result))
-    predict_options.write_outputs(args, result.write_json, result.write_trace,
-                                  lambda path: report_page.write(path, result.to_dict(), result.snapshot()))
-    return 0
+    written = predict_options.write_outputs(args, result.write_json, result.write_trace,
+                                            lambda path: report_page.write(path, result.to_dict(), result.snapshot()))
+    data = result.to_dict()
+    print(format_prediction(data, written=written))  # its last lines: the verdict, and the next step
+    return exit_status.DOES_NOT_FIT if args.check and predict_options.does_not_fit(data["policies"]) else 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -120,6 +123,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the result as JSON")
     p.add_argument("--trace", help="write the predicted run as a torch memory snapshot (pickle)")
     p.add_argument("--report", help="write the HTML report of the predicted run")
+    p.add_argument("--check", action="store_true", help="exit with status 5 when the run does not fit under "
+                   "any policy predicted (for CI; give --policy for the one you run)")
     predict_ranks.add_arguments(p)
     whatif.add_arguments(p)
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")

@@ -1,6 +1,6 @@
 """`amem predict`'s run options, read and checked once for every way it runs: one process
-(predict.py), a distributed job (predict_ranks.py) and the what-ifs (predict_whatif.py); and its
-outputs (--json, --trace, --report) written the same way by each."""
+(predict.py), a distributed job (predict_ranks.py) and the what-ifs (predict_whatif.py); its
+outputs (--json, --trace, --report) written the same way by each; and --check's test."""
 from __future__ import annotations
 
 import argparse
@@ -49,8 +49,9 @@ def script_limits(args: argparse.Namespace) -> tuple[int, float]:
 
 
 def write_outputs(args: argparse.Namespace, json: Callable[[str], Any], trace: Callable[[str], Any],
-                  report: Callable[[str], Any]) -> None:
-    """Writes the outputs asked for (each writer returns its path, or a list of paths) and names them."""
+                  report: Callable[[str], Any]) -> list[Any]:
+    """Writes the outputs asked for (each writer returns its path, or a list of paths); returns their
+    paths, which the text names just before its verdict (report/prediction_text.py)."""
     written: list[Any] = []
     try:
         for path, write in ((args.json, json), (args.trace, trace), (args.report, report)):
@@ -59,5 +60,9 @@ def write_outputs(args: argparse.Namespace, json: Callable[[str], Any], trace: C
                 written += out if isinstance(out, list) else [out]
     except OSError as err:  # atomic_write's WriteError names the path; nothing half-written is left there
         raise ValueError(str(err) if err.filename else f"cannot write an output: {err.strerror or err}") from None
-    if written:
-        print("\nwrote " + ", ".join(str(p) for p in written))
+    return written
+
+
+def does_not_fit(rows: list[dict]) -> bool:
+    """--check: whether any policy predicted does not fit (the command then exits DOES_NOT_FIT)."""
+    return any(not r["fits"] for r in rows)

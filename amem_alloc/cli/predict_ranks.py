@@ -4,7 +4,8 @@
     amem predict [options] -- torchrun --nproc-per-node N [--nnodes M] train.py ARGS
 
 cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
-Exit statuses are one process's (predict_exits.py): 0 with a prediction, 2 for bad input, the
+Exit statuses are one process's (predict_exits.py): 0 with a prediction (5 under --check when a
+rank does not fit), 2 for bad input, the
 script's own status when it fails, 3, 4 and 124 as for one process; a failure names the rank.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 from typing import Any
 
 from ..predict.distributed.launch import Launch, is_torchrun, make, parse_torchrun
+from . import exit_status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,9 +72,12 @@ def predict_command(args: argparse.Namespace) -> int:
         return result
     from ..report.prediction_text import format_ranks
 
-    print(format_ranks(result))
-    predict_options.write_outputs(args, result.write_json, result.write_traces, lambda path: _write_report(result, path))
-    return 0
+    written = predict_options.write_outputs(args, result.write_json, result.write_traces,
+                                            lambda path: _write_report(result, path))
+    data = result.to_dict()
+    print(format_ranks(data, written=written))  # its last lines: the worst rank's verdict
+    failing = args.check and any(predict_options.does_not_fit(e["policies"]) for e in data["ranks"])
+    return exit_status.DOES_NOT_FIT if failing else 0
 
 
 def _failures(call: Any) -> Any:

@@ -1,4 +1,4 @@
-"""`amem replay TRACE [--policy torch,amem,...] [--device N] [--json OUT] [--plot OUT.png]`: a trace
+"""`amem replay TRACE [--policy torch,amem,...] [--device N] [--json OUT] [--plot OUT.svg|OUT.png]`: a trace
 replayed under allocator policies on the sim backend (the evaluation is amem_alloc/replay/trace.py)."""
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def command(args: argparse.Namespace) -> int:
     for option in ("json", "plot"):
         if getattr(args, option):
             user_input.output_file(getattr(args, option), f"--{option}")
-    if args.plot:
-        user_input.require_module("matplotlib", "--plot", parser.PLOTS_EXTRA)  # said before the replay, not after it
+    if args.plot and not args.plot.endswith(".svg"):  # said before the replay, not after it
+        user_input.require_module("matplotlib", "--plot", parser.PLOTS_EXTRA,
+                                  instead="give --plot OUT.svg, which needs no install")
     user_input.input_file(args.trace, "a snapshot pickle or a program .npz written by amem compare")
     parser.apply_trace_limit(args)
     report = trace_replay.replay_trace(args.trace, _policy_names(args.policy), args.device,
@@ -48,6 +49,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--device", type=parser.device_index, help="only this device")
     rep.add_argument("--limit-gb", type=parser.capacity_gb, default=0, help="simulated device capacity in GiB (0: unlimited)")
     rep.add_argument("--json", help="write the full report (timelines included) as JSON")
-    rep.add_argument("--plot", help="write allocated/reserved over time as PNG")
+    rep.add_argument("--plot", help="write allocated/reserved over time: OUT.svg (no install needed), or a PNG "
+                     "(needs matplotlib: amem_alloc[plots])")
     parser.add_trace_limit(rep)
     rep.set_defaults(func=command)

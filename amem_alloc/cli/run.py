@@ -1,21 +1,43 @@
-"""`amem run script.py args...` (or `-m module`): the script with amem as torch's CUDA allocator."""
+"""`amem run script.py args...` (or `-m module`): the script with amem as torch's CUDA allocator.
+
+On a machine where no GPU is usable amem cannot be active: one line says so and why before the
+script runs, and should the script then reach for CUDA, one line names its call instead of
+torch's traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import user_script
 from ..user_input import UsageError
 
 
+def _explain_no_gpu(script: str):
+    """user_script.run's `explain`: one line for the script's first CUDA call on a machine with no GPU."""
+    def explain(err: BaseException) -> str | None:
+        call = user_script.cuda_start_failed(err)
+        if call is None:
+            return None  # any other error is the script's own: its traceback
+        return (f"amem run: the script needs a GPU: {call} (to predict its GPU memory on this machine: "
+                f"amem predict -- python {script})")
+    return explain
+
+
 def command(args: argparse.Namespace) -> int:
-    from ..cuda import enable
+    from ..cuda import enable, gpu_problem
 
     if not args.target:
         raise UsageError("give a script (amem run train.py args...) or -m module")
     target, rest = args.target[0], args.target[1:]
     user_script.check_target(target, args.module)
     enable(policy=args.policy)  # a bad policy, AMEM_CONF or AMEM_TRACE is amem's error, said before the script starts
-    return user_script.run(target, rest, module=args.module)  # the script's errors stay the script's
+    problem = gpu_problem()
+    if problem is None:
+        return user_script.run(target, rest, module=args.module)  # the script's errors stay the script's
+    print(f"amem run: amem is not active: {problem}; the script runs on the CPU only", file=sys.stderr)
+    script = "SCRIPT.py" if args.module else target  # amem predict takes a script's path, not -m
+    return user_script.run(target, rest, module=args.module, explain=_explain_no_gpu(script))
 
 
 def add(sub: argparse._SubParsersAction) -> None:

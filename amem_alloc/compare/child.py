@@ -119,7 +119,7 @@ def _gpu(args: argparse.Namespace) -> dict:
 
     try:
         if args.script:
-            _run_script(args.script, on_step, reraise=(torch.OutOfMemoryError,))
+            _run_script(args.script, on_step, reraise=(torch.OutOfMemoryError,), steps=args.steps or 0)
         else:
             workloads.get(args.workload)(args.size, args.steps, "cuda", 0, on_step)
         torch.cuda.synchronize()
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--conf", default="")
         p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    from .processes import die_with_parent
+
+    die_with_parent()
     started = time.perf_counter()
     result = _replay(args) if args.what == "replay" else _gpu(args)
     result.update(policy=args.policy, conf=args.conf, pid=os.getpid(), wall_seconds=time.perf_counter() - started)

@@ -14,8 +14,10 @@ recording stops with the engine's one-line DataDependentError naming the file an
 `amem compare` reports it; run such code on a GPU (`--mode real`).
 
 Used as `python -m amem_alloc.compare.predicted_program --workload gpt --out DIR` (or `--script
-script.py args...`), always in a fresh process: it writes DIR/program.npz and
-DIR/recording.json (what ran, the step boundaries, the recording's time).
+script.py args...`, stopped after `--steps N` optimizer steps as amem predict stops it), always
+in a fresh process: it writes DIR/program.npz and DIR/recording.json (what ran, the step
+boundaries, the recording's time), and DIR/steps_done as it goes (the parent's progress). Its
+stdout is the script's own output and nothing else.
 """
 from __future__ import annotations
 
@@ -32,18 +34,51 @@ METHOD = "prediction: fake CUDA tensors (amem_alloc.predict), the allocations CU
 
 
 SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
+INTERRUPTED = "interrupted"           # written when a KeyboardInterrupt stopped the recording
+STEPS_DONE = "steps_done"             # the optimizer steps recorded so far, for the parent's progress
 
 
-def _run_script(argv: list[str], on_step=None, reraise: tuple = ()) -> dict:
+class _Enough(BaseException):
+    """Raised into the script after its last step (--steps): a BaseException, so the script's own
+    `except Exception` does not catch it."""
+
+
+def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int = 0) -> dict:
     """Runs the user's script as Python would (user_script.run_steps); a step is an optimizer.step().
-
-    ScriptFailed if it exits non-zero; its traceback is on stderr by then.
+    After `steps` steps (0: none) the script is stopped there. ScriptFailed if it exits non-zero
+    (its traceback is on stderr by then); KeyboardInterrupt goes on.
     """
     from .. import user_script
 
-    steps = user_script.run_steps(argv, on_step, reraise)
+    done = [0]
+
+    def step(n: int) -> None:
+        done[0] = n
+        if on_step is not None:
+            on_step(n)
+        if steps and n >= steps:
+            raise _Enough
+
+    try:
+        made = user_script.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt))
+    except _Enough:
+        made = done[0]
     _, args, _ = user_script.target_of(argv)
-    return {"script": user_script.name_of(argv), "args": args, "optimizer_steps": steps}
+    return {"script": user_script.name_of(argv), "args": args, "optimizer_steps": made,
+            "stopped_after_steps": steps if steps and made >= steps else None}
+
+
+def _count_step(out_dir: Path, n: int) -> None:
+    """The parent's progress: the steps recorded so far (a file it reads while it waits)."""
+    atomic_write.write_text(out_dir / STEPS_DONE, str(n))
+
+
+def steps_done(out_dir: Path) -> int:
+    """What _count_step wrote last (0 before the first step)."""
+    try:
+        return int((out_dir / STEPS_DONE).read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def record(out_dir: Path, workload: str | None, size: int, steps: int | None, script: list[str] | None) -> dict:
@@ -54,14 +89,18 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     from ..predict.api import predicting
     from ..predict.engine.values import DataDependentError
 
+    def on_step(i: int) -> None:
+        run.marker("step")
+        _count_step(out_dir, i)
+
     started = time.perf_counter()
     from ..user_script import name_of
 
     with predicting(policies=[], target=workload or name_of(script), analyse=False) as run:
-        if script:
-            info = _run_script(script, lambda i: run.marker("step"), reraise=(DataDependentError,))  # a value read is prediction's limit, not the script's error
+        if script:  # a value read is prediction's limit, not the script's error
+            info = _run_script(script, on_step, reraise=(DataDependentError,), steps=steps or 0)
         else:
-            info = workloads.get(workload)(size, steps, "cuda", 0, lambda i: run.marker("step"))
+            info = workloads.get(workload)(size, steps, "cuda", 0, on_step)
     seconds = time.perf_counter() - started
     program = run.recorded.program
     program.save(out_dir / "program.npz")
@@ -83,20 +122,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.workload and not args.script:
         parser.error("give --workload NAME or --script script.py args...")
+    from .processes import die_with_parent
+
+    die_with_parent()
     from ..predict.engine.values import DataDependentError
 
     args.out.mkdir(parents=True, exist_ok=True)
     from ..user_script import ScriptFailed
 
     try:
-        meta = record(args.out, args.workload, args.size, args.steps, args.script)
+        record(args.out, args.workload, args.size, args.steps, args.script)  # stdout is the script's alone
     except DataDependentError as err:  # the parent shows this last line
         print(f"cannot predict this code: {str(err).splitlines()[0]}", file=sys.stderr)
         return 3
     except ScriptFailed as failed:  # the script's own error: its traceback is on stderr already
         (args.out / SCRIPT_FAILED).write_text(json.dumps({"script": failed.script, "status": failed.status}))
         return failed.status or 1
-    print(json.dumps({k: meta[k] for k in ("ops", "steps", "record_seconds")}))
+    except KeyboardInterrupt:  # the parent says "interrupted", as every command does
+        (args.out / INTERRUPTED).write_text("")
+        return 130
     return 0
 
 

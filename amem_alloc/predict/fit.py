@@ -13,6 +13,10 @@ argument set, `--NAME V` / `--NAME=V` replaced where it is given, `--NAME=V` add
 which argparse and nanoGPT's configurator both read). Every trial answers for every policy at
 once, so the policies share trials: a cache by value.
 
+A value fits when what it needs (the min capacity, the one "needs" figure of amem predict) leaves
+`margin` of the usable memory free: `amem fit` keeps 5% by default (DEFAULT_MARGIN; `--margin 0`
+finds the very edge), since the context is an estimate and a run's memory varies a little.
+
 The search assumes that more of the argument never needs less memory. From `lo` it doubles until
 no policy fits (or `hi`); then, per policy, bisects between the largest value seen to fit and the
 smallest seen not to, until they are neighbours. So the answer is consistent by construction: the
@@ -59,9 +63,14 @@ class Trial:
     prediction: Any = None            # outcome.Prediction, or None when it failed
     failed: str | None = None
     seconds: float = 0.0
+    margin: int = 0                   # bytes of usable memory the answer must leave free
 
     def fits(self, policy: str) -> bool:
-        return self.prediction is not None and self.prediction.row(policy).fits
+        """Whether it fits with `margin` to spare: what it needs (the min capacity) <= usable - margin."""
+        if self.prediction is None:
+            return False
+        row = self.prediction.row(policy)
+        return row.fits and row.min_capacity + self.margin <= self.prediction.gpu.usable
 
     def row(self, policy: str) -> Any:
         return self.prediction.row(policy) if self.prediction is not None else None
@@ -77,6 +86,7 @@ class PolicyFit:
     needed_at_first_failing: int | None  # min capacity there; None if that trial failed or none failed
     why_first_failing: str | None = None  # a failed trial's line
     needed: int | None = None           # min capacity at the largest value: what it needs of the card
+    spare: int | None = None            # usable less `needed` (>= the margin)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -89,10 +99,12 @@ class FitResult:
     policies: list[PolicyFit]
     trials: list[Trial] = field(default_factory=list)
     seconds: float = 0.0
+    margin: int = 0                   # bytes of usable memory every answer leaves free
+    margin_text: str = "none"         # how it was given ("5% of usable memory")
 
     def to_dict(self) -> dict:
         g = self.gpu
-        return {"arg": self.arg,
+        return {"arg": self.arg, "margin_bytes": self.margin, "margin": self.margin_text,
                 "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "usable_bytes": g.usable,
                         "context_bytes": g.context, "context_source": g.context_source},
                 "policies": [p.to_dict() for p in self.policies],
@@ -113,8 +125,9 @@ class _Trials:
     """Trials by value, each run once; a progress line per trial."""
 
     def __init__(self, predict_at: Callable[[int], Any], policies: list[str],
-                 progress: Callable[[str], None] | None, quiet: bool) -> None:
+                 progress: Callable[[str], None] | None, quiet: bool, margin: int = 0) -> None:
         self.predict_at, self.policies, self.progress, self.quiet = predict_at, policies, progress, quiet
+        self.margin = margin
         self.done: dict[int, Trial] = {}
 
     def __call__(self, value: int) -> Trial:
@@ -133,41 +146,44 @@ class _Trials:
             with quiet:
                 prediction = self.predict_at(value)
         except trial.TrialFailed as failed:
-            return Trial(value, None, str(failed), time.perf_counter() - started)
-        return Trial(value, prediction, None, time.perf_counter() - started)
+            return Trial(value, None, str(failed), time.perf_counter() - started, self.margin)
+        return Trial(value, prediction, None, time.perf_counter() - started, self.margin)
 
     def _line(self, n: int, t: Trial) -> str:
         if t.prediction is None:
             return f"  trial {n}: {t.value}: could not be predicted ({t.failed}) [{t.seconds:.1f} s]"
-        rows = ", ".join(f"{r.policy} {format_bytes(r.peak_reserved)} {'fits' if r.fits else 'does not fit'}"
+        rows = ", ".join(f"{r.policy} {format_bytes(r.min_capacity)} {'fits' if t.fits(r.policy) else 'does not fit'}"
                          for r in t.prediction.rows if r.policy in self.policies)
-        return f"  trial {n}: {t.value}: peak reserved {rows} [{t.seconds:.1f} s]"
+        return f"  trial {n}: {t.value}: needs {rows} [{t.seconds:.1f} s]"
 
 
 # ============================================================================ the search
 def search(predict_at: Callable[[int], Any], arg: str, gpu: Any, policies: list[str], lo: int = 1,
-           hi: int | None = None, progress: Callable[[str], None] | None = None, quiet: bool = True) -> FitResult:
-    """The largest value in [lo, hi] that fits, per policy (FitError: one line when there is none
-    to find)."""
+           hi: int | None = None, progress: Callable[[str], None] | None = None, quiet: bool = True,
+           margin: int = 0, margin_text: str = "none") -> FitResult:
+    """The largest value in [lo, hi] that fits with `margin` bytes to spare, per policy (FitError:
+    one line when there is none to find)."""
     if lo < 1 or (hi is not None and hi < lo):
         raise FitError(f"--lo must be >= 1 and --hi >= --lo (got {lo}, {hi})")
     started = time.perf_counter()
-    trials = _Trials(predict_at, policies, progress, quiet)
+    trials = _Trials(predict_at, policies, progress, quiet, margin)
     first = trials(lo)
-    _check_first(arg, first, policies)
+    _check_first(arg, first, policies, margin)
     top = _grow(trials, arg, lo, hi, policies)
     fits = [_bisect(trials, p, lo, top) for p in policies]
     # the card as the first prediction judged it: its total less what that run holds outside the allocator
-    return FitResult(arg, first.prediction.gpu, fits, list(trials.done.values()), time.perf_counter() - started)
+    return FitResult(arg, first.prediction.gpu, fits, list(trials.done.values()), time.perf_counter() - started,
+                     margin, margin_text)
 
 
-def _check_first(arg: str, first: Trial, policies: list[str]) -> None:
+def _check_first(arg: str, first: Trial, policies: list[str], margin: int = 0) -> None:
     if first.prediction is None:
         raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}")
     if not any(first.fits(p) for p in policies):
         need = min(first.row(p).min_capacity for p in policies)
+        kept = f", less the margin of {format_bytes(margin)} (--margin)" if margin else ""
         raise FitError(f"the run does not fit even at the smallest value, --{arg} {first.value}: it needs "
-                       f"{format_bytes(need)} (usable {format_bytes(first.prediction.gpu.usable)})")
+                       f"{format_bytes(need)} (usable {format_bytes(first.prediction.gpu.usable)}{kept})")
 
 
 def _peak(t: Trial) -> int:
@@ -205,27 +221,53 @@ def _bisect(trials: _Trials, policy: str, lo: int, top: int) -> PolicyFit:
         else:
             bad = mid
     g = trials(good).row(policy)
+    spare = g.capacity - g.min_capacity
     if bad is None:
-        return PolicyFit(policy, good, g.peak_reserved, g.headroom, None, None, needed=g.min_capacity)
+        return PolicyFit(policy, good, g.peak_reserved, g.headroom, None, None, needed=g.min_capacity, spare=spare)
     b = trials(bad)
     return PolicyFit(policy, good, g.peak_reserved, g.headroom, bad,
-                     b.row(policy).min_capacity if b.prediction else None, b.failed, needed=g.min_capacity)
+                     b.row(policy).min_capacity if b.prediction else None, b.failed, needed=g.min_capacity,
+                     spare=spare)
+
+
+# ============================================================================ the margin
+DEFAULT_MARGIN = "5%"   # amem fit's: of the card's usable memory (3.9 GiB on an H100-80GB), above the
+                        # context's uncertainty (predict/gpus.py) on every card in its table
+
+
+def margin_bytes(text: str | int | float, usable: int) -> tuple[int, str]:
+    """(bytes, in words) of a margin: "5%" of usable memory, or a number of GiB ("1.5"); ValueError."""
+    spec = str(text).strip()
+    try:
+        if spec.endswith("%"):
+            share = float(spec[:-1])
+            if not 0 <= share < 100:
+                raise ValueError
+            return int(usable * share / 100), f"{share:g}% of usable memory, {format_bytes(int(usable * share / 100))}"
+        gib = float(spec.removesuffix("GiB").removesuffix("GB"))
+        if not 0 <= gib < 1 << 20:
+            raise ValueError
+        return int(gib * (1 << 30)), format_bytes(int(gib * (1 << 30)))
+    except ValueError:
+        raise FitError(f"--margin {text!r}: give a share of usable memory (5%) or GiB (1.5), at least 0") from None
 
 
 # ============================================================================ the ways in
 def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = None, policies: Any = None,
         lo: int = 1, hi: int | None = None, steps: int | None = None, timeout: float | None = None,
-        progress: Callable[[str], None] | None = None, quiet: bool = True, context_mb: float | None = None,
-        calibration_file: Any = None) -> FitResult:
+        progress: Callable[[str], None] | None = None, quiet: bool = True, margin: str | float = 0,
+        context_mb: float | None = None, calibration_file: Any = None) -> FitResult:
     """The largest value of `arg` that fits the card, per policy. target: a script's argv
     (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
-    (called as target(value) under prediction). steps/timeout: per trial, as amem predict's."""
+    (called as target(value) under prediction). steps/timeout: per trial, as amem predict's.
+    margin: usable memory to leave free, "5%" or GiB (`amem fit` defaults to DEFAULT_MARGIN; 0 here)."""
     from . import api
     from . import script as script_mod
     from .whatif import trial
 
     card = api.resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
     chosen = api.resolve_policies(policies)
+    kept, kept_text = margin_bytes(margin, card.usable) if margin else (0, "none")
     steps = script_mod.DEFAULT_STEPS if steps is None else steps
     timeout = script_mod.DEFAULT_TIMEOUT if timeout is None else timeout
 
@@ -237,4 +279,4 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
             body, name = trial.script_body(argv, steps, timeout), f"script {' '.join(argv)}"
         return trial.predict(body, api.predicting, card, chosen, name)
 
-    return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet)
+    return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet, kept, kept_text)

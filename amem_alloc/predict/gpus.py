@@ -27,6 +27,8 @@ from typing import Any
 
 from . import context as context_mod
 
+from ..near_names import did_you_mean
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -43,6 +45,9 @@ class Gpu:
     context_source: str = "estimate"
     context_given: int | None = None    # bytes the user gave (--context-mb); 0 for --capacity-gb's device
     calibration: Any = field(default=None, compare=False)   # the user's calibration entry for this card
+    # how far off `context` may be, either way (context.py's model for what was not measured; 0 where
+    # the user gave the figure, or --capacity-gb the usable memory): the verdict's borderline band
+    context_uncertainty: int = 0
 
     @property
     def usable(self) -> int:
@@ -63,7 +68,7 @@ def _card(key: str, name: str, total: int, capability: tuple[int, int], sms: int
     """A card of the table, its context what a training step holds there (context.typical)."""
     card = Gpu(key, name, total, capability, 0, sms, memory_source)
     typical = context_mod.typical(card)
-    return replace(card, context=typical.total, context_source=typical.basis)
+    return replace(card, context=typical.total, context_source=typical.basis, context_uncertainty=typical.uncertainty)
 
 
 GPUS: dict[str, Gpu] = {g.key: g for g in (
@@ -89,7 +94,8 @@ ALIASES = {"H100": "H100-80GB", "H100-SXM": "H100-80GB", "A100": "A100-80GB", "4
 
 
 def _norm(text: str) -> str:
-    return text.strip().upper().replace("_", "-").replace(" ", "-")
+    """A card's name as compared: case, spaces, `-` and `_` do not matter (RTX4090 is RTX-4090)."""
+    return text.strip().upper().replace("_", "").replace(" ", "").replace("-", "")
 
 
 def get(name: str) -> Gpu:
@@ -99,7 +105,8 @@ def get(name: str) -> Gpu:
     for key, gpu in GPUS.items():
         if _norm(key) == wanted:
             return gpu
-    raise ValueError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)} (or give --capacity-gb N)")
+    near = did_you_mean(name, [*GPUS, *ALIASES])
+    raise ValueError(f"unknown GPU {name!r}{near}; choose one of {', '.join(GPUS)} (or give --capacity-gb N)")
 
 
 def custom(capacity_gb: float) -> Gpu:
@@ -123,7 +130,8 @@ def with_context(card: Gpu, context_mb: float | None) -> Gpu:
     if card.context_given is not None and card.context_source.startswith("none"):
         raise ValueError("give --capacity-gb (the usable memory itself) or --context-mb, not both")
     nbytes = int(context_mb * MiB)
-    return replace(card, context=nbytes, context_source=f"given with --context-mb {context_mb:g}", context_given=nbytes)
+    return replace(card, context=nbytes, context_source=f"given with --context-mb {context_mb:g}", context_given=nbytes,
+                   context_uncertainty=0)
 
 
 def with_calibration(card: Gpu, path: str | Path | None = None) -> Gpu:
@@ -142,7 +150,8 @@ def with_calibration(card: Gpu, path: str | Path | None = None) -> Gpu:
     entry = dict(entry, file=str(path or calibration.calibration_path()))
     typical = context_mod.outside_allocator(card, context_mod.TRAINING, context_mod.Stack("lazy", entry.get("cuda")),
                                             entry)
-    return replace(card, context=typical.total, context_source=typical.basis, calibration=entry)
+    return replace(card, context=typical.total, context_source=typical.basis, calibration=entry,
+                   context_uncertainty=typical.uncertainty)
 
 
 def describe() -> str:

@@ -3,7 +3,8 @@
 Design note
 -----------
 The script runs in this process as `__main__` (user_script.run: its own exit status, its own
-traceback from its first frame, 130 on Ctrl-C). Two bounds keep a prediction short:
+traceback from its first frame); a KeyboardInterrupt goes on to the command, which says
+"interrupted" in one line, as every command does. Two bounds keep a prediction short:
 
 * steps: a training script usually loops for thousands of optimizer steps, and its memory
   reaches its steady state within the first few (the optimizer's state exists from the first
@@ -87,8 +88,9 @@ def _in_free_callback(frame: Any) -> bool:
 def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = DEFAULT_TIMEOUT,
         write_repeats: bool = False) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
-    user_script.ScriptFailed when it fails; DataDependentError, NotModelledError and
-    PredictionTimeout go on."""
+    user_script.ScriptFailed when it fails; DataDependentError, NotModelledError,
+    PredictionTimeout and KeyboardInterrupt go on (Ctrl-C, or the script's own raise, is the
+    command's "interrupted", not a failure of the script)."""
     done = [0]
 
     def after_step(n: int) -> None:
@@ -103,7 +105,8 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
     try:
         with _Deadline(timeout):
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
-                                                                    StopPrediction, PredictionTimeout))
+                                                                    StopPrediction, PredictionTimeout,
+                                                                    KeyboardInterrupt))
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)
 

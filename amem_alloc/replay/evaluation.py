@@ -73,9 +73,15 @@ class PolicyRow:
         """capacity - peak reserved (negative while it fits: it survives by emptying its cache)."""
         return self.capacity - self.peak_reserved if self.capacity else None
 
+    @property
+    def spare(self) -> int | None:
+        """capacity - min capacity: what is left of the device at the smallest size the run needs
+        (negative: by how much it does not fit); None without both."""
+        return self.capacity - self.min_capacity if self.capacity and self.min_capacity is not None else None
+
     def to_dict(self) -> dict:
         return dict(asdict(self), fragmentation_at_peak=self.fragmentation_at_peak, fits=self.fits,
-                    headroom=self.headroom)
+                    headroom=self.headroom, spare=self.spare)
 
     @classmethod
     def from_dict(cls, data: dict) -> "PolicyRow":
@@ -167,6 +173,8 @@ COLUMNS: dict[str, Callable[[dict], str]] = {
     "peak allocated": lambda r: _bytes(r["peak_allocated"]),
     "peak reserved": lambda r: _bytes(r["peak_reserved"]),
     "min capacity": lambda r: _bytes(r.get("min_capacity")),
+    "needs": lambda r: _bytes(r.get("min_capacity")),          # the one "needs" figure: the min capacity
+    "spare": lambda r: signed_bytes(r.get("spare")),           # capacity less what it needs
     "fits": _fits,
     "headroom": lambda r: signed_bytes(r.get("headroom")),
     "frag. at peak": lambda r: _share(r["fragmentation_at_peak"]),

@@ -1,7 +1,7 @@
 """Allocated and reserved memory over time, one colour per configuration, as a PNG (matplotlib,
-headless). Reserved is the solid line, allocated the dashed one; in simulated runs every
-configuration replays the same requests, so the x axis (allocator calls) is shared, and step
-boundaries are marked."""
+headless) or, with no matplotlib, an SVG file (report/line_chart.py). Reserved is the solid line,
+allocated the dashed one; in simulated runs every configuration replays the same requests, so the
+x axis (allocator calls) is shared, and step boundaries are marked."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,14 +68,32 @@ def write(result: Any, out: Path) -> dict:
 
 
 def write_replay_plots(report: Any, path: str | Path) -> list[Path]:
-    """`amem replay --plot`: a replay.trace.TraceReplay as one PNG per device (`path` itself when there
-    is one device; name-dN.png otherwise)."""
+    """`amem replay --plot`: a replay.trace.TraceReplay as one plot per device (`path` itself when there
+    is one device; name-dN.png otherwise): SVG where the path ends in .svg (no matplotlib), else PNG."""
     path, out = Path(path), []
+    draw = svg_timelines if path.suffix == ".svg" else plot_timelines
     for d in report.devices:
         target = path if len(report.devices) == 1 else path.with_name(f"{path.stem}-d{d.trace.device}{path.suffix}")
         series = [(r.policy, r.timeline) for r in d.rows]
         if d.trace.native.segment_events:
             series.insert(0, ("native (trace)", d.native_timeline))
-        out.append(plot_timelines(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
-                                  "request", None))
+        out.append(draw(series, target, f"{Path(report.path).name}, device {d.trace.device} (simulated)",
+                        "request", None))
     return out
+
+
+def svg_timelines(series: list[tuple[str, list]], path: str | Path, title: str, xlabel: str,
+                  steps: list[int] | None = None) -> Path:
+    """plot_timelines' figure as an SVG file (report/line_chart.py), with no matplotlib."""
+    from ..atomic_write import write_text
+    from . import line_chart
+
+    lines = []
+    for i, (label, timeline) in enumerate(s for s in series if s[1]):
+        xs = [p[0] for p in timeline]
+        lines.append(line_chart.Line(f"{label} reserved", line_chart.colour(i), xs, [p[2] for p in timeline]))
+        if all(p[1] is not None for p in timeline):
+            lines.append(line_chart.Line(f"{label} allocated", line_chart.colour(i), xs, [p[1] for p in timeline],
+                                         dashed=True))
+    end = f"{max((ln.xs[-1] for ln in lines if ln.xs), default=0):,} ({xlabel})"
+    return write_text(path, line_chart.chart(lines, end, "timeline", title, steps, standalone=True))

@@ -12,9 +12,10 @@ from typing import Any
 from ..introspection import format_bytes
 from ..replay.evaluation import align, format_table, signed_bytes
 from .predict import note_line
+from .what_if_cost import cost_text
 from .verdict import text_lines as verdict_lines
 
-POLICY_COLUMNS = ("policy", "peak allocated", "peak reserved", "min capacity", "fits", "headroom", "frag. at peak")
+POLICY_COLUMNS = ("policy", "peak allocated", "peak reserved", "needs", "fits", "spare", "frag. at peak")
 NO_ALLOCATION = ("No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
                  "(device=\"cuda\", .cuda(), .to(\"cuda\"))?")
 
@@ -28,19 +29,24 @@ def _share(part: int, whole: int) -> str:
 
 
 # ============================================================================ one process
-def format_prediction(prediction: Any, top: int = 8) -> str:
-    """The text of one prediction (a Prediction, or its JSON)."""
+def format_prediction(prediction: Any, top: int = 8, written: list | tuple = ()) -> str:
+    """The text of one prediction (a Prediction, or its JSON). It ends with the answer: the verdict
+    per policy and, when one does not fit, the next step; `written` (the files the command wrote)
+    is named just before it."""
     d = _data(prediction)
     lines = _heading(d)
-    if d["policies"]:
-        lines += verdict_lines(d["verdict"])
     lines += _policy_table(d["policies"])
     lines += _at_peak(d, top)
     lines += _markers_text(d.get("at_markers") or [], top)
-    lines += ["", f"headroom: usable memory (the card's total less what the process holds outside the caching "
-                  f"allocator) less the policy's peak reserved. Card figures: {d['gpu']['memory_source']}."]
+    lines += ["", "needs: the smallest usable memory the run fits in (torch empties its cache and retries before "
+                  "it fails); spare: usable memory (the card's total less what the process holds outside the "
+                  f"caching allocator) less that. Card figures: {d['gpu']['memory_source']}."]
     lines += _notes_text(d.get("notes") or [])
     lines += format_what_if(d)
+    if written:
+        lines += ["", "wrote " + ", ".join(str(p) for p in written)]
+    if d["policies"]:
+        lines += [""] + verdict_lines(d["verdict"]) + next_step_lines(d)
     return "\n".join(lines)
 
 
@@ -66,6 +72,46 @@ def _policy_table(rows: list[dict]) -> list[str]:
     if best is not None:
         lines.append(f"least memory needed: {best['policy']} ({format_bytes(best['min_capacity'])})")
     return lines
+
+
+# ============================================================================ the next step
+def next_step_lines(d: dict) -> list[str]:
+    """What to do when a policy does not fit (the verdict's `next_step`), as the text's last lines."""
+    step = d["verdict"].get("next_step")
+    if not step:
+        return []
+    find = _find_out(d, step)
+    if step["kind"] == "what_if":
+        w = next(x for x in d.get("what_if") or [] if x["change"] == step["change"])
+        return [f"Next step: the cheapest change that makes it fit under {step['policy']} is {step['change']} "
+                f"({cost_text(w)}); {find}"]
+    if step["kind"] == "policy":
+        return [f"Next step: {step['policy']} fits ({_how_to_use(step)}); to make {step['failing'][0]} fit, {find}"]
+    return [f"Next step: {find}"]
+
+
+def _find_out(d: dict, step: dict) -> str:
+    """The commands that say which change, or which batch, fits (on the same card and script)."""
+    script = step.get("script")
+    g = d["gpu"]
+    card = f"--capacity-gb {g['usable_bytes'] / 2**30:g}" if g["memory_source"].startswith("given") else f"--gpu {g['key']}"
+    fit = (f"the largest batch that fits: amem fit {card} --arg {step.get('batch_arg') or 'batch_size'} -- python "
+           f"{' '.join(script)}" + ("" if step.get("batch_arg") else " (--arg: your script's batch-size argument)")
+           if script else "a smaller batch (amem fit --arg NAME -- python SCRIPT ...)")
+    if step.get("tried"):
+        return f"{fit}"
+    what = f"amem predict {card} --what-if all -- python {' '.join(script)}" if script else \
+        "amem predict --what-if all ..."
+    return f"see which change makes it fit: {what}; or {fit}"
+
+
+def _how_to_use(step: dict) -> str:
+    if step["native"]:
+        return f"PYTORCH_CUDA_ALLOC_CONF={step['conf']}" if step["conf"] else "torch's allocator as it is"
+    if step["policy"].startswith("conf:"):
+        return f"AMEM_ENABLE=1 AMEM_CONF={step['conf']}"
+    script = " ".join(step["script"]) if step.get("script") else "SCRIPT"
+    return f"amem run --policy {step['policy']} {script}, or AMEM_ENABLE=1 AMEM_POLICY={step['policy']}"
 
 
 def _at_peak(d: dict, top: int) -> list[str]:
@@ -105,25 +151,6 @@ def _notes_text(notes: list[dict]) -> list[str]:
 
 
 # ============================================================================ what-ifs
-def _flops(n: float) -> str:
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e6:.1f} MFLOP"
-
-
-def cost_text(w: dict) -> str:
-    """What a what-if costs at run time, from its JSON."""
-    r = w.get("recompute")
-    if not r:
-        return "no recompute"
-    stack = f"{r['blocks']} blocks of {r['stack']}" + (f" in segments of {r['blocks_per_segment']}"
-                                                      if r["blocks_per_segment"] > 1 else "")
-    share = r["share_of_step"]
-    pct = f", about +{share:.0%} of the step's compute (backward taken as 2x forward)" if share is not None else ""
-    return f"recomputes up to {_flops(r['flops'])} over the predicted run ({stack}){pct}"
-
-
 def format_what_if(prediction: Any) -> list[str]:
     """The what-if lines of `amem predict`'s text (none when no what-if was asked)."""
     d = _data(prediction)
@@ -163,9 +190,9 @@ def _cheapest_lines(results: list[dict], picks: dict) -> list[str]:
 
 
 # ============================================================================ every rank of a job
-def format_ranks(ranks: Any) -> str:
+def format_ranks(ranks: Any, written: list | tuple = ()) -> str:
     """The text of a distributed prediction (a RankPrediction, or its JSON): the ranks side by side,
-    then the worst rank's prediction."""
+    then the worst rank's prediction, which ends with its verdict."""
     d = _data(ranks)
     entries = d["ranks"]
     distinct = sum(1 for e in entries if e["same_as"] is None)
@@ -181,7 +208,7 @@ def format_ranks(ranks: Any) -> str:
     worst = next(e for e in entries if e["rank"] == d["worst_rank"])
     lines += ["", f"worst rank: {worst['rank']} (the one that needs the most memory under "
                   f"{worst['policies'][0]['policy']}); its prediction:", ""]
-    lines.append(format_prediction({**worst, "gpu": d["gpu"], "note": d["note"], "predicted": True}))
+    lines.append(format_prediction({**worst, "gpu": d["gpu"], "note": d["note"], "predicted": True}, written=written))
     return "\n".join(lines)
 
 
@@ -216,26 +243,32 @@ def _rank_runs(entries: list[dict]) -> list[tuple[int, int, dict]]:
 
 
 # ============================================================================ amem fit
-def format_fit(fit: Any) -> str:
-    """amem fit's answer (a FitResult, or its JSON)."""
+def format_fit(fit: Any, written: list | tuple = ()) -> str:
+    """amem fit's answer (a FitResult, or its JSON): it ends with one line per policy."""
     d = _data(fit)
     g = d["gpu"]
-    held = g.get("context_bytes") or 0
+    held, margin = g.get("context_bytes") or 0, d.get("margin_bytes") or 0
     outside = f": its {format_bytes(g['capacity_bytes'])} less {format_bytes(held)} outside the allocator" if held else ""
-    lines = [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable "
-             f"{format_bytes(g['usable_bytes'])}{outside}), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
-    lines += ["  " + _fit_line(d["arg"], p) for p in d["policies"]]
+    lines = ([f"wrote {', '.join(str(p) for p in written)}", ""] if written else [])
+    lines += [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable {format_bytes(g['usable_bytes'])}"
+              + outside
+              + (f", keeping a margin of {d['margin']} free (--margin)" if margin else ", with no margin (--margin 0)")
+              + f"), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
+    lines += ["  " + _fit_line(d["arg"], p, margin) for p in d["policies"]]
     return "\n".join(lines)
 
 
-def _fit_line(arg: str, p: dict) -> str:
+def _fit_line(arg: str, p: dict, margin: int = 0) -> str:
     if p["largest"] is None:
         return f"{p['policy']}: does not fit at any value tried"
-    line = (f"{p['policy']}: --{arg} {p['largest']} (needs {format_bytes(p['needed'])}; peak reserved "
-            f"{format_bytes(p['peak_reserved'])}, headroom {signed_bytes(p['headroom'])}"
+    spare = p.get("spare")
+    spare_text = f", {format_bytes(spare)} to spare" if spare is not None else ""
+    line = (f"{p['policy']}: --{arg} {p['largest']} (needs {format_bytes(p['needed'])}{spare_text}; peak reserved "
+            f"{format_bytes(p['peak_reserved'])}"
             + (": fits only by emptying its cache when a cudaMalloc fails" if p["headroom"] < 0 else "") + ")")
     if p["first_failing"] is None:
         return line + f"; fits at every value tried, up to {p['largest']}"
     if p["needed_at_first_failing"] is not None:
-        return line + f"; {p['first_failing']} does not fit: it needs {format_bytes(p['needed_at_first_failing'])}"
+        kept = " with the margin" if margin else ""
+        return line + f"; {p['first_failing']} does not fit{kept}: it needs {format_bytes(p['needed_at_first_failing'])}"
     return line + f"; {p['first_failing']} could not be predicted: {p['why_first_failing']}"

@@ -12,8 +12,8 @@ Aligning: where every trace has timestamps and their recordings overlap in time,
 wall-clock time since the earliest first event of any rank (ranks of one job share a clock
 closely enough for a memory plot); timestamps that do not overlap (traces of separate runs)
 are each drawn from their own start; without timestamps the axis is each rank's event index.
-The page says which. The plot is inline SVG drawn
-here, so the page needs no script for it.
+The page says which. The plot is inline SVG (report/line_chart.py), so the page needs no script
+for it.
 """
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..introspection import format_bytes
+from . import line_chart
 from .data import devices_with_data
 from .html import esc
 from ..timeline import DeviceTimeline, build_timeline, downsample
 
-MAX_POINTS = 600  # per rank and series in the SVG
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-WIDTH, HEIGHT, PAD = 900, 300, 56
+MAX_POINTS = 600  # per rank and series in the SVG (report/line_chart.py draws it)
 
 
 @dataclass
@@ -125,39 +124,21 @@ def _table(data: dict) -> str:
             f"reserved {esc(_skew_text(sk['reserved']))}.</p>")
 
 
-def _polyline(ts: list, ys: list, sx, sy, colour: str, dashed: bool, title: str) -> str:
-    points = " ".join(f"{sx(t):.1f},{sy(y):.1f}" for t, y in zip(ts, ys))
-    dash = " stroke-dasharray='5,3'" if dashed else ""
-    return (f"<polyline fill='none' stroke='{colour}' stroke-width='1.5'{dash} points='{points}'>"
-            f"<title>{esc(title)}</title></polyline>")
-
-
 def _svg(data: dict) -> str:
-    series = [(r["label"], s) for r in data["ranks"] for s in r["series"]]
-    t_max = max((s["t"][-1] for _, s in series if s["t"]), default=1) or 1
-    y_max = max((max(s["reserved"] + s["allocated"], default=0) for _, s in series), default=1) or 1
-    sx = lambda t: PAD + (WIDTH - 2 * PAD) * t / t_max  # noqa: E731
-    sy = lambda y: HEIGHT - PAD / 2 - (HEIGHT - PAD) * y / y_max  # noqa: E731
+    series = [(f"{r['label']}, device {s['device']}", s) for r in data["ranks"] for s in r["series"]]
     lines = []
-    for i, (label, s) in enumerate(series):
-        colour = COLOURS[i % len(COLOURS)]
-        name = f"{label}, device {s['device']}"
-        lines.append(_polyline(s["t"], s["reserved"], sx, sy, colour, False, f"{name}: reserved"))
-        lines.append(_polyline(s["t"], s["allocated"], sx, sy, colour, True, f"{name}: allocated"))
+    for i, (name, s) in enumerate(series):
+        lines.append(line_chart.Line(f"{name}: reserved", line_chart.colour(i), s["t"], s["reserved"]))
+        lines.append(line_chart.Line(f"{name}: allocated", line_chart.colour(i), s["t"], s["allocated"], dashed=True))
     unit = {"us": "time since the first event of any rank (ms)",
             "us from each start": "time since each trace's own first event (ms): the traces do not overlap in "
                                   "time, so they are not from one job's ranks running together",
             "event": "event index (no timestamps)"}[data["axis"]]
+    t_max = max((s["t"][-1] for _, s in series if s["t"]), default=1) or 1
     end = f"{t_max / 1000:.1f} ms" if data["axis"] != "event" else f"{t_max:.0f}"
-    legend = "".join(f"<span style='color:{COLOURS[i % len(COLOURS)]}'>&#9632; {esc(label)}, device {s['device']}</span> "
-                     for i, (label, s) in enumerate(series))
-    return (f"<svg class='ranks-plot' viewBox='0 0 {WIDTH} {HEIGHT}' width='{WIDTH}' height='{HEIGHT}' role='img' "
-            f"aria-label='memory per rank over time'>"
-            f"<line x1='{PAD}' y1='{sy(0):.1f}' x2='{WIDTH - PAD}' y2='{sy(0):.1f}' stroke='#888'/>"
-            f"<text x='{PAD}' y='14' font-size='12'>{esc(format_bytes(y_max))}</text>"
-            f"<text x='{WIDTH - PAD}' y='{HEIGHT - 4}' font-size='12' text-anchor='end'>{esc(end)}</text>"
-            f"{''.join(lines)}</svg><p class='legend'>{legend}<br>solid: reserved, dashed: allocated; "
-            f"x axis: {esc(unit)}</p>")
+    return (line_chart.chart(lines, end, "ranks-plot", "memory per rank over time")
+            + f"<p class='legend'>{line_chart.legend([name for name, _ in series])}<br>solid: reserved, dashed: "
+            f"allocated; x axis: {esc(unit)}</p>")
 
 
 def ranks_section(data: dict) -> str:

@@ -8,16 +8,19 @@ reserved and what it says) and the what-if JSON (`what_if`, `cheapest_change`: p
 answers.py's to_json); nothing here reads a prediction object. Which categories each group holds is
 amem_alloc/categories.py's (predict/analysis/verdict.py sums them); each group's colour and its
 letter in the text bar are here (STYLE). The bars are inline SVG (no script needed, so the panel
-reads the same in a browser and in a test); `text_lines` is the verdict as text. Under the bars,
-both say what the device total is made of beyond the policy's peak reserved: what the process
-holds outside the caching allocator (the verdict's "outside_allocator": predict/context.py's
-lines), each with its label (measured, documented, estimated, given) and source.
+reads the same in a browser and in a test); `text_lines` is the verdict as text, the last lines of
+`amem predict`'s output (report/prediction_text.py adds the next step after them). Above the
+policies' lines (and under the bars in the panel), both say what the device total is made of
+beyond the policy's peak reserved: what the process holds outside the caching allocator (the
+verdict's "outside_allocator": predict/context.py's lines), each with its label (measured,
+documented, estimated, given) and source.
 """
 from __future__ import annotations
 
 from .. import categories
 from ..introspection import format_bytes
 from .html import esc
+from .what_if_cost import cost_text
 
 # Each group of the verdict (amem_alloc/categories.py says which categories it holds): its colour
 # here and its letter in the text bar.
@@ -86,42 +89,55 @@ def _what_if_table(what_if: dict) -> str:
     body = []
     for w in results:
         if w["failed"]:
-            body.append(f"<tr><td>{esc(w['change'])}</td><td colspan=5>could not be predicted: {esc(w['failed'])}</td></tr>")
+            body.append(f"<tr><td>{esc(w['change'])}</td><td colspan=6>could not be predicted: {esc(w['failed'])}</td></tr>")
+        cost = cost_text(w) if w.get("applied") else ""
         for r in w["policies"]:
             saving = r["saving_reserved"]
             body.append(f"<tr><td>{esc(w['change'])}</td><td>{esc(r['policy'])}</td><td>{esc(format_bytes(r['peak_allocated']))}"
                         f"</td><td>{esc(format_bytes(r['peak_reserved']))}</td><td>{'yes' if r['fits'] else 'NO'}</td>"
-                        f"<td>{esc(('' if saving >= 0 else '-') + format_bytes(abs(saving)))}</td></tr>")
-    cheapest = "".join(f"<li>{esc(pol)}: {esc(ch or 'none of these changes makes it fit')}</li>" for pol, ch in picks.items())
+                        f"<td>{esc(('' if saving >= 0 else '-') + format_bytes(abs(saving)))}</td>"
+                        f"<td class=\"cost\">{esc(cost)}</td></tr>")
+    by_change = {w["change"]: w for w in results}
+    cheapest = "".join(f"<li>{esc(pol)}: {esc(ch + ' (' + cost_text(by_change[ch]) + ')' if ch else 'none of these changes makes it fit')}</li>"
+                       for pol, ch in picks.items())
     return ("<h3>What if (each change applied by amem, the code predicted again)</h3><table class=\"whatif\"><tr>"
             "<th>change</th><th>policy</th><th>peak allocated</th><th>peak reserved</th><th>fits</th>"
-            f"<th>saving (reserved)</th></tr>{''.join(body)}</table>"
+            f"<th>saving (reserved)</th><th>cost at run time</th></tr>{''.join(body)}</table>"
             + (f"<p>Cheapest change that makes it fit:</p><ul>{cheapest}</ul>" if picks else ""))
 
 
 # ============================================================================ text
-def _bar(split: dict[str, int], usable: int, width: int = 50) -> str:
-    scale = width / max(usable, 1)
-    cells = ""
-    for label, _, _, letter in GROUPS:
-        cells += letter * round(split.get(label, 0) * scale)
-    return cells[:width] + "|" + cells[width:] if len(cells) > width else cells.ljust(width) + "|"
+def _bar(split: dict[str, int], usable: int, top: int, width: int = 50) -> str:
+    """The text bar: `width` characters for `top` bytes (the usable memory, or the largest peak when
+    that is more, so a run far over the card stays one line), '|' where usable memory ends."""
+    scale = width / max(top, usable, 1)
+    cells = "".join(letter * round(split.get(label, 0) * scale) for label, _, _, letter in GROUPS)
+    mark = round(usable * scale)
+    cells = cells.ljust(mark)
+    return cells[:mark] + "|" + cells[mark:]
 
 
 def text_lines(v: dict) -> list[str]:
-    """The lines that open `amem predict`'s text, from the verdict's data (the JSON's "verdict")."""
-    lines = [f"Verdict for {v['card']} (usable {format_bytes(v['usable_bytes'])}; '|' marks it):"]
-    width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
-    for r in v["policies"]:
-        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'])}] {r['says']}")
+    """The verdict as the lines that end `amem predict`'s text, from its data (the JSON's "verdict"):
+    the card, the bars' legend, then one line per policy, last."""
     legend = ", ".join(f"{letter} {label}" for label, _, _, letter in GROUPS)
-    lines.append(f"  ({legend}; parts as live at the peak of allocated memory)")
-    return lines + outside_lines(v.get("outside_allocator")) + [""]
+    lines = [f"Verdict for {v['card']} (usable {format_bytes(v['usable_bytes'])}; '|' marks it):",
+             f"  ({legend}; parts as live at the peak of allocated memory)"]
+    lines += outside_lines(v.get("outside_allocator"))
+    if any(r.get("borderline") for r in v["policies"]):
+        lines.append(f"  (borderline: within the device total's uncertainty: {v['uncertainty']}; --context-mb with "
+                     "what your process holds outside the allocator, or amem doctor --calibrate on the card, narrows it)")
+    width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
+    top = max([v["usable_bytes"]] + [sum(r["parts"].values()) for r in v["policies"]])  # one scale for every bar
+    for r in v["policies"]:
+        lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'], top)}] {r['says']}")
+    return lines
 
 
 def outside_lines(o: dict | None) -> list[str]:
-    """The device total's breakdown beyond the peak reserved, as text."""
-    if not o:
+    """The device total's breakdown beyond the peak reserved, as text (none where nothing is held
+    outside the allocator: --capacity-gb's device, or --context-mb 0)."""
+    if not o or not o["bytes"]:
         return []
     body = [[p["part"], format_bytes(p["bytes"]), p["label"], p["source"]] for p in o["parts"]]
     body.append(["outside the caching allocator", format_bytes(o["bytes"]), f"± {format_bytes(o['uncertainty'])}", ""])

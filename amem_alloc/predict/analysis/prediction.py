@@ -155,7 +155,8 @@ def analyse(run: RecordedRun, gpu: Gpu, policies: Iterable[policies_mod.Policy])
     """The answer for a recorded run on `gpu` under each policy: data only, nothing printed."""
     started = time.perf_counter()
     outside = context_mod.for_run(gpu, run.libraries)
-    gpu = dataclasses.replace(gpu, context=outside.total, context_source=outside.basis)
+    gpu = dataclasses.replace(gpu, context=outside.total, context_source=outside.basis,
+                              context_uncertainty=outside.uncertainty)
     rows = evaluate(run.program, policies, gpu.usable, search_min_capacity=True, max_samples=0)
     base = script_folder(run.target)
     peak, over = figures(run.ops, run.infos, list(run.markers), base=base)

@@ -229,8 +229,10 @@ class Staying:
 def _is_code(value: Any) -> bool:
     """A function, class or module: what a library replaces when it patches another (values such as
     flags and caches are torch's own to change)."""
-    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType,
-                              staticmethod, classmethod, property))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # deprecated aliases warn when their class is asked (reduce_op)
+        return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType,
+                                  staticmethod, classmethod, property))
 
 
 def _top(name: str) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...near_names import did_you_mean
+
 
 # the changes, cheapest first where they cost nothing (changes.py applies them; torch loads with it)
 NAMES = ("grads=set-to-none", "optimizer=fused", "optimizer=for-loop", "checkpoint=blocks", "checkpoint=sqrt")
@@ -86,7 +88,8 @@ def parse(spec: Any) -> list[str]:
         return list(NAMES)
     for n in names:
         if n not in NAMES:
-            raise ValueError(f"unknown what-if {n!r}; choose from {', '.join(NAMES)} (comma-separated, or 'all')")
+            raise ValueError(f"unknown what-if {n!r}{did_you_mean(n, NAMES)}; choose from {', '.join(NAMES)} "
+                             "(comma-separated, or 'all')")
     if not names:
         raise ValueError(f"--what-if needs one or more of {', '.join(NAMES)}")
     return list(dict.fromkeys(names))
