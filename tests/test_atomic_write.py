@@ -244,7 +244,7 @@ def test_compare_page_on_a_full_disk_leaves_nothing(tmp_path, disk_fills):
 
     result = runner.CompareResult("simulated", "workload mlp (size 1)", [], None, tmp_path)
     with pytest.raises(OSError, match=ENOSPC_TEXT):
-        table.write_html(result, tmp_path / "compare.html", None)
+        table.write_html(result, tmp_path / "compare.html")
     only_old_files(tmp_path, set())
 
 

@@ -29,7 +29,8 @@ UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
 ASSUMED = "assumed"            # a data-dependent size or value taken by the shape rule (--shapes)
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
-KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED)
+COMPILED = "compiled"          # a torch.compile region predicted as compiled (what torch decided, replayed)
+KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED)
 
 
 def call_site(skip: int = 1) -> str:

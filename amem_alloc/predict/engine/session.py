@@ -50,6 +50,7 @@ from . import torch_patches
 # (torch/nn/attention/flex_attention.py: flex_attention outside torch.compile)
 _NOT_COMPILED_WARNINGS = r"flex_attention called without torch\.compile"
 from .device_mode import DeviceMode
+from .graph_runner import GraphRunner
 from .recorder import Recorder
 from .values import DataDependentError
 from .storages import Storages, user_frames
@@ -117,6 +118,8 @@ class FakeCudaSession:
         self._in_backward = False
         self._compiled_depth = 0   # > 0 inside a function given to torch.compile
         self.inductor_depth = 0    # > 0 inside one compiled by inductor (torch.compile's default backend)
+        self.compile_regions: list[dict] = []   # per torch.compile region traced: where, and how predicted
+        self.graph_runner = GraphRunner(self)   # runs a compiled region's graphs (graph_runner.py)
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)

@@ -13,8 +13,9 @@ The changes, and why:
   wherever they are made (their values never decide what CUDA allocates; a 7B model on the CPU
   would need 28 GB), and pinning host memory, which needs a CUDA driver, makes an ordinary copy;
   both on the classes, not in the modes: the DataLoader pins batches in a thread of its own;
-* `torch.compile` and `nn.Module.compile`: compiled code runs as eager and the output says so
-  (keeping what compiling changes for an optimizer step: capturable state);
+* `torch.compile` and `nn.Module.compile`: inductor's regions are predicted as compiled
+  (compiled.py), other backends run as eager and the output says so (keeping what compiling
+  changes for an optimizer step: capturable state);
 * `UntypedStorage.resize_` and `UntypedStorage.data_ptr`: FSDP frees and refills storages outside
   any op, and programs key tensors by address (no mode sees either call);
 * `torch.autograd._engine_run_backward`: backward's hooks and checkpoint recomputation run with the
@@ -39,6 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
+from . import compiled as compiled_mod
 from . import legacy_types
 from .device_mode import DeviceMode
 from .values import is_fake
@@ -52,8 +54,9 @@ INIT = declare("torch.nn.init", "every in-place initializer (name_)",
 PARAMETER = declare("torch.nn.Parameter", "__new__", "parameters are fake wherever they are made")
 PIN = declare("torch.Tensor", "pin_memory", "pinning needs a CUDA driver: an ordinary copy")
 IS_PINNED = declare("torch.Tensor", "is_pinned", "answers for the copies pin_memory made")
-COMPILE = declare("torch", "compile", "compiled code runs as eager, noted (its optimizer step's capturable state kept)")
-MODULE_COMPILE = declare("torch.nn.Module", "compile", "compiled code runs as eager, noted")
+COMPILE = declare("torch", "compile", "inductor's regions predicted as compiled (torch traces them on its fake CUDA "
+                  "tensors); other backends run as eager, noted")
+MODULE_COMPILE = declare("torch.nn.Module", "compile", "the module's call compiled as torch.compile's is")
 RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills storages outside any op: recorded")
 DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
 RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
@@ -72,9 +75,10 @@ DEFAULT_TENSOR_TYPE = declare("torch", "set_default_tensor_type",
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 _EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
-COMPILE_NOTE = ("torch.compile: compiled code predicted as eager (what AOTAutograd saves for backward "
-                "and inductor's buffer reuse and fusion of temporaries are not modelled; a compiled "
-                "optimizer step's capturable state is)")
+COMPILED_FUNCTION_NOTE = ("torch.compile of a function: runs as eager (only compiled modules are traced by "
+                          "torch here: a function reads its tensors, e.g. an optimizer's, through closures)")
+COMPILE_NOTE = ("torch.compile(backend={backend!r}): runs as eager (only inductor's compiled code is "
+                "predicted as compiled)")
 
 
 def apply(session: Any, patches: PatchSet) -> None:
@@ -151,24 +155,28 @@ def _host(patches: PatchSet) -> None:
 
 # ============================================================================ torch.compile
 def _compile(session: Any, patches: PatchSet) -> None:
-    """torch.compile: compiled code is predicted as eager, and the output says so. One thing
-    compiling changes is kept: an optimizer step run inside a compiled function gets
-    `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py
-    `_set_capturable`), so its `step` counts live on the GPU (see FakeCudaSession._opt_pre)."""
+    """torch.compile: a module compiled by inductor (the default backend) is predicted as compiled
+    (compiled.py: torch's own dynamo and partition, on its fake CUDA tensors); a compiled function
+    runs as eager, noted (its tensors and side effects, such as an optimizer's state, come through
+    closures the trace cannot swap for fakes); the eager backends (eager, aot_eager) run as eager,
+    as they do; another backend runs as eager and the output says so. An optimizer step inside a compiled function gets `capturable=True`, as
+    dynamo sets it (torch/_dynamo/variables/optimizer.py `_set_capturable`; FakeCudaSession._opt_pre)."""
     def compile(model=None, **kwargs):
         if model is None:
             return lambda fn: compile(fn, **kwargs)
         backend = kwargs.get("backend", "inductor")
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
-        inductor = backend == "inductor"
-        if backend not in _EAGER_BACKENDS and not (inductor and _modelled_compiled(model)):
-            notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)   # (eager backends run as eager: no note)
-        if isinstance(model, torch.nn.Module) or not callable(model):
-            return model
-        return session.compiled(model, inductor=inductor)
+        if backend != "inductor":
+            return _eager_region(session, model, backend)
+        if not isinstance(model, torch.nn.Module):   # a function: its tensors and side effects (an
+            if callable(model) and not _modelled_compiled(model):   # optimizer's state) reach the
+                notes_mod.record(notes_mod.NOT_MODELLED, COMPILED_FUNCTION_NOTE)   # trace through closures
+            return _eager_region(session, model, "inductor")
+        region = compiled_mod.CompiledRegion(session, model, model, _inductor_options(kwargs))
+        return compiled_mod.CompiledModule(model, region)
 
     def module_compile(module, *args, **kwargs):
-        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE)
+        module._compiled_call_impl = compile(module._call_impl, **kwargs)
 
     patches.apply(COMPILE, torch, "compile", compile)
     patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
@@ -179,6 +187,25 @@ def _modelled_compiled(fn: Any) -> bool:
     (rules/flex_attention.py), which torchtitan and FlexAttention's documentation compile alone."""
     flex = sys.modules.get("torch.nn.attention.flex_attention")
     return flex is not None and fn is getattr(flex, "flex_attention", None)
+
+
+def _eager_region(session: Any, model, backend: str):
+    if backend not in _EAGER_BACKENDS + ("inductor",):   # (the eager backends run as eager: nothing to note)
+        notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE.format(backend=backend))
+    if isinstance(model, torch.nn.Module) or not callable(model):
+        return model
+    return session.compiled(model, inductor=backend == "inductor")
+
+
+def _inductor_options(kwargs: dict) -> dict | None:
+    """inductor's config for torch.compile's `mode` and `options`, as torch.compile passes them."""
+    mode, options = kwargs.get("mode"), kwargs.get("options")
+    out = {}
+    if mode not in (None, "default"):
+        from torch._inductor import list_mode_options
+        out.update(list_mode_options(mode, kwargs.get("dynamic")))
+    out.update(options or {})
+    return out or None
 
 
 # ============================================================================ storages

@@ -1,0 +1,251 @@
+"""A compiled region traced as torch.compile traces it: dynamo, AOTAutograd and inductor make
+every decision, on torch's own FakeTensorMode with fake CUDA tensors, amem's modes suspended.
+
+What torch decides here and the prediction then replays (compiled.py):
+
+* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager);
+* AOTAutograd's joint graph with inductor's decompositions, partitioned by inductor's partitioner
+  (`min_cut_rematerialization_partition`, honouring `torch._functorch.config`, e.g.
+  `activation_memory_budget`): the forward graph, whose outputs after the user's are what it saves
+  for backward, and the backward graph (compiled eagerly here: `force_non_lazy_backward_lowering`);
+* inductor's post-grad passes, lowering, scheduler and wrapper code generation (its fusion, buffer
+  reuse and `del`s), with no kernel compiled: the wrapper's `call` is what the replay runs.
+
+With no GPU, torch is told a few things here, each declared and undone after the trace:
+the card's properties (inductor's device interface), that Triton can generate code (it is never
+run), the backend hash Triton would name, and `torch.autograd.grad`, which AOTAutograd's joint
+trace calls and torch's C++ engine cannot run on fake CUDA tensors without a GPU (fake_backward.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...patching import PatchSet, declare
+from . import fake_backward
+
+TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
+                     "(torch's engine cannot run fake CUDA tensors without a GPU)")
+TRACE_PROPS = declare("torch._dynamo.device_interface.CudaInterface", "get_device_properties (and Worker's)",
+                      "while a compiled region is traced: the chosen card's properties for inductor")
+TRACE_TRITON = declare("torch._inductor.scheduler", "has_triton",
+                       "while a compiled region is traced: Triton code is generated (never compiled or run)")
+TRACE_HOOKS = declare("torch.nn.modules.module", "_global_forward_pre_hooks, _global_forward_hooks",
+                      "while a compiled region is traced: the session's module tracking set aside (dynamo "
+                      "would trace it into the graph); the region's allocations are labelled by its module")
+TRACE_RNG = declare("torch.cuda", "get_rng_state, set_rng_state",
+                    "while a compiled region is traced: dynamo saves and restores the generator (no stand-in noted)")
+TRACE_ACCELERATOR = declare("torch.accelerator", "the functions the shims share with torch.cuda",
+                             "while a compiled region is traced: wrappers of their own (dynamo keys handlers by function)")
+TRACE_AVAILABLE = declare("torch.cuda", "is_available",
+                          "while a compiled region is traced: False, as torch finds it on this machine (the shims "
+                          "say True; inductor would then make real CUDA tensors to trace its patterns)")
+TRACE_FOLD = declare("torch._inductor.fx_passes.joint_graph.UniformValueConstantFolder", "_deduce_value",
+                     "while a compiled region is traced: the one-element values inductor folds are computed "
+                     "on the CPU (the same values; there is no GPU to compute them on)")
+TRACE_HASH = declare("torch.utils._triton", "triton_hash_with_backend",
+                     "while a compiled region is traced: no GPU to name Triton's backend")
+
+
+@dataclass
+class Graph:
+    """One graph inductor compiled: its FX module after the partition, and its wrapper's code."""
+    gm: Any
+    is_backward: bool
+    is_inference: bool
+    wrapper: str | None = None      # inductor's generated Python wrapper (None: codegen failed)
+    wrapper_error: str | None = None
+
+
+@dataclass
+class Trace:
+    graphs: list = field(default_factory=list)
+    dynamo_graphs: int = 0
+    placeholders: list = field(default_factory=list)   # dynamo graph's inputs: the fake tensors passed
+    forward_outputs: list = field(default_factory=list)  # the forward's outputs as the fake run made them
+    result: Any = None
+    error: str | None = None
+
+
+def props_of(session) -> types.SimpleNamespace:
+    """What inductor asks of the card (torch.cuda.get_device_properties' fields)."""
+    from .. import gpus
+
+    try:
+        sms = gpus.get(session.device_name).multi_processor_count
+    except Exception:
+        sms = 132
+    major, minor = session.capability
+    return types.SimpleNamespace(
+        name=session.device_name, major=major, minor=minor, total_memory=session.total_memory,
+        multi_processor_count=sms, warp_size=32, max_threads_per_multi_processor=2048,
+        regs_per_multiprocessor=65536, shared_memory_per_block_optin=232448, shared_memory_per_block=49152,
+        shared_memory_per_multiprocessor=233472, L2_cache_size=50 << 20, gcnArchName="NVIDIA CUDA",
+        clock_rate=1980000, memory_clock_rate=2619000, memory_bus_width=5120, is_integrated=False)
+
+
+def _trace_patches(patches: PatchSet, props) -> None:
+    from torch._dynamo.device_interface import CudaInterface
+    import torch._inductor.scheduler as scheduler
+    import torch.utils._triton as triton_utils
+
+    get = staticmethod(lambda *a, **k: props)
+    patches.apply(TRACE_GRAD, torch.autograd, "grad", fake_backward.grad)
+    patches.apply(TRACE_PROPS, CudaInterface, "get_device_properties", get)
+    patches.apply(TRACE_PROPS, CudaInterface.Worker, "get_device_properties", get)
+    patches.apply(TRACE_TRITON, scheduler, "has_triton", lambda: True)
+    patches.apply(TRACE_HASH, triton_utils, "triton_hash_with_backend", lambda: "amem-predict (no GPU)")
+    patches.apply(TRACE_RNG, torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(16, dtype=torch.uint8))
+    patches.apply(TRACE_RNG, torch.cuda, "set_rng_state", lambda *a, **k: None)
+    patches.apply(TRACE_AVAILABLE, torch.cuda, "is_available", lambda: False)
+    module = torch.nn.modules.module
+    for table in (module._global_forward_pre_hooks, module._global_forward_hooks,
+                  module._global_backward_pre_hooks, module._global_backward_hooks):
+        patches.set_aside(TRACE_HOOKS, table, lambda k, v: True)
+    _distinct_accelerator(patches)
+    from torch._inductor.fx_passes.joint_graph import UniformValueConstantFolder as folder
+    deduce = folder._deduce_value
+
+    def on_cpu(self, node):
+        with _OnCpu():
+            return deduce(self, node)
+    patches.apply(TRACE_FOLD, folder, "_deduce_value", on_cpu)
+
+
+class _OnCpu(TorchDispatchMode):
+    """Ops asked for on CUDA run on the CPU (inductor's constant folding of one-element values)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if isinstance(kwargs.get("device"), (str, torch.device)) and torch.device(kwargs["device"]).type == "cuda":
+            kwargs["device"] = torch.device("cpu")
+        return func(*args, **kwargs)
+
+
+def _distinct_accelerator(patches: PatchSet) -> None:
+    """torch.accelerator's functions that the session's shims made the very ones of torch.cuda get
+    wrappers of their own: dynamo keys its handlers by function and refuses one registered twice."""
+    for name in dir(torch.accelerator):
+        fn = getattr(torch.accelerator, name)
+        if callable(fn) and not isinstance(fn, type) and _same(getattr(torch.cuda, name, None), fn):
+            patches.apply(TRACE_ACCELERATOR, torch.accelerator, name, functools.wraps(fn)(lambda *a, _f=fn, **k: _f(*a, **k)))
+
+
+@contextlib.contextmanager
+def amem_suspended():
+    """amem's torch-function and dispatch modes off (dynamo and torch's fake mode see no spoofing)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from .devices import unspoofed
+
+    popped = []
+    while torch._C._len_torch_function_stack() > 0:
+        popped.append(torch._C._pop_torch_function_stack())
+    try:
+        with _disable_current_modes(), unspoofed():
+            yield
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+# ============================================================================ inductor, codegen only
+def _codegen(gm, example_inputs, kw: dict) -> str:
+    """Inductor's post-grad passes, lowering, scheduler and wrapper codegen (compile_fx.py's
+    fx_codegen_and_compile up to `graph.codegen()`): the wrapper's source, no kernel compiled."""
+    import torch._inductor.compile_fx as cfx
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    is_inference, is_backward = kw.get("is_inference", False), kw.get("is_backward", False)
+    cfx.view_to_reshape(gm)
+    with torch.no_grad():
+        fake_mode = cfx.fake_tensor_prop(gm, example_inputs)
+    cfx._recursive_record_original_output_strides(gm)
+    with V.set_fake_mode(fake_mode), DebugContext():
+        cfx._recursive_post_grad_passes(gm, is_inference=is_inference)
+        graph = GraphLowering(gm, example_inputs=example_inputs, shape_env=fake_mode.shape_env,
+                              graph_id=kw.get("graph_id"), is_inference=is_inference, is_backward=is_backward,
+                              get_decomp_fn=kw.get("get_decomp_fn"))
+        with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
+            graph.run(*example_inputs)
+            return graph.codegen()[0].value
+
+
+def _inner(trace: Trace, codegen: bool):
+    """inductor's inner compile, replaced: the partitioned graph is kept (and its wrapper code
+    generated); the fake run goes on by running the graph on the fake tensors."""
+    def inner(gm, example_inputs, **kw):
+        import copy
+        graph = Graph(copy.deepcopy(gm), bool(kw.get("is_backward")), bool(kw.get("is_inference")))
+        if codegen:
+            try:
+                graph.wrapper = _codegen(gm, example_inputs, kw)
+            except Exception as e:   # noted by the caller: the graph replays op by op
+                graph.wrapper_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        trace.graphs.append(graph)
+        run_gm = graph.gm
+
+        def run(args):
+            outs = run_gm(*args)
+            if not graph.is_backward:
+                trace.forward_outputs = list(outs)
+            return outs
+        run._boxed_call = True
+        return run
+    return inner
+
+
+def _backend(trace: Trace, options: dict | None, codegen: bool):
+    import torch._inductor.compile_fx as cfx
+
+    def backend(gm, example_inputs):
+        trace.dynamo_graphs += 1
+        trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
+    return backend
+
+
+def _example_of(node):
+    arg = node.meta.get("grapharg")
+    return getattr(arg, "example", None) if arg is not None else None
+
+
+def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict | None, codegen: bool = True) -> Trace:
+    """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
+    import torch._dynamo
+
+    trace = Trace()
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+        _trace_patches(patches, props)
+        torch._dynamo.reset()
+        _handlers().cache_clear()
+        compiled = torch._dynamo.optimize(_backend(trace, options, codegen), dynamic=False)(call)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*global hooks on modules")
+                trace.result = compiled(*fake_args, **fake_kwargs)
+        finally:
+            torch._dynamo.reset()
+            _handlers().cache_clear()   # built from the functions as patched here
+    return trace
+
+
+def _same(a, b) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:
+        return False
+
+
+def _handlers():
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    return TorchInGraphFunctionVariable._get_handlers
