@@ -8,10 +8,14 @@ report on what was allocated when (see its note for how a trace that starts mid-
 * chrome_trace(): the JSON "Trace Event Format" that chrome://tracing and ui.perfetto.dev open.
   One process per device ("GPU d"), with two counter tracks, `allocated` and `reserved`
   (bytes), an instant event per out-of-memory error (requested bytes, the device's free bytes),
-  and one async slice per block lifetime, from its alloc to its free_completed (args: address,
-  requested and block bytes, stream, tag, the top frames). Blocks live when recording began
-  start at the trace's start; blocks still live end at its end (args say so). Timestamps are
-  microseconds since the first event; a trace without timestamps uses one microsecond per event.
+  and one async slice per block lifetime, from its alloc to its free_completed, named by the
+  user's call site as the report names it (snapshot/callsite.py: the user's frame or the
+  autograd node, never torch's innermost frame), with its tag in brackets (args: address,
+  requested and block bytes, stream, tag, call site, the top frames). Blocks live when recording
+  began start at the trace's start; blocks still live end at its end (args say so). Timestamps
+  are microseconds since the first event of any device, so every device is on one clock (an
+  event at the same moment on two GPUs lines up); a trace without timestamps uses one
+  microsecond per event of its device.
 * rmm_csv(): the CSV that rmm::mr::logging_resource_adaptor writes and RMM's replay benchmark
   reads (benchmarks/utilities/log_parser.hpp): `Thread,Time,Action,Pointer,Size,Stream`, one
   row per allocate (at alloc) and free (at free_requested, when the caller frees), pointers
@@ -30,6 +34,7 @@ from typing import Any
 from . import atomic_write
 from .timeline import DeviceTimeline, Lifetime, build_timeline
 from .snapshot import format_frames
+from .snapshot.callsite import NO_STACK, CallSites
 
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 FORMATS = ("chrome", "rmm")
@@ -40,34 +45,56 @@ def devices_with_events(snapshot: dict) -> list[int]:
 
 
 # ============================================================================ Chrome trace
-def _ts(tl: DeviceTimeline, point: int) -> float:
-    return float(tl.times[point])
+class _Clock:
+    """One device's x values on the trace's one clock: microseconds since `t0`, the first event of
+    any device; a device whose events lack timestamps counts one microsecond per event."""
+
+    def __init__(self, tl: DeviceTimeline, t0: float) -> None:
+        self.stamps = _stamps(tl)
+        self.tl, self.offset = tl, (self.stamps[0] - t0) if self.stamps else 0
+
+    def __call__(self, point: int) -> float:
+        if self.stamps:   # point 0 is the start: the first event's moment
+            return float(self.stamps[max(point - 1, 0)] + self.offset - self.stamps[0])
+        return float(self.tl.times[point])
 
 
-def _counter_events(tl: DeviceTimeline, pid: int) -> list[dict]:
+def _stamps(tl: DeviceTimeline) -> list | None:
+    """The events' time_us, when every event has one (a device of one event too)."""
+    stamps = [e.get("time_us") for e in tl.events]
+    return stamps if stamps and all(isinstance(t, (int, float)) for t in stamps) else None
+
+
+def _counter_events(tl: DeviceTimeline, pid: int, ts: _Clock) -> list[dict]:
     out = []
     for k in range(len(tl.times)):
         if k and tl.allocated[k] == tl.allocated[k - 1] and tl.reserved[k] == tl.reserved[k - 1]:
             continue
         for name, values in (("allocated", tl.allocated), ("reserved", tl.reserved)):
-            out.append({"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _ts(tl, k),
-                        "args": {"bytes": values[k]}})
+            out.append({"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": ts(k), "args": {"bytes": values[k]}})
     return out
 
 
-def _oom_events(tl: DeviceTimeline, pid: int) -> list[dict]:
-    return [{"name": "out of memory", "ph": "i", "s": "p", "pid": pid, "tid": 0, "ts": _ts(tl, i + 1),
+def _oom_events(tl: DeviceTimeline, pid: int, ts: _Clock) -> list[dict]:
+    return [{"name": "out of memory", "ph": "i", "s": "p", "pid": pid, "tid": 0, "ts": ts(i + 1),
              "args": {"requested_bytes": size, "device_free_bytes": free, "stream": stream}}
             for i, size, free, stream in tl.ooms]
 
 
-def _lifetime_events(tl: DeviceTimeline, pid: int, n: int, lt: Lifetime) -> list[dict]:
-    start = _ts(tl, lt.start + 1 if lt.start >= 0 else 0)
-    end = _ts(tl, lt.end + 1 if lt.end is not None else len(tl.times) - 1)
+def slice_name(site: str, tag: str) -> str:
+    """A block's slice: its call site, its tag in brackets; "block" when the trace has no stack."""
+    name = "block" if site == NO_STACK else site
+    return f"{name} [{tag}]" if tag else name
+
+
+def _lifetime_events(tl: DeviceTimeline, pid: int, n: int, lt: Lifetime, ts: _Clock, sites: CallSites) -> list[dict]:
+    start = ts(lt.start + 1 if lt.start >= 0 else 0)
+    end = ts(lt.end + 1 if lt.end is not None else len(tl.times) - 1)
+    site = sites(lt.frames)
     args = {"address": hex(lt.addr), "requested_bytes": lt.size, "block_bytes": lt.block, "stream": lt.stream,
-            "tag": lt.tag, "frames": format_frames(lt.frames, 5, python_only=True),
+            "tag": lt.tag, "call_site": site, "frames": format_frames(lt.frames, 5, python_only=True),
             "live_at_start": lt.live_at_start, "live_at_end": lt.end is None}
-    common = {"cat": f"blocks stream {lt.stream}", "name": lt.tag or "block", "pid": pid, "tid": 0,
+    common = {"cat": f"blocks stream {lt.stream}", "name": slice_name(site, lt.tag), "pid": pid, "tid": 0,
               "id": f"0x{n:x}"}
     return [{**common, "ph": "b", "ts": start, "args": args}, {**common, "ph": "e", "ts": max(start, end)}]
 
@@ -75,18 +102,19 @@ def _lifetime_events(tl: DeviceTimeline, pid: int, n: int, lt: Lifetime) -> list
 def chrome_trace(snapshot: dict) -> dict:
     """The snapshot's traces as a Chrome trace / Perfetto JSON object ({"traceEvents": [...]})."""
     events: list[dict] = []
-    other = {"generator": "amem_alloc", "devices": {}}
-    n = 0
-    for device in devices_with_events(snapshot):
-        tl = build_timeline(snapshot, device)
-        pid = device
+    timelines = {d: build_timeline(snapshot, d) for d in devices_with_events(snapshot)}
+    t0 = min((min(s) for s in map(_stamps, timelines.values()) if s), default=0)
+    other = {"generator": "amem_alloc", "start_time_us": t0, "devices": {}}
+    n, sites = 0, CallSites()
+    for device, tl in timelines.items():
+        pid, ts = device, _Clock(tl, t0)
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"GPU {device}"}})
-        events += _counter_events(tl, pid) + _oom_events(tl, pid)
+        events += _counter_events(tl, pid, ts) + _oom_events(tl, pid, ts)
         for lt in tl.lifetimes:
-            events += _lifetime_events(tl, pid, n, lt)
+            events += _lifetime_events(tl, pid, n, lt, ts, sites)
             n += 1
-        other["devices"][str(device)] = {"start_time_us": tl.start_time_us, "time_unit": tl.time_unit,
-                                         "notes": tl.notes}
+        other["devices"][str(device)] = {"start_time_us": tl.start_time_us, "offset_us": ts.offset,
+                                         "time_unit": "us" if ts.stamps else "event", "notes": tl.notes}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

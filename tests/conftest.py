@@ -1,7 +1,17 @@
-"""Slow tests (marked `slow`) run only with --run-slow or AMEM_RUN_SLOW=1."""
+"""Slow tests (marked `slow`) run only with --run-slow or AMEM_RUN_SLOW=1.
+
+Ctrl-C reaches the tests as it reaches a program in a terminal: a suite started in the background
+(`make test &`, nohup) inherits SIGINT ignored, and so would every process it starts, and the
+tests that send SIGINT would wait for nothing. The suite takes Python's own handler, which its
+children get back as the default on exec.
+"""
 import os
+import signal
 
 import pytest
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):

@@ -62,6 +62,54 @@ def render_pages(pages: list[Path], workdir: Path) -> list[str]:
     return doms
 
 
+SCREEN = (1280, 900)   # the first screen: a laptop's browser window
+
+LAYOUT_HARNESS = """<!DOCTYPE html><html><head><script>
+function measure(f, i, selectors) {{
+  var out = {{}}, doc = f.contentDocument;
+  selectors.forEach(function (s) {{
+    var e = doc.querySelector(s);
+    if (e) {{ var r = e.getBoundingClientRect(); out[s] = [r.top, r.bottom, r.width]; }}
+  }});
+  out.scrollHeight = doc.documentElement.scrollHeight;
+  var pre = document.createElement("pre");
+  pre.id = "layout-" + i;
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}}
+</script></head><body style="margin:0">{frames}</body></html>"""
+
+
+def layout(pages: list[Path], selectors: list[list[str]], workdir: Path, screen: tuple = SCREEN) -> list[dict]:
+    """Where each selector's first element lies when its page is shown in a window of `screen`
+    (CSS pixels from the top: [top, bottom, width]), and the page's whole height; one launch."""
+    import json
+
+    w, h = screen
+    frames = "".join(f'<iframe style="width:{w}px;height:{h}px;border:0;display:block" '
+                     f'onload=\'measure(this, {i}, {html.escape(json.dumps(sel))})\' '
+                     f'src="{html.escape(p.resolve().as_uri())}"></iframe>'
+                     for i, (p, sel) in enumerate(zip(pages, selectors)))
+    harness = workdir / "layout.html"
+    harness.write_text(LAYOUT_HARNESS.format(frames=frames))
+    out = _chromium(["--allow-file-access-from-files", f"--window-size={w + 40},{h}", "--dump-dom",
+                     harness.resolve().as_uri()], workdir / "chromium-profile").stdout
+    found = []
+    for i, page in enumerate(pages):
+        match = re.search(rf'<pre id="layout-{i}">(.*?)</pre>', out, re.S)
+        if match is None:
+            raise AssertionError(f"the browser never measured {page}")
+        found.append(json.loads(html.unescape(match.group(1))))
+    return found
+
+
+def png_size(png: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's header."""
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{png} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
 def screenshot(page: Path, png: Path, workdir: Path, height: int = 6000) -> Path:
     _chromium([f"--window-size=1280,{height}", f"--screenshot={png}", page.resolve().as_uri()],
               workdir / "chromium-profile")

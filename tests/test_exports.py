@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from amem_alloc import Allocator, chrome_trace, load_snapshot, rmm_csv
-from amem_alloc.trace_export import RMM_HEADER, write_export
+from amem_alloc.snapshot import parse_snapshot
+from amem_alloc.trace_export import RMM_HEADER, slice_name, write_export
 from amem_alloc.timeline import build_timeline
 
 from helpers import run_command
@@ -54,9 +55,13 @@ def test_chrome_trace_of_our_dump(ours):
     assert counts["b"] == stats["allocation.all.allocated"]  # one lifetime per allocation
     last = {e["name"]: e["args"]["bytes"] for e in trace["traceEvents"] if e["ph"] == "C"}
     assert last == {"allocated": stats["allocated_bytes.all.current"], "reserved": stats["reserved_bytes.all.current"]}
-    tagged = {e["name"] for e in trace["traceEvents"] if e["ph"] == "b"}
-    assert {"warmup", "step"} <= tagged
-    assert any(e["args"]["frames"] for e in trace["traceEvents"] if e["ph"] == "b")
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "b"]
+    assert {"warmup", "step"} <= {e["args"]["tag"] for e in slices}
+    for e in slices:   # named by the user's call site, the tag in brackets: never "block", never torch's frame
+        assert e["name"] == slice_name(e["args"]["call_site"], e["args"]["tag"])
+        assert "test_snapshot.py:" in e["args"]["call_site"] and e["name"] != "block"
+    assert any(e["name"].endswith(" [step]") for e in slices)
+    assert any(e["args"]["frames"] for e in slices)
     assert trace["traceEvents"][0] == {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "GPU 0"}}
 
 
@@ -83,6 +88,39 @@ def test_chrome_trace_of_every_shared_trace(path):
     assert counts["i"] == n_oom
     if path.name == "expandable_oom.pickle":
         assert n_oom == 1
+
+
+def test_every_device_is_on_one_clock():
+    """Two GPUs' events at the same moment line up: one origin, the first event of any device."""
+    def alloc(t, addr):
+        return {"action": "alloc", "addr": addr, "size": 1 << 20, "stream": 0, "time_us": t, "frames": []}
+    snap = parse_snapshot({"segments": [], "device_traces": [[alloc(1_000_000, 1 << 30), alloc(1_000_500, 2 << 30)],
+                                                           [alloc(1_000_400, 3 << 30)]]}, "<two devices>")
+    trace = chrome_trace(snap)
+    starts = {e["pid"]: e["ts"] for e in trace["traceEvents"] if e["ph"] == "b" and e["args"]["address"] == hex(3 << 30)}
+    assert starts == {1: 400.0}             # device 1's block began 400 us after device 0's first event
+    assert [e["ts"] for e in trace["traceEvents"] if e["ph"] == "b" and e["pid"] == 0] == [0.0, 500.0]
+    assert trace["otherData"]["start_time_us"] == 1_000_000
+    assert trace["otherData"]["devices"]["1"]["offset_us"] == 400
+    assert all(e["name"] == "block" for e in trace["traceEvents"] if e["ph"] == "b")   # no stack: no site
+
+
+@needs_traces
+def test_a_shared_traces_devices_on_one_clock_and_slices_by_call_site():
+    data = load_snapshot(next(p for p in TRACES if p.name == "expandable_oom.pickle"))
+    trace = chrome_trace(data)
+    t0 = min(e["time_us"] for t in data["device_traces"] for e in t)
+    oom = next(e for t in data["device_traces"] for e in t if e["action"] == "oom")
+    marked = next(e for e in trace["traceEvents"] if e["ph"] == "i")
+    assert marked["ts"] == oom["time_us"] - t0      # the error where it happened on the one clock
+    for d, events in enumerate(data["device_traces"]):
+        if events:
+            first = min(e["ts"] for e in trace["traceEvents"] if e["pid"] == d and e["ph"] == "C")
+            assert first == 0 if d == 0 else first > 1_000_000   # devices 1 and 2 began over a second later
+    small = chrome_trace(load_snapshot(next(p for p in TRACES if p.name == "small_train.pickle")))
+    names = {e["name"] for e in small["traceEvents"] if e["ph"] == "b"}
+    assert "BmmBackward0 (backward)" in names and any(n.startswith("cs336_systems/trace_peak_memory.py:") for n in names)
+    assert not any("CUDACachingAllocator" in n or "empty_cuda" in n for n in names)
 
 
 # ============================================================================ RMM

@@ -13,7 +13,7 @@ import amem_alloc
 from amem_alloc import policies
 
 from amem_alloc import Allocator, load_snapshot, render_report, write_report
-from amem_alloc.report.callsite import call_site
+from amem_alloc.snapshot.callsite import call_site
 from amem_alloc.report.data import report_data
 from amem_alloc.snapshot import parse_snapshot, save_snapshot
 
@@ -66,8 +66,12 @@ def test_call_site_skips_the_allocator_and_torch_for_the_users_frame_or_the_auto
 @needs_traces
 def test_small_trains_largest_allocations_name_the_autograd_node_not_the_allocator():
     top = data_of("small_train.pickle")["devices"][0]["top"]
-    for row in top[5:13]:  # rows 6-13 of the table
+    big = [r for r in top if r["block"] == 512 * MiB]   # the attention's 512 MiB blocks, forward then backward
+    assert [r["count"] for r in big[:4]] == [1, 1, 2, 1]      # rows 1-4: the user's own frames (forward)
+    for row in big[4:]:  # the 10 made in backward (rows 6-15 before repeats were folded), in 5 rows
         assert row["site"].endswith("(backward)") and "Backward0" in row["site"], row["site"]
+    assert sum(r["count"] for r in big[4:]) == 10 and len(big) == 9
+    assert next(r for r in big if r["site"] == "DivBackward0 (backward)")["count"] == 6   # one row, not six
     page = render_report(load_snapshot(trace("small_train.pickle")))
     assert '<code class="site">BmmBackward0 (backward)</code>' in page
 
@@ -214,6 +218,13 @@ def test_the_shared_oom_trace_gets_a_panel_with_every_policy_replayed():
     assert len(rows) == len(policies.POLICIES) and all(r["fits"] is False for r in rows)  # 4.9 GiB asked, 224 MiB free: no setting helps
     page = render_report(load_snapshot(trace("expandable_oom.pickle")))
     assert "no policy avoids it: the memory was in use" in page
+    table = page[page.index('<table class="oom-replay">'):]
+    table = table[:table.index("</table>")]
+    shown = re.findall(r'<tr class="fails"><td><code>([^<]*)</code>', table)
+    # the policies that fail alike (as many requests refused) share a row: 16 rows of "fails too" read as 3
+    assert len(shown) == len({r["failed"] for r in rows}) < len(rows)
+    assert sorted(n for row in shown for n in row.split(", ")) == sorted(r["policy"] for r in rows)
+    assert re.search(r"all \d+ fail too \(1 request refused each\)", table)
 
 
 # ============================================================================ in a real browser

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .._C import CoreAllocator
-from .program import pack
+from .program import ALLOC, FREE, pack
 
 Describe = Callable[[int], tuple[list[dict], str]]
 
@@ -67,6 +67,37 @@ def _label(snap: dict, describe: Describe, order: list[int], final: dict[int, in
         for b in seg["blocks"]:
             if b["state"] != "inactive" and b["address"] in final:
                 b["frames"] = describe(final[b["address"]])[0]
+
+
+def event_ops(ops: list[tuple], events: list[dict], start: int = 0) -> list[int]:
+    """The op of `ops` that made each event of its traced replay (traced_snapshot's device trace),
+    by Note [traced replay]'s rules: the n-th alloc event is the n-th ALLOC of a size above 0 from
+    op `start`; a free event is the next FREE (or ALLOC: a live key allocated again) of the key
+    last allocated at that address; a segment event belongs to the op the replay was at. Ops
+    come in order, so one pass: an op's number for a chart's x axis (`amem predict`'s "after
+    allocator call N" is op N - 1)."""
+    out, at, key_at = [], start, {}
+    for ev in events:
+        action = ev.get("action")
+        if action == "alloc":
+            at = _next_op(ops, at, lambda op: op[0] == ALLOC and op[2] > 0)
+            key_at[ev.get("addr")] = ops[at][1] if at < len(ops) else None
+        elif action in ("free_requested", "free_completed") and key_at.get(ev.get("addr")) is not None:
+            key = key_at[ev.get("addr")]
+            at = _next_op(ops, at, lambda op: op[0] in (ALLOC, FREE) and op[1] == key)
+        out.append(min(at, max(len(ops) - 1, 0)))
+        if action == "alloc":
+            at += 1
+    return out
+
+
+def _next_op(ops: list[tuple], at: int, wanted: Callable[[tuple], bool], look: int = 1 << 16) -> int:
+    """The first op from `at` that is `wanted` (within `look` ops); `at` itself when none is (a
+    trace that does not follow the program: its events stay where they were)."""
+    for i in range(at, min(len(ops), at + look)):
+        if wanted(ops[i]):
+            return i
+    return at
 
 
 def describe_infos(infos: dict[int, Any]) -> Describe:

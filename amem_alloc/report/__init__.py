@@ -8,7 +8,7 @@ forbids every fetch. Per device it shows, for each out-of-memory error, a forens
 (report/oom.py: the request, free and reserved memory, whether fragmentation caused it, what
 held memory, and which policy would have avoided it, replayed); allocated vs reserved over time;
 allocated memory by call site over time (stacked); what holds memory at the peak, by call site
-(report/callsite.py: the user's frame or the autograd node, never the allocator's) and by tag,
+(snapshot/callsite.py: the user's frame or the autograd node, never the allocator's) and by tag,
 category and module where the trace or a Tracer's JSON carries them (report/breakdown.py);
 fragmentation over time; the segment map at the allocated peak (every segment; the smaller ones
 aggregated when there are many); the largest allocations; and notes on what the trace could not
@@ -66,7 +66,7 @@ def render_report(snapshot: dict, provenance: dict | None = None, title: str | N
     """The report page for a checked snapshot (see amem_alloc.load_snapshot) as HTML text."""
     tracer_json = provenance if provenance is not None and provenance.get("allocations") else None
     data = report_data(snapshot, top=top, provenance=tracer_json)
-    body = [_html.device_section(dev) for dev in data["devices"]]
+    body = [_html.summary_section(data["devices"])] + [_html.device_section(dev) for dev in data["devices"]]
     if data["empty"]:
         body.append('<section class="empty"><h2>Nothing recorded</h2><p>The snapshot has no segments and no '
                     "trace events: there is nothing to plot. Was recording on (amem_alloc.record()) before the "

@@ -2,7 +2,7 @@
 
 Design note
 -----------
-The blocks live at a point (timeline.live_at) are grouped by call site (callsite.py), by tag
+The blocks live at a point (timeline.live_at) are grouped by call site (snapshot/callsite.py), by tag
 where the trace carries tags (amem's dumps, torch's user_metadata), and by category and module
 where a Tracer's JSON (amem_alloc.provenance) describes the allocations. The Tracer's rows are
 joined to the trace's blocks by amem's allocation number (`alloc_seq`, exact, in amem's dumps)
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .callsite import CallSites
+from ..snapshot.callsite import CallSites
 from ..timeline import DeviceTimeline, Lifetime, live_at
 
 TOP_GROUPS = 12        # rows per grouping in the tables

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .breakdown import BlockLabels, by_call_site, by_category, held_at, stacked
-from .callsite import CallSites
+from ..snapshot.callsite import CallSites
 from .oom import oom_reports
 from ..timeline import DeviceTimeline, Lifetime, build_timeline, downsample, free_runs, segments_at, top_lifetimes
 from ..snapshot import device_extra, format_frames
@@ -18,6 +18,7 @@ MAX_POINTS = 4000  # per plotted series; peaks and troughs are kept
 MAX_SEGMENT_ROWS = 120  # up to this many segments, one row each; beyond, the smaller ones are aggregated
 DETAILED_ROWS = 48  # with more segments: the largest this many drawn block by block
 MAX_BLOCKS_DRAWN = 20000
+MAX_FOLDED = 100_000  # the largest allocations' table looks this far down the list for repeats of its rows
 STATE_CODES = {"active_allocated": 0, "active_pending_free": 1}
 
 
@@ -100,14 +101,27 @@ def _segment_map(snapshot: dict, tl: DeviceTimeline, point: int, sites: CallSite
 
 
 def _top_rows(tl: DeviceTimeline, n: int, sites: CallSites) -> list[dict[str, Any]]:
-    rows = []
-    for lt in top_lifetimes(tl, n):
+    """The n largest allocations, repeats folded: blocks of one size, request, stream, tag and call
+    site are one row (`count` of them, from the first one's allocation to the last one's free), so
+    an eval loop's 400 equal batches take one row, not the whole table."""
+    rows, by_key = [], {}
+    for lt in top_lifetimes(tl, MAX_FOLDED):
+        if len(rows) == n and lt.block < rows[-1]["block"]:
+            break   # smaller than every row: no fold can take it
         start = tl.times[lt.start + 1] if lt.start >= 0 else None
         end = tl.times[lt.end + 1] if lt.end is not None else None
-        rows.append({"block": lt.block, "size": lt.size, "stream": lt.stream, "address": hex(lt.addr),
-                     "start": start, "end": end, "tag": lt.tag, "frames": format_frames(lt.frames, 40),
-                     "site": sites(lt.frames),
-                     "live_at_start": lt.live_at_start, "live_at_end": lt.end is None})
+        key = (lt.block, lt.size, lt.stream, lt.tag, sites(lt.frames))
+        if key in by_key:
+            row = by_key[key]
+            row["count"] += 1
+            row["end"], row["live_at_end"] = end, lt.end is None
+            continue
+        if len(rows) == n:
+            continue
+        by_key[key] = {"block": lt.block, "size": lt.size, "stream": lt.stream, "address": hex(lt.addr),
+                       "start": start, "end": end, "tag": lt.tag, "frames": format_frames(lt.frames, 40),
+                       "site": key[-1], "live_at_start": lt.live_at_start, "live_at_end": lt.end is None, "count": 1}
+        rows.append(by_key[key])
     return rows
 
 
@@ -136,10 +150,19 @@ def _stacked_categories(tl: DeviceTimeline, keep: list[int], peak: int, prov: Bl
     return stacked(tl, keep, peak, by_category(prov), split_before=False)
 
 
+def _peak_point(tl: DeviceTimeline, peak_time: float | None) -> int:
+    """The allocated peak; with `peak_time` (in the trace's time_us) the last point at or before it
+    instead: a prediction's peak, so that its page and its text name one moment."""
+    if peak_time is None or tl.time_unit != "us":
+        return tl.peak_point
+    at = peak_time - tl.start_time_us
+    return max((k for k, t in enumerate(tl.times) if t <= at), default=0)
+
+
 def device_report(snapshot: dict, device: int, top: int, prov: BlockLabels | None = None,
-                  replay_ooms: bool = True) -> dict[str, Any]:
+                  replay_ooms: bool = True, peak_time: float | None = None) -> dict[str, Any]:
     tl = build_timeline(snapshot, device)
-    peak, keep, sites = tl.peak_point, _kept(tl), CallSites()
+    peak, keep, sites = _peak_point(tl, peak_time), _kept(tl), CallSites()
     return {"device": device, "events": len(tl.events), "time_unit": tl.time_unit,
             "start_time_us": tl.start_time_us, "series": _series(tl, keep),
             "held": held_at(tl, peak, sites, prov), "stacked": stacked(tl, keep, peak, by_call_site(sites)),
@@ -156,12 +179,12 @@ def device_report(snapshot: dict, device: int, top: int, prov: BlockLabels | Non
 
 
 def report_data(snapshot: dict, top: int = 20, provenance: dict | None = None,
-                replay_ooms: bool = True) -> dict[str, Any]:
+                replay_ooms: bool = True, peak_time: float | None = None) -> dict[str, Any]:
     """Everything the report shows, per device with data, as plain JSON-able values. A Tracer's
     JSON (provenance) adds category and module groups; replay_ooms=False skips replaying each
-    out-of-memory error under every policy."""
+    out-of-memory error under every policy; `peak_time` names the peak (see _peak_point)."""
     prov = BlockLabels(provenance) if provenance is not None else None
-    devices = [device_report(snapshot, d, top, prov, replay_ooms) for d in devices_with_data(snapshot)]
+    devices = [device_report(snapshot, d, top, prov, replay_ooms, peak_time) for d in devices_with_data(snapshot)]
     amem = snapshot.get("amem") or {}
     return {"devices": devices, "source": "amem_alloc" if amem else "torch",
             "generator": amem.get("generator", ""), "empty": not devices}

@@ -15,6 +15,7 @@ from ..introspection import format_bytes
 
 HERE = Path(__file__).resolve().parent
 MAX_TEXT = 300  # characters of one provenance or settings value shown
+MAX_SUMMARY_OOMS = 5  # out-of-memory errors named one by one at the top of the page
 
 
 def _asset(name: str) -> str:
@@ -53,6 +54,8 @@ def _time(t: Any, unit: str) -> str:
         return "—"
     if unit == "event":
         return f"event {int(t)}"
+    if unit == "call":   # a predicted run: amem predict's "after allocator call N"
+        return f"after allocator call {int(t):,}"
     return f"{t / 1e6:.3f} s" if t >= 1e6 else f"{t / 1e3:.1f} ms" if t >= 1e3 else f"{t:.0f} µs"
 
 
@@ -97,7 +100,7 @@ def _segmap_caption(dev: dict) -> str:
 
 
 def _stack_cell(frames: list, site: str) -> str:
-    """The call site (callsite.py: the user's frame or the autograd node), with the whole stack
+    """The call site (snapshot/callsite.py: the user's frame or the autograd node), with the whole stack
     (C++ frames too) behind a click."""
     if not frames:
         return f"<td><code>{esc(site)}</code></td>"
@@ -116,9 +119,14 @@ def _top_table(dev: dict) -> str:
             "<th>freed at</th><th>tag</th><th>call site (click for the stack, innermost first)</th></tr>")
     rows = []
     for i, r in enumerate(dev["top"], 1):
+        count = r.get("count", 1)
         start = "before the trace" if r["live_at_start"] else _time(r["start"], unit)
         end = "still live at the dump" if r["live_at_end"] else _time(r["end"], unit)
-        rows.append(f"<tr><td class=\"num\">{i}</td><td class=\"num\">{esc(format_bytes(r['block']))}</td>"
+        if count > 1:   # a folded row: the first one's allocation, the last one's free
+            start, end = f"{start} (the first)", f"{end} (the last)"
+        times, css = (f' <span class="times">×{count:,}</span>', ' class="folded"') if count > 1 else ("", "")
+        rows.append(f"<tr{css}><td class=\"num\">{i}</td>"
+                    f"<td class=\"num\">{esc(format_bytes(r['block']))}{times}</td>"
                     f"<td class=\"num\">{esc(format_bytes(r['size']))}</td><td class=\"num\">{esc(r['stream'])}</td>"
                     f"<td>{esc(start)}</td><td>{esc(end)}</td><td>{esc(r['tag'] or '—')}</td>"
                     f"{_stack_cell(r['frames'], r['site'])}</tr>")
@@ -183,12 +191,38 @@ def _replay_table(replay: dict) -> str:
     body = "".join(
         f"<tr class=\"{'fits' if r.get('fits') else 'fails'}\"><td><code>{esc(r['policy'])}</code></td>"
         f"<td>{esc('fits' if r.get('fits') else 'out of memory' if r.get('fits') is False else 'not replayed')}</td>"
-        f"<td class=\"num\">{esc(format_bytes(r['peak_reserved']) if 'peak_reserved' in r else '—')}</td>"
+        f"<td class=\"num\">{esc(r.get('peak_text') or (format_bytes(r['peak_reserved']) if 'peak_reserved' in r else '—'))}</td>"
         f"<td class=\"num\">{esc(format_bytes(r['spare']) if r.get('fits') else '—')}</td><td>{esc(r['text'])}</td></tr>"
-        for r in rows)
+        for r in collapsed(rows))
     note = f"<p class=\"muted\">{esc(replay['note'])}</p>" if replay.get("note") else ""
     return (f"<p>{esc(lead)}</p><table class=\"oom-replay\"><tr><th>policy</th><th>result</th><th>peak reserved</th>"
             f"<th>spare</th><th></th></tr>{body}</table>{note}")
+
+
+def collapsed(rows: list) -> list:
+    """The replay's rows with the policies that fail alike (as many requests refused) in one row,
+    its peak reserved as their range, so sixteen "fails too" read as a line or two."""
+    out, alike = [], {}
+    for r in rows:
+        if r.get("fits") is not False:
+            out.append(r)
+        elif r.get("failed") in alike:
+            alike[r.get("failed")].append(r)
+        else:
+            alike[r.get("failed")] = [r]
+            out.append(r)
+    return [_one_row(alike[r.get("failed")]) if r.get("fits") is False else r for r in out]
+
+
+def _one_row(group: list) -> dict:
+    if len(group) == 1:
+        return group[0]
+    n, peaks = group[0].get("failed"), [r["peak_reserved"] for r in group if "peak_reserved" in r]
+    row = dict(group[0], policy=", ".join(r["policy"] for r in group),
+               text=f"all {len(group)} fail too ({n} request{'s' if n != 1 else ''} refused each)")
+    if peaks and min(peaks) != max(peaks):
+        row["peak_text"] = f"{format_bytes(min(peaks))} – {format_bytes(max(peaks))}"
+    return row
 
 
 def oom_panel(dev: dict, panel: dict) -> str:
@@ -234,7 +268,39 @@ def device_section(dev: dict) -> str:
         f'<div class="plot fragmentation" id="fragmentation-{d}"></div>',
         "<h3>Segment map at the peak</h3>", _segmap_caption(dev), LEGEND_SEGMAP,
         f'<div class="plot segmap" id="segmap-{d}"></div>',
-        f"<h3>The {len(dev['top'])} largest allocations</h3>", _top_table(dev), "</section>"])
+        f"<h3>{esc(_top_heading(dev['top']))}</h3>", _top_table(dev), "</section>"])
+
+
+def _top_heading(top: list) -> str:
+    blocks = sum(r.get("count", 1) for r in top)
+    if blocks == len(top):
+        return f"The {len(top)} largest allocations"
+    return (f"The largest allocations: {blocks:,} in {len(top)} rows (repeats folded: one size, stream, tag and "
+            "call site a row)")
+
+
+def summary_section(devices: list) -> str:
+    """What the trace page opens with: each out-of-memory error first (linked to its panel), then
+    per device its peaks (linked to its section), so the answer is on the first screen."""
+    if not devices:
+        return ""
+    ooms = []
+    for dev in devices:
+        for k, o in enumerate(dev["ooms"]):
+            where = f' <a href="#oom-{dev["device"]}-{k}">the forensics</a>' if k < len(dev["oom_panels"]) else ""
+            ooms.append(f'<li>Device {dev["device"]}: out of memory at {esc(_time(o["t"], dev["time_unit"]))}, '
+                        f'{esc(format_bytes(o["size"]))} requested with {esc(format_bytes(o["free"]))} free on the '
+                        f"device;{where}</li>")
+    more = f"<li>{len(ooms) - MAX_SUMMARY_OOMS} more, on the timelines</li>" if len(ooms) > MAX_SUMMARY_OOMS else ""
+    lead = f'<ul class="oom-first">{"".join(ooms[:MAX_SUMMARY_OOMS])}{more}</ul>' if ooms else ""
+    rows = "".join(
+        f'<tr><td><a href="#device-{d["device"]}">device {d["device"]}</a></td>'
+        f'<td class="num">{esc(format_bytes(d["peak"]["allocated"]))}</td>'
+        f'<td class="num">{esc(format_bytes(d["peak"]["peak_reserved"]))}</td><td class="num">{d["events"]:,}</td>'
+        f'<td class="num">{len(d["ooms"])}</td></tr>' for d in devices)
+    return (f'<section id="summary"><h2>Summary</h2>{lead}<table class="summary"><tr><th>device</th>'
+            f"<th>peak allocated</th><th>peak reserved</th><th>events</th><th>out-of-memory errors</th></tr>"
+            f"{rows}</table></section>")
 
 
 def key_value_section(title: str, css: str, mapping: Any) -> str:

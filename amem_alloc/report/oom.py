@@ -24,7 +24,7 @@ import numpy as np
 
 from ..introspection import format_bytes
 from .breakdown import BlockLabels, held_at
-from .callsite import CallSites
+from ..snapshot.callsite import CallSites
 from ..timeline import DeviceTimeline, free_runs, segments_at
 
 OOM_KEY = (1 << 62) + 1  # the failed request's key in the replayed program: no trace address is this high

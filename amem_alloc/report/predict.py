@@ -17,10 +17,12 @@ from ..introspection import format_bytes
 from ..version import __version__
 from . import html as report_html
 from .data import report_data
+from .prediction_text import next_step_lines, note_line
 from .verdict import html_panel
 
-REPLAY_ORDER = ("Predicted run: the x axis is replay order (the n-th allocator event of the predicted program), "
-                "not time.")
+REPLAY_ORDER = ("Predicted run: the x axis counts the predicted program's allocator calls (each malloc and free, "
+                "numbered as amem predict's text numbers them: after allocator call N), not time.")
+PHASE_COLOURS = {"setup": "#a0aec0", "train": "#38a169", "eval": "#d69e2e", "optimizer": "#805ad5"}
 
 
 def write(path, prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | None = None):
@@ -37,16 +39,33 @@ def render(prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | Non
     from ..snapshot import parse_snapshot
 
     snap = parse_snapshot(readable_snapshot(snapshot), "<prediction>")
-    data = label_replay_order(report_data(snap))
+    data = label_calls(report_data(snap, peak_time=prediction["at_peak_op"] + 1), prediction["program"])
     what_if = {k: prediction[k] for k in ("what_if", "cheapest_change") if k in prediction}
-    body = [html_panel(prediction["verdict"], what_if)]
+    body = [html_panel(prediction["verdict"], what_if, _next_step(prediction))]
     if ranks:
         body.append(_ranks_section(ranks))
     body.append(report_html.key_value_section("Prediction (no GPU)", "provenance", summary(prediction)))
+    body.append(phases_legend(prediction["program"]))
     body += [report_html.device_section(dev) for dev in data["devices"]]
     g = prediction["gpu"]
     title = f"Predicted memory: {prediction['target']}"
     return report_html.page(title, f"predicted without a GPU for {g['name']}", "\n".join(body), data, __version__)
+
+
+def _next_step(prediction: dict) -> list[str]:
+    return next_step_lines(prediction)
+
+
+def phases_legend(program: dict) -> str:
+    """What the time axis marks: each phase's colour, and the optimizer steps."""
+    seen = {p for _, _, p in program.get("phases") or []}
+    keys = "".join(f'<i style="background:{c}"></i>{name}' for name, c in PHASE_COLOURS.items() if name in seen)
+    steps = len(program.get("steps") or [])
+    if not keys and not steps:
+        return ""
+    said = f"; dashed grey lines: the end of each of the {steps} optimizer steps" if steps else ""
+    return (f'<div class="legend phases-legend">Phases on the time axis (the strip under each plot){":" if keys else ""}'
+            f"{keys}{report_html.esc(said)}</div>")
 
 
 def _ranks_section(ranks: list[tuple[int, dict]]) -> str:
@@ -84,26 +103,42 @@ def summary(p: dict) -> dict[str, str]:
     return out
 
 
-def note_line(note: dict) -> str:
-    """One note (predict/notes.py's Note.as_dict()) in words: what, its bytes, where, how often.
-    The page and `amem predict`'s text say it the same way."""
-    times = f" x{note['count']}" if note["count"] > 1 else ""
-    size = f" ({format_bytes(note['bytes'])})" if note["bytes"] else ""
-    return f"{note['kind']}: {note['what']}{size} at {note['where']}{times}"
-
-
 # ============================================================================ the predicted run's trace, for reading
 def readable_snapshot(snap: dict) -> dict:
-    """The predicted snapshot for the page: no timestamps (the replay's clock is not the run's, so
-    the x axis counts events: replay order)."""
-    for trace in snap.get("device_traces") or []:
-        for ev in trace:
+    """The predicted snapshot for the page: each event's time is the allocator call that made it
+    (the trace's "op" column, predict/analysis/prediction.py's OP_COLUMN, plus one; the replay's
+    clock is not the run's), or no time at all (the x axis counts events) without that column."""
+    extras = (snap.get("amem") or {}).get("devices") or []
+    for device, trace in enumerate(snap.get("device_traces") or []):
+        ops = ((extras[device] or {}).get("columns") or {}).get("op") if device < len(extras) else None
+        for i, ev in enumerate(trace):
             ev.pop("time_us", None)
+            if ops is not None and len(ops) == len(trace):
+                ev["time_us"] = ops[i] + 1
     return snap
 
 
-def label_replay_order(data: dict) -> dict:
+def label_calls(data: dict, program: dict) -> dict:
+    """Times as allocator calls (the page's x axis: absolute call numbers, not since the first event),
+    with the program's phases and optimizer steps for the script to draw."""
     for dev in data.get("devices") or []:
         notes = [n for n in dev.get("notes") or [] if "no timestamps" not in n]
         dev["notes"] = [REPLAY_ORDER] + notes
+        if dev["time_unit"] != "us":
+            continue
+        _shift(dev, dev["start_time_us"])
+        dev["time_unit"] = "call"
+        dev["phases"] = [[a, b, p, PHASE_COLOURS.get(p, "#a0aec0")] for a, b, p in program.get("phases") or []]
+        dev["steps"] = list(program.get("steps") or [])
     return data
+
+
+def _shift(dev: dict, t0: float) -> None:
+    dev["series"]["t"] = [t + t0 for t in dev["series"]["t"]]
+    for part in (dev["peak"], dev["segmap"], dev["held"]):
+        part["t"] = part["t"] + t0
+    for o in dev["ooms"] + dev["oom_panels"]:
+        o["t"] = o["t"] + t0
+    for row in dev["top"]:
+        row["start"] = None if row["start"] is None else row["start"] + t0
+        row["end"] = None if row["end"] is None else row["end"] + t0

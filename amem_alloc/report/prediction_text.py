@@ -11,7 +11,6 @@ from typing import Any
 
 from ..introspection import format_bytes
 from ..replay.evaluation import align, format_table, signed_bytes
-from .predict import note_line
 from .what_if_cost import cost_text
 from .verdict import text_lines as verdict_lines
 
@@ -26,6 +25,14 @@ def _data(x: Any) -> dict:
 
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "-"
+
+
+def note_line(note: dict) -> str:
+    """One note (predict/notes.py's Note.as_dict()) in words: what, its bytes, where, how often.
+    The page and `amem predict`'s text say it the same way."""
+    times = f" x{note['count']}" if note["count"] > 1 else ""
+    size = f" ({format_bytes(note['bytes'])})" if note["bytes"] else ""
+    return f"{note['kind']}: {note['what']}{size} at {note['where']}{times}"
 
 
 # ============================================================================ one process

@@ -35,6 +35,9 @@
     if (t >= 1e3) return (t / 1e3).toFixed(t >= 1e4 ? 0 : 1) + " ms";
     return t.toFixed(0) + " µs";
   }
+  function fmtX(x, x0, unit) {  // a predicted run's x is the allocator call itself, not time since x0
+    return unit === "call" ? "call " + Math.round(x) : fmtTime(x - x0, unit);
+  }
   function fmtPct(v) { return (v * 100).toFixed(v < 0.1 ? 1 : 0) + "%"; }
   function niceStep(span, count) {
     var raw = span / Math.max(1, count), mag = Math.pow(10, Math.floor(Math.log10(raw || 1)));
@@ -66,10 +69,11 @@
     }
     var xstep = niceStep(x1 - x0, 8);
     for (var x = Math.ceil(x0 / xstep) * xstep; x <= x1; x += xstep) {
-      text(axis, sx(x), H - 10, fmtTime(x - x0, opt.unit), "middle");
+      text(axis, sx(x), H - 10, fmtX(x, x0, opt.unit), "middle");
     }
     el("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, stroke: "#a0aec0" }, svg);
     el("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, stroke: "#a0aec0" }, svg);
+    drawPhases(svg, opt.phases || [], sx);  // under the lines
     var paths = 0;
     series.forEach(function (s) {
       var d = "M" + sx(xs[0]).toFixed(1) + " " + sy(s.ys[0]).toFixed(1);
@@ -104,6 +108,21 @@
     });
   }
 
+  // A predicted run's phases ([first call, last call, name, colour]): a strip under the plot area
+  // and a light tint over it, each titled with its name and calls.
+  function drawPhases(svg, phases, sx) {
+    if (!phases.length) return;
+    var g = el("g", { "class": "phases" }, svg);
+    phases.forEach(function (p) {
+      var x = Math.max(M.l, sx(p[0] - 1)), w = Math.max(0.5, sx(p[1]) - x);
+      el("rect", { x: x.toFixed(1), y: M.t, width: w.toFixed(1), height: H - M.t - M.b, fill: p[3],
+                   "fill-opacity": 0.07 }, g);
+      var strip = el("rect", { x: x.toFixed(1), y: H - M.b + 1, width: w.toFixed(1), height: 6, fill: p[3],
+                               "class": "phase", "data-phase": p[2] }, g);
+      el("title", {}, strip).textContent = p[2] + ": allocator calls " + p[0] + "–" + p[1];
+    });
+  }
+
   // A stacked area chart: bands of ys over xs, drawn bottom-up; the legend names each band.
   function stackedChart(host, legend, xs, bands, opt) {
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, role: "img" }, host);
@@ -126,8 +145,9 @@
     }
     var xstep = niceStep(x1 - x0, 8);
     for (var x = Math.ceil(x0 / xstep) * xstep; x <= x1; x += xstep) {
-      text(axis, sx(x), H - 10, fmtTime(x - x0, opt.unit), "middle");
+      text(axis, sx(x), H - 10, fmtX(x, x0, opt.unit), "middle");
     }
+    drawPhases(svg, opt.phases || [], sx);  // under the bands
     var areas = 0;
     var sitesSeen = 0;
     tops.forEach(function (s) {
@@ -169,7 +189,7 @@
       while (lo < hi) { var mid = (lo + hi + 1) >> 1; if (sx(xs[mid]) <= px) lo = mid; else hi = mid - 1; }
       cursor.setAttribute("x1", sx(xs[lo])); cursor.setAttribute("x2", sx(xs[lo]));
       cursor.setAttribute("visibility", "visible");
-      box.textContent = fmtTime(xs[lo] - xs[0], opt.unit) + ": " + series.map(function (s) {
+      box.textContent = fmtX(xs[lo], xs[0], opt.unit) + ": " + series.map(function (s) {
         return s.name + " " + (opt.percent ? fmtPct(s.ys[lo]) : fmtBytes(s.ys[lo]));
       }).join(", ");
     });
@@ -224,21 +244,28 @@
       return { x: o.t, color: "#e53e3e", cls: "oom-marker", width: 2.5, tag: "OOM " + fmtBytes(o.size),
                label: "out of memory: " + fmtBytes(o.size) + " requested, " + fmtBytes(o.free) + " free" };
     });
+    var steps = dev.steps || [];
+    steps.forEach(function (call, k) {
+      markers.push({ x: call, color: "#718096", dash: "2 3", width: 1, cls: "step-marker",
+                     label: "optimizer step " + (k + 1) + " ends after allocator call " + call });
+    });
     markers.unshift({ x: dev.peak.t, color: "#2f855a", dash: "4 3", cls: "peak-marker",
-                      label: "peak allocated: " + fmtBytes(dev.peak.allocated) });
+                      label: "peak allocated: " + fmtBytes(dev.peak.allocated) +
+                             (dev.time_unit === "call" ? ", after allocator call " + Math.round(dev.peak.t) : "") });
     var t = document.getElementById("timeline-" + id);
     if (t) lineChart(t, s.t, [{ name: "allocated", ys: s.allocated, color: COLORS.allocated },
                               { name: "reserved", ys: s.reserved, color: COLORS.reserved }],
-                     { unit: dev.time_unit, markers: markers });
+                     { unit: dev.time_unit, markers: markers, phases: dev.phases });
     var st = document.getElementById("stacked-" + id), lg = document.getElementById("stacked-legend-" + id);
     if (st && lg && dev.stacked.bands.length) stackedChart(st, lg, s.t, dev.stacked.bands,
-                                                          { unit: dev.time_unit, markers: markers });
+                                                          { unit: dev.time_unit, markers: markers, phases: dev.phases });
     var sc = document.getElementById("stacked-cat-" + id), lc = document.getElementById("stacked-cat-legend-" + id);
     if (sc && lc && dev.stacked_categories && dev.stacked_categories.bands.length)
-      stackedChart(sc, lc, s.t, dev.stacked_categories.bands, { unit: dev.time_unit, markers: markers });
+      stackedChart(sc, lc, s.t, dev.stacked_categories.bands,
+                   { unit: dev.time_unit, markers: markers, phases: dev.phases });
     var f = document.getElementById("fragmentation-" + id);
     if (f) lineChart(f, s.t, [{ name: "fragmentation", ys: s.fragmentation, color: COLORS.fragmentation }],
-                     { unit: dev.time_unit, percent: true, ymax: 1, markers: markers });
+                     { unit: dev.time_unit, percent: true, ymax: 1, markers: markers, phases: dev.phases });
     var m = document.getElementById("segmap-" + id);
     if (m) segmentMap(m, dev.segmap);
   }

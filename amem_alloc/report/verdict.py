@@ -48,8 +48,18 @@ def _svg_bar(split: dict[str, int], usable: int, peak: int) -> str:
     return f'<svg class="verdict-bar" width="{BAR_WIDTH + 4}" height="22">{"".join(rects)}</svg>'
 
 
-def html_panel(v: dict, what_if: dict | None = None) -> str:
-    """The panel from verdict(p)'s dict and the what-if JSON ({"what_if": [...], "cheapest_change": {...}})."""
+def answer(v: dict, next_step: list[str] = ()) -> str:
+    """The answer, first on the page: per policy whether it fits the card and the one "needs"
+    figure (the text's last lines say the same), then the next step when one does not fit."""
+    lines = "".join(f'<li class="{"fits" if r["fits"] else "nofit"}"><b>{esc(r["policy"])}</b> on {esc(v["card"])}: '
+                    f"{esc(r['says'])}</li>" for r in v["policies"])
+    step = "".join(f'<p class="next-step">{esc(line)}</p>' for line in next_step)
+    return f'<ul class="answer">{lines}</ul>{step}'
+
+
+def html_panel(v: dict, what_if: dict | None = None, next_step: list[str] = ()) -> str:
+    """The panel from verdict(p)'s dict and the what-if JSON ({"what_if": [...], "cheapest_change": {...}}),
+    led by the answer (`next_step`: its lines, report/prediction_text.py's)."""
     rows = []
     for r in v["policies"]:
         cls = "fits" if r["fits"] else "nofit"
@@ -57,13 +67,15 @@ def html_panel(v: dict, what_if: dict | None = None) -> str:
                     f'</td><td>{esc(format_bytes(r["peak_reserved"]))}</td><td class="says">{esc(r["says"])}</td></tr>')
     legend = "".join(f'<span class="key"><i style="background:{c}"></i>{esc(label)}</span>' for label, c, *_ in GROUPS)
     return (f'<section id="verdict"><h2>Verdict: {esc(v["card"])}, usable {esc(format_bytes(v["usable_bytes"]))}</h2>'
-            f'<table class="verdict"><tr><th>policy</th><th>peak reserved against usable (the black line)</th>'
+            f'{answer(v, next_step)}<table class="verdict"><tr><th>policy</th><th>peak reserved against usable (the black line)</th>'
             f'<th>peak reserved</th><th></th></tr>{"".join(rows)}</table><p class="legend">{legend}</p>'
             f'<p class="note">Parts as live at the peak of allocated memory; cached but free is the policy\'s peak '
             f'reserved less that. Autocast copies: the casts autocast made.</p>{_outside_table(v.get("outside_allocator"))}'
             f'{_what_if_table(what_if or {})}</section>'
             '<style>#verdict .key{margin-right:1em}#verdict .key i{display:inline-block;width:.8em;height:.8em;'
-            'margin-right:.3em}#verdict tr.nofit .says{color:#b00;font-weight:bold}#verdict td{padding:2px 6px}</style>')
+            'margin-right:.3em}#verdict tr.nofit .says{color:#b00;font-weight:bold}#verdict td{padding:2px 6px}'
+            '#verdict ul.answer{font-size:16px;list-style:none;padding:0;margin:6px 0}#verdict li.fits{color:#276749}'
+            '#verdict li.nofit{color:#b00;font-weight:600}#verdict .next-step{font-weight:600}</style>')
 
 
 def _outside_table(o: dict | None) -> str:

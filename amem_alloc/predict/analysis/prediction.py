@@ -39,11 +39,12 @@ from ... import policies as policies_mod
 from ... import replay
 from ...code_files import display_path
 from ...replay.evaluation import PolicyRow, evaluate
-from ...replay.traced import describe_infos, traced_snapshot
+from ...replay.traced import describe_infos, event_ops, traced_snapshot
 from .. import context as context_mod
 from ..gpus import Gpu
 from ..notes import displayed
 from ..run import NOTE, RecordedRun
+from . import phases
 from .at_peak import AtPeak, OverRun, figures
 from .verdict import verdict
 
@@ -119,7 +120,8 @@ class Prediction:
             "category_peaks": self.over_run.category_peaks if self.over_run else {},
             "at_markers": self.over_run.at_markers if self.over_run else [],
             "program": {"ops": len(self.ops), "allocations": allocs,
-                        "markers": [[i, name] for i, name in self.markers]},
+                        "markers": [[i, name] for i, name in self.markers],
+                        "phases": phases.spans(self.ops, self.infos), "steps": phases.steps(self.markers)},
             "seconds": self.seconds,
             "notes": self.notes,
             "stopped_after": self.stopped_after,
@@ -164,10 +166,15 @@ def analyse(run: RecordedRun, gpu: Gpu, policies: Iterable[policies_mod.Policy])
                       shown_notes(run.notes, base), over_run=over, script_folder=base, outside=outside)
 
 
+OP_COLUMN = "op"   # amem's extra column in a predicted trace: the program's op that made each event
+
+
 def predicted_snapshot(run: RecordedRun, start: int = 0) -> dict:
     """A recorded run in torch's snapshot format (replayed with the core's trace on, from op `start`)."""
     snap = traced_snapshot(run.ops, describe_infos(run.infos), run.live_conf, start)
     snap["allocator_settings"]["prediction"] = NOTE
+    for device, extra in enumerate(snap.get("amem", {}).get("devices") or []):   # each event's op (OP_COLUMN)
+        extra.setdefault("columns", {})[OP_COLUMN] = event_ops(run.ops, snap["device_traces"][device], start)
     return snap
 
 

@@ -67,6 +67,7 @@ class AllocInfo:
     op: str | None          # aten op, or "cublas_workspace"
     frames: tuple           # user frames (filename, line, name), innermost first; may be empty
     phase: str = ""         # forward, backward, optimizer or other, when it was allocated
+    grad: bool = True       # grad mode was on (False: under no_grad / inference_mode, e.g. an eval loop)
 
 
 class AllocationListener(Protocol):
@@ -253,7 +254,8 @@ class FakeCudaSession:
                           tuple(t.shape) if t is not None else (nbytes,))
         self.records[key] = rec
         category = "workspace" if t is None else _PHASE_GUESS[phase]
-        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else (), phase)
+        info = AllocInfo(nbytes, category, module, op, user_frames() if self.record_frames else (), phase,
+                         torch.is_grad_enabled())
         stream = self.stream()
         for lst in self.listeners:
             lst.on_alloc(key, stream, info)

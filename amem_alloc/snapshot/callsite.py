@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..snapshot import frame_fields
+from .frames import frame_fields
 
 NO_STACK = "(no stack recorded)"
 
