@@ -22,12 +22,15 @@ CUDA context:
     cudnn            a convolution forward and backward (cuDNN's handle and kernels)
     training_step    an MLP and an attention layer trained one step under bf16 autocast with AdamW:
                      what a typical training process holds beside the allocator
+    inference_step   the same layers' forward pass only, under torch.inference_mode: what an
+                     inference loop holds
     nccl             a one-rank NCCL process group and an all-reduce
 
 The GPU must be otherwise idle: other processes' memory would be counted (checked: NVML's used
 memory before each stage must equal the first stage's within 2 MiB, or the result is refused).
-Results go to a JSON file (calibration_path()), one entry per (card, driver, torch, CUDA); a
-prediction for that card reads its context from there (predict/gpus.py).
+Results go to a JSON file (calibration_path()), one entry per (card, driver, torch, CUDA); every
+prediction for that card takes what the process holds outside the allocator from there
+(predict/gpus.py `with_calibration`, predict/context.py), and says so.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import sys
 from pathlib import Path
 
 MiB = 1 << 20
-STAGES = ("context", "context_eager", "cublas", "cudnn", "training_step", "nccl")
+STAGES = ("context", "context_eager", "cublas", "cudnn", "training_step", "inference_step", "nccl")
 IDLE_TOLERANCE = 2 * MiB
 
 
@@ -104,7 +107,7 @@ def _nvml_process_used() -> int | None:
 
 def _work(stage: str, torch) -> None:
     x = torch.empty(1, device="cuda")
-    if stage in ("cublas", "training_step"):
+    if stage in ("cublas", "training_step", "inference_step"):
         a = torch.randn(1024, 1024, device="cuda")
         (a @ a).sum().item()
         (a.bfloat16() @ a.bfloat16()).sum().item()
@@ -113,24 +116,33 @@ def _work(stage: str, torch) -> None:
         conv(torch.randn(4, 16, 32, 32, device="cuda", requires_grad=True)).sum().backward()
     if stage == "training_step":
         _training_step(torch)
+    if stage == "inference_step":
+        with torch.inference_mode():
+            _forward(torch)
     if stage == "nccl":
         _nccl(torch)
     torch.cuda.synchronize()
     del x
 
 
-def _training_step(torch) -> None:
+def _forward(torch):
+    """An MLP and an attention layer under bf16 autocast: (their parameters, the loss)."""
     from torch import nn
 
     model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512), nn.LayerNorm(512)).cuda()
     attn = nn.MultiheadAttention(512, 8, batch_first=True).cuda()
-    opt = torch.optim.AdamW([*model.parameters(), *attn.parameters()])
     x = torch.randn(8, 128, 512, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         h = model(x)
         y, _ = attn(h, h, h, need_weights=False)
         loss = torch.nn.functional.cross_entropy(y.flatten(0, 1).float(), torch.zeros(8 * 128, dtype=torch.long,
                                                                                        device="cuda"))
+    return [*model.parameters(), *attn.parameters()], loss
+
+
+def _training_step(torch) -> None:
+    params, loss = _forward(torch)
+    opt = torch.optim.AdamW(params)
     loss.backward()
     opt.step()
 
@@ -230,7 +242,7 @@ def describe(e: dict) -> str:
              f"  CUDA context (lazy loading)   {mib(e['context'])}"]
     names = {"context_eager": "eager loading, beyond lazy", "cublas": "cuBLAS/cuBLASLt handles",
              "cudnn": "cuDNN handle and kernels", "training_step": "a training step's kernels and handles",
-             "nccl": "NCCL, one rank"}
+             "inference_step": "an inference loop's kernels", "nccl": "NCCL, one rank"}
     lines += [f"  + {names.get(k, k):<28} {mib(v)}" for k, v in e["beyond_context"].items()]
     errors = [f"  {r['stage']}: {r['error']}" for r in e["stages"] if "error" in r]
     return "\n".join(lines + (["stages that failed:", *errors] if errors else []))

@@ -25,3 +25,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_calibration_of_this_machine(monkeypatch, tmp_path_factory):
+    """Predictions read amem doctor --calibrate's file where it exists ($AMEM_CALIBRATION, else
+    ~/.cache/amem_alloc/calibration.json); a developer's own must not change what the tests see."""
+    if "AMEM_CALIBRATION" not in os.environ:
+        monkeypatch.setenv("AMEM_CALIBRATION", str(tmp_path_factory.getbasetemp() / "no-calibration.json"))

@@ -89,3 +89,12 @@ def test_without_a_gpu_calibrate_is_one_line_and_status_1(tmp_path):
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("amem doctor --calibrate: no CUDA device")
     assert not (tmp_path / "c.json").exists()
     json.dumps(calibration.load(tmp_path / "c.json"))
+
+
+def test_an_inference_loop_is_a_stage_of_its_own_and_named():
+    assert calibration.STAGES.index("inference_step") > calibration.STAGES.index("training_step")
+    stages = H200_STAGES + [dict(H200_STAGES[2], stage="inference_step", process_used=545259520 + 188 * MiB)]
+    e = calibration.entry(stages)
+    # NVML 520 + 188 MiB for the process, less torch's 54 MiB reserved, less the 518 MiB context
+    assert e["beyond_context"]["inference_step"] == (520 + 188 - 54 - 518) * MiB
+    assert "an inference loop's kernels" in calibration.describe(e)

@@ -110,7 +110,7 @@ def test_gpu_table():
     assert gpus.get("h100_80gb") is gpus.get("H100") is gpus.GPUS["H100-80GB"]
     for g in gpus.GPUS.values():
         assert 8 << 30 < g.total_memory < 200 << 30 and 0 < g.context < 1 << 30 and g.usable < g.total_memory
-        assert g.memory_source and g.context_source.startswith("estimate")
+        assert g.memory_source and g.context_source.startswith(("measured", "estimated"))
     assert gpus.custom(12).usable == 12 << 30
     for bad in (0, -1, "12", True, float("nan")):
         with pytest.raises(ValueError):

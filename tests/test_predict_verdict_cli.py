@@ -87,16 +87,20 @@ def test_another_policy_that_fits_is_the_next_step(tmp_path):
 
 
 def test_within_the_context_estimate_is_borderline():
-    from amem_alloc.predict import gpus
+    """The band is the model's uncertainty for what the card's process holds outside the allocator
+    (predict/context.py): an A100 is another architecture than the measured H200, so a share of the
+    figure; nothing where the user gave the usable memory (--capacity-gb)."""
+    from amem_alloc.predict import context, gpus
     from amem_alloc.predict.analysis.verdict import says
 
     card = gpus.get("A100-80GB")
-    assert card.context_uncertainty == card.context > 0 and gpus.custom(2).context_uncertainty == 0
+    assert card.context_uncertainty == context.typical(card).uncertainty > context.MEASURED_SPREAD
+    assert gpus.get("H200").context_uncertainty == context.MEASURED_SPREAD and gpus.custom(2).context_uncertainty == 0
     row = type("R", (), {"fits": True, "min_capacity": card.usable - 9 * MiB, "headroom": 9 * MiB,
                          "peak_reserved": card.usable - 9 * MiB})()
     assert says(row, card.usable, card.context_uncertainty).endswith(
-        f"9.00 MiB to spare (borderline: within the ~{card.context / MiB:.2f} MiB context estimate)")
-    row.min_capacity = row.peak_reserved = card.usable - card.context - MiB
+        f"9.00 MiB to spare (borderline: within the ±{card.context_uncertainty / MiB:.2f} MiB uncertainty)")
+    row.min_capacity = row.peak_reserved = card.usable - card.context_uncertainty - MiB
     assert "borderline" not in says(row, card.usable, card.context_uncertainty)
 
 

@@ -40,8 +40,10 @@ def fit_command(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.json}: its folder does not exist")
     print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
           "output is not shown)", flush=True)
+    from . import predict_options
+
     try:
-        result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
+        result = fit_mod.fit(script, args.arg, gpu=predict_options.card(args), policies=args.policy,
                              lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout, margin=args.margin,
                              progress=lambda line: print(line, flush=True), debug=args.debug)
     except fit_mod.FitError as err:
@@ -59,6 +61,7 @@ def fit_command(args: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:
     from ..predict import fit as fit_mod
     from ..predict import gpus
+    from . import predict_options
 
     p = sub.add_parser("fit", help="the largest value of a script's integer argument (e.g. the batch size) that "
                        "fits a card, per allocator policy, predicted without a GPU",
@@ -67,6 +70,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", help=f"the card to fit (default {gpus.DEFAULT}; see amem predict --help)")
     where.add_argument("--capacity-gb", type=float, help="instead of --gpu: usable device memory in GiB")
+    predict_options.add_context_arguments(p)
     p.add_argument("--arg", required=True, help="the script's argument to search, without dashes (set as "
                    "--ARG V or --ARG=V where the command line has it, added as --ARG=V where not)")
     p.add_argument("--lo", type=int, default=1, help="the smallest value (default 1)")

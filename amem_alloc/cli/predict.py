@@ -1,8 +1,8 @@
 """`amem predict`: a script's or a bundled workload's GPU memory, predicted without a GPU.
 
-    amem predict [--gpu NAME | --capacity-gb N] [--policy LIST] [--json PATH] [--trace PATH]
-                 [--report PATH] [--steps N] [--timeout S] [--strict] [--shapes expected|upper] [--check]
-                 [--debug] -- python SCRIPT ARGS...
+    amem predict [--gpu NAME | --capacity-gb N] [--context-mb MIB | --calibration-file FILE]
+                 [--policy LIST] [--json PATH] [--trace PATH] [--report PATH] [--steps N] [--timeout S]
+                 [--strict] [--shapes expected|upper] [--check] [--debug] -- python SCRIPT ARGS...
     amem predict --workload NAME [--size N] [--steps N] [...]
 
 The script runs unchanged in this process (script.py: runpy, sys.argv set, as __main__): real
@@ -77,7 +77,7 @@ def predict_command(args: argparse.Namespace) -> int:
     script = parser.existing_script(args.target)
     _check(args, script)
     whatif.check_arguments(args)
-    gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
+    gpu = predict_options.card(args)
     policies = api.resolve_policies(args.policy)
     result = _predict(args, script, gpu, policies)
     if isinstance(result, int):
@@ -97,7 +97,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     from .. import workloads
     from ..predict import gpus
     from ..predict import options as predict_options_table
-    from . import predict_ranks
+    from . import predict_options, predict_ranks
     from . import predict_whatif as whatif
 
     p = sub.add_parser("predict", help="predict a script's or workload's GPU memory under every allocator "
@@ -109,6 +109,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", help=f"the card to fit (default {gpus.DEFAULT}); see the list above")
     where.add_argument("--capacity-gb", type=float, help="instead of --gpu: usable device memory in GiB")
+    predict_options.add_context_arguments(p)
     p.add_argument("--policy", "--policies", dest="policy", help="comma-separated policy names, 'all', or conf:<AMEM_CONF> (last); default: "
                    + ",".join(policies_mod.DEFAULT_COMPARE))
     p.add_argument("--workload", choices=list(workloads.WORKLOADS), help="a bundled workload instead of a script")

@@ -8,6 +8,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+def add_context_arguments(p: argparse.ArgumentParser) -> None:
+    """--context-mb and --calibration-file: what the process holds outside the caching allocator
+    (amem predict, amem fit)."""
+    p.add_argument("--context-mb", type=float, metavar="MIB",
+                   help="what the process holds outside torch's caching allocator (CUDA context and libraries), "
+                   "in MiB, as you measured it (nvidia-smi's figure for the process less "
+                   "torch.cuda.memory_reserved()); default: modelled from what the run used")
+    p.add_argument("--calibration-file", metavar="FILE",
+                   help="take that figure from amem doctor --calibrate's file for the card (default: "
+                   "$AMEM_CALIBRATION, else ~/.cache/amem_alloc/calibration.json, where it exists)")
+
+
+def card(args: argparse.Namespace) -> Any:
+    """The card the options name, with the context they give (predict/api.py resolve_gpu)."""
+    from ..predict import api
+
+    return api.resolve_gpu(args.gpu, args.capacity_gb, getattr(args, "context_mb", None),
+                           getattr(args, "calibration_file", None))
+
+
 def check(args: argparse.Namespace, workload: bool) -> None:
     """--size, --steps, --timeout within bounds and every output's folder present (ValueError: one line)."""
     if args.size < 1 or (args.steps is not None and args.steps < (1 if workload else 0)):

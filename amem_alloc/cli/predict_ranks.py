@@ -64,7 +64,7 @@ def predict_command(args: argparse.Namespace) -> int:
     predict_options.check(args, workload=False)
     if args.trace and "{rank}" not in args.trace and len(launch.chosen()) > 1:
         raise ValueError(f"--trace {args.trace}: put {{rank}} in the path for one file per rank")
-    gpu = api.resolve_gpu(args.gpu, args.capacity_gb)
+    gpu = predict_options.card(args)
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
     result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict,

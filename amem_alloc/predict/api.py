@@ -51,14 +51,21 @@ def engine() -> tuple[type, type]:
     return FakeCudaSession, DataDependentError
 
 
-def resolve_gpu(gpu: str | gpus_mod.Gpu | None = None, capacity_gb: float | None = None) -> gpus_mod.Gpu:
+def resolve_gpu(gpu: str | gpus_mod.Gpu | None = None, capacity_gb: float | None = None,
+                context_mb: float | None = None, calibration_file: Any = None) -> gpus_mod.Gpu:
+    """The card: by name (or a Gpu), or a device of `capacity_gb` GiB; with what the process holds
+    outside the caching allocator given (`context_mb`), or taken from a calibration file for that
+    card (`calibration_file`, else $AMEM_CALIBRATION, else amem doctor --calibrate's default place)."""
     if gpu is not None and capacity_gb is not None:
         raise ValueError("give a GPU name or a capacity, not both")
     if capacity_gb is not None:
-        return gpus_mod.custom(capacity_gb)
-    if isinstance(gpu, gpus_mod.Gpu):
-        return gpu
-    return gpus_mod.get(gpu or gpus_mod.DEFAULT)
+        card = gpus_mod.custom(capacity_gb)
+    elif isinstance(gpu, gpus_mod.Gpu):
+        card = gpu
+    else:
+        card = gpus_mod.get(gpu or gpus_mod.DEFAULT)
+    card = gpus_mod.with_context(card, context_mb)
+    return card if card.calibration is not None else gpus_mod.with_calibration(card, calibration_file)
 
 
 def resolve_policies(policies: Any = None) -> list[policies_mod.Policy]:
@@ -75,11 +82,12 @@ class predicting:  # noqa: N801 - used like a function in `with`
     (`.recording.ops` is the program so far, `.recorded` the whole run)."""
 
     def __init__(self, gpu: str | gpus_mod.Gpu | None = None, *, capacity_gb: float | None = None,
-                 policies: Any = None, live_policy: str = "torch", device_count: int = 1,
+                 context_mb: float | None = None, calibration_file: Any = None, policies: Any = None,
+                 live_policy: str = "torch", device_count: int = 1,
                  target: str = "code", session_factory: Callable[..., Any] | None = None,
                  shims: bool = True, analyse: bool = True, strict: bool = False,
                  shapes: str = options_mod.default("shapes")) -> None:
-        self.gpu = resolve_gpu(gpu, capacity_gb)
+        self.gpu = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
         self.policies = resolve_policies(policies)
         self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
         if isinstance(device_count, bool) or not isinstance(device_count, int) or device_count < 1:
@@ -144,7 +152,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
         if exc_type is None:
             notes = self.session.notes.as_list() if hasattr(self.session, "notes") else []
             self.recorded = self.recording.finish(self.target, notes, self.live_policy.conf,
-                                                  getattr(self.session, "autocast_keys", ()), seconds)
+                                                  getattr(self.session, "autocast_keys", ()), seconds,
+                                                  getattr(self.session, "libraries", None))
             self.recorded = repeat.extend(self.recorded, self.written_out)   # steps not run (script.py)
             if self._analyse:
                 self.result = analyse(self.recorded, self.gpu, self.policies)
@@ -152,7 +161,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
 
 
 def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None = None,
-            capacity_gb: float | None = None, policies: Any = None, live_policy: str = "torch",
+            capacity_gb: float | None = None, context_mb: float | None = None, calibration_file: Any = None,
+            policies: Any = None, live_policy: str = "torch",
             device_count: int = 1, session_factory: Callable[..., Any] | None = None, strict: bool = False,
             shapes: str = options_mod.default("shapes"), what_if: Any = None, blocks: str | None = None,
             **kwargs: Any) -> Prediction:
@@ -161,12 +171,15 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
     amem_alloc.format_prediction and amem_alloc.write_prediction_report).
     what_if: changes (whatif.NAMES, a list or 'a,b' or 'all'): fn runs again once per change, with the
     change applied by amem (blocks: the stack to checkpoint); the answers are in `.what_if`.
-    strict, shapes: options.py's table (shapes: 'expected' or 'upper', for sizes only values decide)."""
+    strict, shapes: options.py's table (shapes: 'expected' or 'upper', for sizes only values decide).
+    context_mb: what the process holds outside the caching allocator (CUDA context and libraries), in
+    MiB, as measured; calibration_file: amem doctor --calibrate's file to take it from instead."""
     if not callable(fn):
         raise for_the_script(TypeError(f"amem_alloc.predict takes a callable (the code to predict), got "
                                        f"{type(fn).__name__}"))
     name = getattr(fn, "__qualname__", None) or repr(fn)
-    with predicting(gpu, capacity_gb=capacity_gb, policies=policies, live_policy=live_policy,
+    card = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
+    with predicting(card, policies=policies, live_policy=live_policy,
                     device_count=device_count, target=name, session_factory=session_factory, strict=strict,
                     shapes=shapes) as run:
         fn(*args, **kwargs)

@@ -111,7 +111,8 @@ class FitResult:
     def to_dict(self) -> dict:
         g = self.gpu
         return {"arg": self.arg, "margin_bytes": self.margin, "margin": self.margin_text,
-                "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "usable_bytes": g.usable},
+                "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "usable_bytes": g.usable,
+                        "context_bytes": g.context, "context_source": g.context_source},
                 "policies": [p.to_dict() for p in self.policies],
                 "trials": [{"value": t.value, "seconds": round(t.seconds, 3), "failed": t.failed,
                             "fits": {r.policy: r.fits for r in t.prediction.rows} if t.prediction else None}
@@ -176,7 +177,9 @@ def search(predict_at: Callable[[int], Any], arg: str, gpu: Any, policies: list[
     _check_first(arg, first, policies, margin)
     top = _grow(trials, arg, lo, hi, policies)
     fits = [_bisect(trials, p, lo, top) for p in policies]
-    return FitResult(arg, gpu, fits, list(trials.done.values()), time.perf_counter() - started, margin, margin_text)
+    # the card as the first prediction judged it: its total less what that run holds outside the allocator
+    return FitResult(arg, first.prediction.gpu, fits, list(trials.done.values()), time.perf_counter() - started,
+                     margin, margin_text)
 
 
 def _check_first(arg: str, first: Trial, policies: list[str], margin: int = 0) -> None:
@@ -260,7 +263,7 @@ def margin_bytes(text: str | int | float, usable: int) -> tuple[int, str]:
 def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = None, policies: Any = None,
         lo: int = 1, hi: int | None = None, steps: int | None = None, timeout: float | None = None,
         progress: Callable[[str], None] | None = None, quiet: bool = True, margin: str | float = 0,
-        debug: bool = False) -> FitResult:
+        debug: bool = False, context_mb: float | None = None, calibration_file: Any = None) -> FitResult:
     """The largest value of `arg` that fits the card, per policy. target: a script's argv
     (["train.py", "--x", "1"]: the script runs with --arg set) or a callable taking the value
     (called as target(value) under prediction). steps/timeout: per trial, as amem predict's.
@@ -270,7 +273,7 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
     from . import script as script_mod
     from .whatif import trial
 
-    card = api.resolve_gpu(gpu, capacity_gb)
+    card = api.resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
     chosen = api.resolve_policies(policies)
     kept, kept_text = margin_bytes(margin, card.usable) if margin else (0, "none")
     steps = script_mod.DEFAULT_STEPS if steps is None else steps

@@ -14,6 +14,8 @@ table, and `finish` hands out a RecordedRun:
     infos     key -> AllocInfo: one table of what each allocation was
     markers   (ops before it, name)
     notes     what the run stood in for, estimated or did not model (notes.py)
+    libraries what it initialised (cuBLAS, cuDNN, NCCL) and whether it ran backward: what it
+              holds outside the caching allocator follows from them (context.py)
 
 The analysis (analysis/), a distributed job's per-rank comparison (distributed/), the what-ifs and
 torch.cuda's snapshot (shims/) all read this one object; nothing records the run a second time.
@@ -43,6 +45,7 @@ class RecordedRun:
     live_conf: str = ""                           # the policy torch.cuda's live answers used (the trace's)
     autocast_keys: frozenset = frozenset()        # storages autocast's casts made (the verdict shows them)
     seconds: float = 0.0                          # recording, wall time
+    libraries: dict = field(default_factory=dict)  # what it initialised: cuda, cublas, cudnn, backward, nccl (context.py)
 
     @property
     def program(self) -> replay.Program:
@@ -78,6 +81,6 @@ class RunRecorder:
         self.ops.append((_POOL_OPS[event], pool, 0, 0))
 
     def finish(self, target: str, notes: list[dict] | None = None, live_conf: str = "",
-               autocast_keys: Any = (), seconds: float = 0.0) -> RecordedRun:
+               autocast_keys: Any = (), seconds: float = 0.0, libraries: dict | None = None) -> RecordedRun:
         return RecordedRun(target, self.ops, self.infos, list(self.markers), list(notes or []), live_conf,
-                           frozenset(autocast_keys), seconds)
+                           frozenset(autocast_keys), seconds, dict(libraries or {}))

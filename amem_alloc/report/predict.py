@@ -17,6 +17,7 @@ from ..introspection import format_bytes
 from ..version import __version__
 from . import html as report_html
 from .data import report_data
+from .prediction_text import next_step_lines, note_line
 from .verdict import html_panel
 
 REPLAY_ORDER = ("Predicted run: the x axis counts the predicted program's allocator calls (each malloc and free, "
@@ -52,8 +53,6 @@ def render(prediction: dict, snapshot: dict, ranks: list[tuple[int, dict]] | Non
 
 
 def _next_step(prediction: dict) -> list[str]:
-    from .prediction_text import next_step_lines   # it imports note_line from here
-
     return next_step_lines(prediction)
 
 
@@ -108,8 +107,9 @@ def summary(p: dict) -> dict[str, str]:
     out = {"note": p["note"], "gpu": f"{g['name']} ({format_bytes(g['capacity_bytes'])}, usable "
                                      f"{format_bytes(g['usable_bytes'])})"}
     for r in p["policies"]:
+        total = f", device total {format_bytes(r['device_total'])}" if "device_total" in r else ""
         out[f"policy {r['policy']}"] = (f"peak allocated {format_bytes(r['peak_allocated'])}, peak reserved "
-                                        f"{format_bytes(r['peak_reserved'])}, min capacity "
+                                        f"{format_bytes(r['peak_reserved'])}{total}, min capacity "
                                         f"{format_bytes(r['min_capacity'])}, fits: {'yes' if r['fits'] else 'no'}")
     if p["at_peak_phase"]:
         out["at peak: phase"] = p["at_peak_phase"]
@@ -126,14 +126,6 @@ def summary(p: dict) -> dict[str, str]:
     for i, n in enumerate(p["notes"], 1):
         out[f"note {i}: {n['kind']}"] = note_line(n)
     return out
-
-
-def note_line(note: dict) -> str:
-    """One note (predict/notes.py's Note.as_dict()) in words: what, its bytes, where, how often.
-    The page and `amem predict`'s text say it the same way."""
-    times = f" x{note['count']}" if note["count"] > 1 else ""
-    size = f" ({format_bytes(note['bytes'])})" if note["bytes"] else ""
-    return f"{note['kind']}: {note['what']}{size} at {note['where']}{times}"
 
 
 # ============================================================================ the predicted run's trace, for reading

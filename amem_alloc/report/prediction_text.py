@@ -11,7 +11,6 @@ from typing import Any
 
 from ..introspection import format_bytes
 from ..replay.evaluation import align, format_table, signed_bytes
-from .predict import note_line
 from .what_if_cost import cost_text
 from .verdict import text_lines as verdict_lines
 
@@ -28,6 +27,14 @@ def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "-"
 
 
+def note_line(note: dict) -> str:
+    """One note (predict/notes.py's Note.as_dict()) in words: what, its bytes, where, how often.
+    The page and `amem predict`'s text say it the same way."""
+    times = f" x{note['count']}" if note["count"] > 1 else ""
+    size = f" ({format_bytes(note['bytes'])})" if note["bytes"] else ""
+    return f"{note['kind']}: {note['what']}{size} at {note['where']}{times}"
+
+
 # ============================================================================ one process
 def format_prediction(prediction: Any, top: int = 8, written: list | tuple = ()) -> str:
     """The text of one prediction (a Prediction, or its JSON). It ends with the answer: the verdict
@@ -39,7 +46,8 @@ def format_prediction(prediction: Any, top: int = 8, written: list | tuple = ())
     lines += _at_peak(d, top)
     lines += _markers_text(d.get("at_markers") or [], top)
     lines += ["", "needs: the smallest usable memory the run fits in (torch empties its cache and retries before "
-                  f"it fails); spare: usable less that. Card figures: {d['gpu']['memory_source']}."]
+                  "it fails); spare: usable memory (the card's total less what the process holds outside the "
+                  f"caching allocator) less that. Card figures: {d['gpu']['memory_source']}."]
     lines += _notes_text(d.get("notes") or [])
     lines += format_what_if(d)
     if written:
@@ -51,7 +59,7 @@ def format_prediction(prediction: Any, top: int = 8, written: list | tuple = ())
 
 def _heading(d: dict) -> list[str]:
     g = d["gpu"]
-    ctx = f"context ~{format_bytes(g['context_bytes'])} ({g['context_source']})" if g["context_bytes"] else \
+    ctx = f"{format_bytes(g['context_bytes'])} outside the caching allocator" if g["context_bytes"] else \
         "no context taken"
     lines = [f"amem predict: {d['target']} on {g['name']} ({format_bytes(g['capacity_bytes'])}; {ctx}; "
              f"usable {format_bytes(g['usable_bytes'])})", d["note"], ""]
@@ -246,9 +254,11 @@ def format_fit(fit: Any, written: list | tuple = ()) -> str:
     """amem fit's answer (a FitResult, or its JSON): it ends with one line per policy."""
     d = _data(fit)
     g = d["gpu"]
-    margin = d.get("margin_bytes") or 0
+    held, margin = g.get("context_bytes") or 0, d.get("margin_bytes") or 0
+    outside = f": its {format_bytes(g['capacity_bytes'])} less {format_bytes(held)} outside the allocator" if held else ""
     lines = ([f"wrote {', '.join(str(p) for p in written)}", ""] if written else [])
     lines += [f"amem fit: the largest --{d['arg']} that fits {g['name']} (usable {format_bytes(g['usable_bytes'])}"
+              + outside
               + (f", keeping a margin of {d['margin']} free (--margin)" if margin else ", with no margin (--margin 0)")
               + f"), {len(d['trials'])} predictions in {d['seconds']:.1f} s:"]
     lines += ["  " + _fit_line(d["arg"], p, margin) for p in d["policies"]]

@@ -9,7 +9,11 @@ answers.py's to_json); nothing here reads a prediction object. Which categories 
 amem_alloc/categories.py's (predict/analysis/verdict.py sums them); each group's colour and its
 letter in the text bar are here (STYLE). The bars are inline SVG (no script needed, so the panel
 reads the same in a browser and in a test); `text_lines` is the verdict as text, the last lines of
-`amem predict`'s output (report/prediction_text.py adds the next step after them).
+`amem predict`'s output (report/prediction_text.py adds the next step after them). Above the
+policies' lines (and under the bars in the panel), both say what the device total is made of
+beyond the policy's peak reserved: what the process holds outside the caching allocator (the
+verdict's "outside_allocator": predict/context.py's lines), each with its label (measured,
+documented, estimated, given) and source.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ STYLE = {"parameters": ("#4e79a7", "P"), "gradients": ("#f28e2b", "G"), "optimiz
          "workspaces": ("#b07aa1", "W"), "cached but free": ("#bab0ac", ".")}
 GROUPS = tuple((label, STYLE[label][0], cats, STYLE[label][1]) for label, cats in categories.GROUPS)
 BAR_WIDTH = 600     # px of the usable memory in the panel
+WHOLE_CARD = ("nvidia-smi lists this device total for the process; its memory.used for the whole card adds the "
+              "driver's own reserve, which torch's total leaves out too (618 MiB on an H200 with driver 580)")
 
 
 # ============================================================================ HTML
@@ -64,11 +70,27 @@ def html_panel(v: dict, what_if: dict | None = None, next_step: list[str] = ()) 
             f'{answer(v, next_step)}<table class="verdict"><tr><th>policy</th><th>peak reserved against usable (the black line)</th>'
             f'<th>peak reserved</th><th></th></tr>{"".join(rows)}</table><p class="legend">{legend}</p>'
             f'<p class="note">Parts as live at the peak of allocated memory; cached but free is the policy\'s peak '
-            f'reserved less that. Autocast copies: the casts autocast made.</p>{_what_if_table(what_if or {})}</section>'
+            f'reserved less that. Autocast copies: the casts autocast made.</p>{_outside_table(v.get("outside_allocator"))}'
+            f'{_what_if_table(what_if or {})}</section>'
             '<style>#verdict .key{margin-right:1em}#verdict .key i{display:inline-block;width:.8em;height:.8em;'
             'margin-right:.3em}#verdict tr.nofit .says{color:#b00;font-weight:bold}#verdict td{padding:2px 6px}'
             '#verdict ul.answer{font-size:16px;list-style:none;padding:0;margin:6px 0}#verdict li.fits{color:#276749}'
             '#verdict li.nofit{color:#b00;font-weight:600}#verdict .next-step{font-weight:600}</style>')
+
+
+def _outside_table(o: dict | None) -> str:
+    """The device total's parts beyond the peak reserved: what the process holds outside the allocator."""
+    if not o:
+        return ""
+    rows = "".join(f'<tr class="outside-part"><td>{esc(p["part"])}</td><td>{esc(format_bytes(p["bytes"]))}</td>'
+                   f'<td>{esc(p["label"])}</td><td>{esc(p["source"])}</td></tr>' for p in o["parts"])
+    rows += (f'<tr class="outside-total"><th>outside the caching allocator</th><th>{esc(format_bytes(o["bytes"]))}'
+             f' ± {esc(format_bytes(o["uncertainty"]))}</th><th>{esc(o["label"])}</th><th>{esc(o["basis"])}</th></tr>')
+    missing = "".join(f"<li>{esc(n)}</li>" for n in o.get("not_counted") or [])
+    return ('<h3>Device total: each policy\'s peak reserved plus what the process holds outside the caching '
+            f'allocator</h3><table class="outside"><tr><th>part</th><th>bytes</th><th>figure</th><th>source</th></tr>'
+            f'{rows}</table>' + (f"<p>Not counted:</p><ul>{missing}</ul>" if missing else "")
+            + f'<p class="note">{esc(WHOLE_CARD)}.</p>')
 
 
 def _what_if_table(what_if: dict) -> str:
@@ -113,11 +135,27 @@ def text_lines(v: dict) -> list[str]:
     legend = ", ".join(f"{letter} {label}" for label, _, _, letter in GROUPS)
     lines = [f"Verdict for {v['card']} (usable {format_bytes(v['usable_bytes'])}; '|' marks it):",
              f"  ({legend}; parts as live at the peak of allocated memory)"]
+    lines += outside_lines(v.get("outside_allocator"))
     if any(r.get("borderline") for r in v["policies"]):
-        lines.append(f"  (borderline: {v['uncertainty']} (~{format_bytes(v['uncertainty_bytes'])}); --capacity-gb "
-                     "with your card's free memory judges exactly)")
+        lines.append(f"  (borderline: within the device total's uncertainty: {v['uncertainty']}; --context-mb with "
+                     "what your process holds outside the allocator, or amem doctor --calibrate on the card, narrows it)")
     width = max(len(r["policy"]) for r in v["policies"]) if v["policies"] else 0
     top = max([v["usable_bytes"]] + [sum(r["parts"].values()) for r in v["policies"]])  # one scale for every bar
     for r in v["policies"]:
         lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'], top)}] {r['says']}")
     return lines
+
+
+def outside_lines(o: dict | None) -> list[str]:
+    """The device total's breakdown beyond the peak reserved, as text (none where nothing is held
+    outside the allocator: --capacity-gb's device, or --context-mb 0)."""
+    if not o or not o["bytes"]:
+        return []
+    body = [[p["part"], format_bytes(p["bytes"]), p["label"], p["source"]] for p in o["parts"]]
+    body.append(["outside the caching allocator", format_bytes(o["bytes"]), f"± {format_bytes(o['uncertainty'])}", ""])
+    width = [max(len(row[i]) for row in body) for i in range(3)]
+    lines = ["  Device total = the policy's peak reserved + what the process holds outside the caching allocator:"]
+    lines += [f"    {a.ljust(width[0])}  {b.rjust(width[1])}  {c.ljust(width[2])}  {d}".rstrip() for a, b, c, d in body]
+    lines.append(f"    figures: {o['basis']}")
+    lines += [f"    not counted: {n}" for n in o.get("not_counted") or []]
+    return lines + [f"    {WHOLE_CARD}"]

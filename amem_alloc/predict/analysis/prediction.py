@@ -15,7 +15,10 @@ backend:
   request first frees the cache and retries, as torch does, so it can be below the unlimited peak
   reserved), fits (min_capacity <= the card's usable memory: total less the CUDA context, gpus.py)
   and headroom = usable - peak reserved (negative while it fits: the run survives by emptying its
-  cache when a cudaMalloc fails, which costs time);
+  cache when a cudaMalloc fails, which costs time). The usable memory is the card's total less what
+  the process holds outside the caching allocator for what this run used (context.py: the CUDA
+  context, cuBLAS, cuDNN, NCCL, line by line), so fits and headroom are taken on the device total:
+  peak reserved plus that part, what nvidia-smi lists for the process (`outside`; verdict.py);
 * at_peak: the storages live when allocated bytes (each request rounded to torch's 512 B)
   were highest, summed by the engine's category, module, and op / autograd node;
 * the trace: the program re-run on a fresh core with its event ring on (replay/traced.py), in
@@ -24,6 +27,7 @@ backend:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -36,6 +40,7 @@ from ... import replay
 from ...code_files import display_path
 from ...replay.evaluation import PolicyRow, evaluate
 from ...replay.traced import describe_infos, event_ops, traced_snapshot
+from .. import context as context_mod
 from ..gpus import Gpu
 from ..notes import displayed
 from ..run import NOTE, RecordedRun
@@ -59,6 +64,7 @@ class Prediction:
     what_if_json: dict = field(default_factory=dict)   # their JSON (whatif/run.py sets both)
     over_run: OverRun | None = None     # each category's largest total, and the live bytes at each marker
     script_folder: str | None = None    # the predicted script's folder: its files are shown relative to it
+    outside: context_mod.Outside | None = None   # held outside the caching allocator, line by line (context.py)
 
     # what was recorded, as the analysis and its readers name it
     @property
@@ -96,12 +102,15 @@ class Prediction:
         g = self.gpu
         allocs = self.run.allocations
         spans = phases.spans(self.ops, self.infos)
+        held = g.context
         return {
             "predicted": True, "note": NOTE, "target": self.target,
             "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
                     "usable_bytes": g.usable, "capability": list(g.capability),
                     "memory_source": g.memory_source, "context_source": g.context_source},
-            "policies": [_row_json(r) for r in self.rows],
+            "device_total": self.outside.to_dict() if self.outside is not None else None,
+            "libraries": dict(self.run.libraries),
+            "policies": [dict(_row_json(r), device_total=r.peak_reserved + held) for r in self.rows],
             "at_peak": self.at_peak.categories,
             "at_peak_allocated": self.at_peak.allocated,
             "at_peak_op": self.at_peak.op,
@@ -149,11 +158,14 @@ def _row_json(row: PolicyRow) -> dict:
 def analyse(run: RecordedRun, gpu: Gpu, policies: Iterable[policies_mod.Policy]) -> Prediction:
     """The answer for a recorded run on `gpu` under each policy: data only, nothing printed."""
     started = time.perf_counter()
+    outside = context_mod.for_run(gpu, run.libraries)
+    gpu = dataclasses.replace(gpu, context=outside.total, context_source=outside.basis,
+                              context_uncertainty=outside.uncertainty)
     rows = evaluate(run.program, policies, gpu.usable, search_min_capacity=True, max_samples=0)
     base = script_folder(run.target)
     peak, over = figures(run.ops, run.infos, list(run.markers), base=base)
     return Prediction(run, gpu, rows, peak, {"recording": run.seconds, "analysis": time.perf_counter() - started},
-                      shown_notes(run.notes, base), over_run=over, script_folder=base)
+                      shown_notes(run.notes, base), over_run=over, script_folder=base, outside=outside)
 
 
 OP_COLUMN = "op"   # amem's extra column in a predicted trace: the program's op that made each event

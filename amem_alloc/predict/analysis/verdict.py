@@ -15,10 +15,16 @@ the Tracer says.
 One figure answers "how much does it need": `needs`, the smallest usable memory the run fits in
 (the min capacity: torch empties its cache and retries before it fails); `spare` is usable less
 that, negative when it does not fit. The table, the verdict and amem fit say the same figure.
-Within the uncertainty of the card's usable memory (the context estimate, predict/gpus.py) a
-verdict is `borderline` and says so. When a policy does not fit, `next_step` says what to do:
-the cheapest what-if that makes it fit (when the what-ifs ran), a policy that fits, or how to
-find out (what-ifs, amem fit).
+
+The device total is what nvidia-smi lists for the process: the policy's peak reserved memory plus
+what the process holds outside the caching allocator (the CUDA context and the libraries, line by
+line: predict/context.py). The verdict is taken on it: usable memory is the card's total memory
+(torch's `total_memory`) less that part, so a policy fits when its smallest capacity plus that
+part is within the card's total, and `spare` is the card's total less that sum. A fit or a miss
+within the device total's uncertainty (that part's own, plus ALLOCATOR_SHARE of the peak reserved
+for the allocator's replay) is `borderline` and says so. When a policy does not fit, `next_step`
+says what to do: the cheapest what-if that makes it fit (when the what-ifs ran), a policy that
+fits, or how to find out (what-ifs, amem fit).
 
 `verdict(p)` is the data (the JSON's "verdict", from which report/verdict.py draws the panel that
 opens the predict report and the lines that end `amem predict`'s text).
@@ -30,6 +36,10 @@ from typing import Any
 from ...categories import GROUPS, group_of
 from ...introspection import format_bytes
 from ...policies import Policy
+
+# The allocator's share of the uncertainty: 2% of the peak reserved, the target the predicted
+# device totals were held to on the H200 (benchmarks/RESULTS.md, "On a GPU: NVIDIA H200")
+ALLOCATOR_SHARE = 0.02
 
 
 def parts_at_peak(p: Any) -> dict[str, int]:
@@ -47,41 +57,65 @@ def parts_at_peak(p: Any) -> dict[str, int]:
 
 def verdict(p: Any) -> dict:
     """The verdict of an outcome.Prediction, JSON-able: per policy, fits, by how much (one "needs"
-    figure: the smallest usable memory it runs in), whether that is within the uncertainty of the
-    card's figures, its parts; and the next step when a policy does not fit."""
+    figure: the smallest usable memory it runs in), its device total and whether the answer is
+    within that total's uncertainty, its parts; and the next step when a policy does not fit."""
     g = p.gpu
+    outside = getattr(p, "outside", None)
+    held, spread = (outside.total, outside.uncertainty) if outside is not None else (g.context, 0)
     parts = parts_at_peak(p)
-    uncertainty = g.context_uncertainty
     rows = []
     for r in p.rows:
         split = dict(parts)
         split["cached but free"] = max(0, r.peak_reserved - p.at_peak.allocated)
         spare = g.usable - r.min_capacity
+        total = DeviceTotal(r.peak_reserved + held, r.min_capacity + held, g.total_memory,
+                            spread + int(ALLOCATOR_SHARE * r.peak_reserved))
         rows.append({"policy": r.policy, "fits": r.fits, "peak_reserved": r.peak_reserved,
                      "min_capacity": r.min_capacity, "needs": r.min_capacity, "spare": spare,
-                     "headroom": r.headroom, "short_by": max(0, -spare), "borderline": abs(spare) < uncertainty,
-                     "parts": split, "says": says(r, g.usable, uncertainty)})
+                     "headroom": r.headroom, "short_by": max(0, -spare),
+                     "device_total": total.at_peak, "device_total_needed": total.needed,
+                     "uncertainty": total.uncertainty, "borderline": total.borderline,
+                     "parts": split, "says": says(r, g.usable, total.uncertainty, total if held else None)})
     return {"card": g.name, "usable_bytes": g.usable, "capacity_bytes": g.total_memory, "policies": rows,
-            "uncertainty_bytes": uncertainty, "uncertainty": UNCERTAINTY if uncertainty else None,
+            "outside_allocator": outside.to_dict() if outside is not None else None,
+            "uncertainty_bytes": spread, "uncertainty": uncertainty_reason(spread),
             "next_step": next_step(p, rows),
             "parts_measured_at": "the peak of allocated memory (cached but free: peak reserved less that)"}
 
 
-# Why a verdict within the context estimate is borderline (predict/gpus.py: context_uncertainty).
-UNCERTAINTY = ("usable memory is the card's total less an estimate of what the CUDA context and libraries "
-               "hold, not measured on your card")
+class DeviceTotal:
+    """One policy's device total: at its peak, what it needs at least (its smallest capacity plus
+    what the process holds outside the allocator), against the card's total, and how sure."""
+
+    def __init__(self, at_peak: int, needed: int, card: int, uncertainty: int) -> None:
+        self.at_peak, self.needed, self.card, self.uncertainty = at_peak, needed, card, uncertainty
+
+    @property
+    def borderline(self) -> bool:
+        return abs(self.card - self.needed) <= self.uncertainty
 
 
-def says(r: Any, usable: int, uncertainty: int = 0) -> str:
-    """The verdict of one policy in words: fits or not, and by how much, from the one "needs" figure."""
+def uncertainty_reason(outside: int) -> str:
+    """Why a verdict within the device total's uncertainty is borderline (the text's line above the bars)."""
+    held = (f"what the process holds outside the caching allocator is modelled, ±{format_bytes(outside)}, "
+            "not measured on your card; ") if outside else ""
+    return held + f"the allocator's replay is held to {ALLOCATOR_SHARE:.0%} of the peak reserved"
+
+
+def says(r: Any, usable: int, uncertainty: int = 0, total: DeviceTotal | None = None) -> str:
+    """The verdict of one policy in words: fits or not, and by how much, from the one "needs" figure;
+    with its device total (given where the process holds anything outside the allocator, else it is
+    the peak reserved), that too; "borderline" where the spare is within `uncertainty`."""
     spare = usable - r.min_capacity
-    near = f" (borderline: within the ~{format_bytes(uncertainty)} context estimate)" if abs(spare) < uncertainty else ""
+    near = f" (borderline: within the ±{format_bytes(uncertainty)} uncertainty)" if abs(spare) <= uncertainty else ""
+    tail = (f"; device total {format_bytes(total.at_peak)} of {format_bytes(total.card)}" if total is not None
+            else "") + near
     if not r.fits:
-        return f"does not fit: needs {format_bytes(r.min_capacity)}, {format_bytes(-spare)} more than usable{near}"
+        return f"does not fit: needs {format_bytes(r.min_capacity)}, {format_bytes(-spare)} more than usable{tail}"
     if r.headroom < 0:
         return (f"fits only by emptying its cache when a cudaMalloc fails: needs {format_bytes(r.min_capacity)}, "
-                f"{format_bytes(spare)} to spare; peak reserved {format_bytes(r.peak_reserved)}{near}")
-    return f"fits: needs {format_bytes(r.min_capacity)}, {format_bytes(spare)} to spare{near}"
+                f"{format_bytes(spare)} to spare; peak reserved {format_bytes(r.peak_reserved)}{tail}")
+    return f"fits: needs {format_bytes(r.min_capacity)}, {format_bytes(spare)} to spare{tail}"
 
 
 # ============================================================================ the next step

@@ -158,7 +158,9 @@ def _distributed_caches() -> list:
     loaded = sum(1 for name in list(sys.modules) if name.startswith("torch.distributed"))
     if loaded != _CACHES["modules"]:
         _CACHES["modules"] = loaded
-        _CACHES["found"] = [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)
+        # type(), not isinstance(): isinstance asks a weakref.proxy for __class__, which raises
+        # ReferenceError once its object is gone (one was among gc's objects after a test's rank)
+        _CACHES["found"] = [o for o in gc.get_objects() if type(o) is functools._lru_cache_wrapper
                             and str(getattr(getattr(o, "__wrapped__", None), "__module__", "")).startswith("torch.distributed")]
     return _CACHES["found"]
 

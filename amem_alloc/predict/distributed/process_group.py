@@ -68,6 +68,17 @@ def _refusing_cpu_offload(init: Any) -> Any:
     return __init__
 
 
+def nccl_groups(backend: Any) -> int:
+    """How many NCCL communicators the rank's process groups would have made: one per group (the
+    default one, new_group's, a DeviceMesh's dimensions), when the script's backend is NCCL (None:
+    torch's default for CUDA tensors)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if backend is not None and "nccl" not in str(backend).lower():
+        return 0
+    return len(getattr(c10d._world, "pg_map", {}) or {})
+
+
 class FakeWorld:
     """Context manager: the rank's process groups are torch's fake process group."""
 
@@ -91,7 +102,8 @@ class FakeWorld:
 
             if backend not in (None, FAKE):
                 notes.record(notes.NOT_MODELLED, f"init_process_group({backend!r}): torch's fake process group "
-                             "(no communication; NCCL's own buffers outside the caching allocator not counted)")
+                             "(no communication; NCCL's memory outside the caching allocator is in the device "
+                             "total's breakdown, its buffers per peer are not)")
             kwargs.pop("device_id", None)   # binds a real CUDA device (eager NCCL init): nothing to bind
             world.backend = backend
             if timeout is not None:
@@ -113,11 +125,21 @@ class FakeWorld:
                            _refusing_cpu_offload(FullyShardedDataParallel.__init__))
         return self
 
+    def _count_nccl_groups(self) -> None:
+        """The session hears how many communicators NCCL would hold (predict/context.py)."""
+        from .. import state
+
+        st = state.current()
+        groups = nccl_groups(self.backend)
+        if st is not None and groups and hasattr(st.session, "uses"):
+            st.session.uses("nccl", groups)
+
     def __exit__(self, *exc: Any) -> None:
         import torch.distributed as dist
 
         try:
             if dist.is_initialized():
+                self._count_nccl_groups()
                 dist.destroy_process_group()
         finally:
             self.patches.close()

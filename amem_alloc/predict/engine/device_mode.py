@@ -16,6 +16,7 @@ from .. import notes as notes_mod
 from .. import rules
 from . import autocast as autocast_rules
 from . import known as known_mod
+from . import legacy_types
 from . import values
 from .devices import META, Implicit, OnDevice, cuda_index, device_type, leaves, spoofing, wrapper_subclass
 from .storages import Storages
@@ -71,7 +72,8 @@ class DeviceMode(TorchFunctionMode):
                         torch.Tensor.is_meta: lambda t: self._type(t) == "meta"}
         # Tensor methods a fake tensor answers as a CUDA tensor does (func -> handler(func, args, kwargs))
         self.methods = {torch.Tensor.data_ptr: self._data_ptr, torch.Tensor.get_device: self._get_device,
-                        torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to}
+                        torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to,
+                        torch.Tensor.type: self._legacy_type}
 
     def _type(self, t: torch.Tensor) -> str:
         kind = self.storages.device_of(t)
@@ -159,9 +161,40 @@ class DeviceMode(TorchFunctionMode):
                 seen = seen or kind
         return seen
 
+    def _legacy_type(self, func, args, kwargs):
+        """Tensor.type(): the legacy type's name ("torch.cuda.FloatTensor" for a fake CUDA tensor);
+        Tensor.type(T) with a legacy type (legacy_types.py): the tensor itself where it is of that
+        type already, else a copy to its device and dtype, as torch's C++ makes it."""
+        t, wanted = args[0], (args[1] if len(args) > 1 else kwargs.get("dtype"))
+        fake = t.device.type == "meta" and not wrapper_subclass(type(t))
+        if wanted is None:
+            return (legacy_types.name_of(self._type(t), t.dtype) or func(*args, **kwargs)) if fake else func(*args, **kwargs)
+        found = legacy_types.target(wanted)
+        if found is None or (not fake and found[0] == "cpu"):
+            return func(*args, **kwargs)
+        device, dtype = found
+        if self._type(t) == device and t.dtype == dtype:
+            return t
+        blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        return self._to(torch.Tensor.to, (t,), {"device": device, "dtype": dtype, "non_blocking": blocking})
+
+    def _default_device(self) -> str:
+        """Where a factory with no device puts its tensor: CUDA after set_default_tensor_type with a
+        CUDA type, or under set_default_device("cuda") / `with torch.device("cuda")` (torch keeps
+        their DeviceContext at the bottom of the mode stack, below this mode), else the CPU."""
+        if self.session.default_cuda():
+            return "cuda"
+        from torch.overrides import _get_current_function_mode_stack
+        from torch.utils._device import DeviceContext
+
+        for mode in reversed(_get_current_function_mode_stack()):
+            if isinstance(mode, DeviceContext):
+                return "cuda" if mode.device.type == "cuda" else "cpu"
+        return "cpu"
+
     def _factory(self, func, args, kwargs):
         name = getattr(func, "__name__", "factory")
-        device = device_type(kwargs.get("device")) or ("cuda" if self.session.default_cuda() else "cpu")
+        device = device_type(kwargs.get("device")) or self._default_device()
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":
             notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")

@@ -98,6 +98,8 @@ class Recorder(TorchDispatchMode):
             args_leaves = leaves(args, kwargs)
         device = self._device(func, args_leaves, asked=kwargs.get("device") == META)
         temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
+        if device == "cuda" and "cudnn" in func.__name__:   # cudnn_batch_norm, cuDNN attention: cuDNN starts
+            self.session.uses("cudnn")
         if _decomposes(func):   # with autograd off, composite ops reach the mode whole:
             with self:          # open them as CUDA would, so their inner allocations show
                 out = func.decompose(*args, **kwargs)

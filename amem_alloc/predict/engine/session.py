@@ -124,6 +124,8 @@ class FakeCudaSession:
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
+        self.libraries: dict[str, int] = {}   # what the run initialised: cuda, cublas, cudnn, backward, nccl (context.py)
+        self.cudnn_searched: set = set()   # convolution configurations cudnn.benchmark searched (rules/convolution.py)
 
     # ------------------------------------------------------------------ interface
     def add_listener(self, listener: AllocationListener) -> None:
@@ -210,6 +212,11 @@ class FakeCudaSession:
         return self.state.autocast_keys
 
     # ------------------------------------------------------------------ recording
+    def uses(self, library: str, count: int = 1) -> None:
+        """The run initialised `library` (cublas, cudnn, nccl: `count` communicators) or did
+        `backward`: what it holds outside the caching allocator follows (predict/context.py)."""
+        self.libraries[library] = max(self.libraries.get(library, 0), count)
+
     def shape_rule(self) -> str | None:
         """The rule data-dependent sizes take (options.py's `shapes`); None under strict, where
         nothing is assumed and the first size from values stops the prediction."""
@@ -234,6 +241,10 @@ class FakeCudaSession:
         if children.in_child():
             raise children.cuda_in_child()
         phase = self.phase()
+        if "cuda" not in self.libraries or (phase == "backward" and "backward" not in self.libraries):
+            self.uses("cuda")
+            if phase == "backward":
+                self.uses("backward")
         if phase == "backward" and not self._in_backward:
             self.know.backward_starts.append(next_seq())
         self._in_backward = phase == "backward"
@@ -261,6 +272,7 @@ class FakeCudaSession:
         backward runs on the autograd engine's device thread, so it gets a workspace of its own."""
         where = ("autograd" if torch._C._current_graph_task_id() != -1 else "main", self.stream())
         if where not in self._workspaces:
+            self.uses("cublas")
             self._workspaces[where] = self.storages.alloc_extra(
                 cuda_rules.cublas_workspace_bytes(self.capability), "cublas_workspace")
 

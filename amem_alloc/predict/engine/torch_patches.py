@@ -21,7 +21,11 @@ The changes, and why:
 * `torch.autograd._engine_run_backward`: backward's hooks and checkpoint recomputation run with the
   device mode pushed again (a torch function mode is popped while it handles backward());
 * `_push_saved_tensors_default_hooks`: saved-tensor unpack hooks see tensors as their pack hooks
-  did (meta), as checkpoint's device check needs.
+  did (meta), as checkpoint's device check needs;
+* `torch.cuda.FloatTensor` and the nine other legacy CUDA types, and `torch.set_default_tensor_type`:
+  the legacy typed-tensor API makes fake CUDA tensors (legacy_types.py) where torch's C++ would
+  initialise CUDA. The default dtype and default device a script sets (`set_default_tensor_type`,
+  `set_default_device("cuda")`, which DeviceMode follows) are put back when the session ends.
 """
 from __future__ import annotations
 
@@ -33,10 +37,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ...patching import PatchSet, declare
+from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
 from . import compiled as compiled_mod
+from . import legacy_types
 from .device_mode import DeviceMode
 from .values import is_fake
 
@@ -63,6 +68,11 @@ GROUP_BY_DEVICE = declare("torch._C", "_group_tensors_by_device_and_dtype",
                           "torch's C++ grouping files fake tensors under the device they claim (cuda), not meta: "
                           "foreach and fused paths (clip_grad_norm_(foreach=True), optimizers) take CUDA's branch")
 
+LEGACY_TYPES = declare_many("torch.cuda", legacy_types.NAMES,
+                            "the legacy CUDA tensor types make and recognise fake CUDA tensors (legacy_types.py)")
+DEFAULT_TENSOR_TYPE = declare("torch", "set_default_tensor_type",
+                              "a CUDA type makes factories without a device allocate on (fake) CUDA")
+
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 _EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
 COMPILED_FUNCTION_NOTE = ("torch.compile of a function: runs as eager (only compiled modules are traced by "
@@ -80,6 +90,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _storages(session, patches)
     _backward(session, patches)
     _grouping(session, patches)
+    _legacy_types(session, patches)
 
 
 # ============================================================================ autocast
@@ -310,3 +321,30 @@ def _claimed(session: Any, t) -> torch.device:
 
         return torch.device("cuda", cuda_index())
     return torch.device(kind) if kind in ("cpu", "meta") else torch.device("meta")
+
+
+# ============================================================================ the legacy typed-tensor API
+def _legacy_types(session: Any, patches: PatchSet) -> None:
+    """torch.cuda's legacy types as stand-ins, set_default_tensor_type with a CUDA type, and the
+    defaults a script sets put back at the end (see the note)."""
+    for name in legacy_types.NAMES:
+        patches.apply(LEGACY_TYPES[name], torch.cuda, name, legacy_types.stand_in(name))
+    orig = torch.set_default_tensor_type
+
+    def set_default_tensor_type(t, /):
+        found = legacy_types.target(t)
+        session._default_cuda = found is not None and found[0] == "cuda"
+        return orig(legacy_types.name_of("cpu", found[1]) if session._default_cuda else t)
+    patches.apply(DEFAULT_TENSOR_TYPE, torch, "set_default_tensor_type", set_default_tensor_type)
+    dtype, device = torch.get_default_dtype(), _default_device_context()
+
+    def restore() -> None:
+        torch.set_default_dtype(dtype)
+        if _default_device_context() is not device:
+            torch.set_default_device(device.device if device is not None else None)
+    patches.callback(restore)
+
+
+def _default_device_context() -> Any:
+    """The DeviceContext torch.set_default_device installed (torch/__init__.py), or None."""
+    return getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)

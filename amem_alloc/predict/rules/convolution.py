@@ -23,6 +23,26 @@ copies grad_output when it is not contiguous in the input's suggested memory for
 (`cudnn_convolution_backward`). The backward-data workspace is freed before grad_weight is
 allocated on CUDA; here it is freed before the op's outputs are recorded (see scratch.py).
 
+With `torch.backends.cudnn.benchmark = True` (Conv_v8.cpp `run_single_conv`, and Conv_v7.cpp the
+same way), the first call of each configuration (direction, shapes, dtype, layout, strides,
+padding, dilation, groups, determinism, TF32; cached per thread, so backward's, made on the
+autograd thread, are its own) searches: `generate_and_filter_plans` asks cuDNN for every candidate
+plan, keeps those whose workspace fits the largest block the allocator could give
+(`CUDACachingAllocator::cacheInfo`: the device's free memory or the largest cached block),
+allocates the largest of their workspaces through the caching allocator (halving on OOM, and
+dropping the plans that then do not fit), times the plans in it and frees it; then, by torch's
+default (`_cudnn_get_conv_benchmark_empty_cache`, true), `emptyCache()` releases every free cached
+segment; then the chosen plan runs with its own workspace. Modelled here: the search's workspace,
+freed at once, and the release of the cache (exact: the program gets a release there). The
+candidates' sizes are cuDNN's own, so the workspace is an estimate: SEARCH_FACTOR times the
+convolution's tensors (x + y + w, in its dtype). On an H200 (torch 2.11, cuDNN 9) the 23 forward
+searches of ResNet-50 (batch 32, fp16 autocast; the real snapshot kept in
+benchmarks/gpu_runs/h200-2026-11-27) took 0.97 to 2.95 times that, 171.6 MiB at most (the first
+convolution): 3 bounds them; the backward searches, not matched one to one, took 11 to 90 MiB. The
+search takes at most what is free and shrinks to fit, so it cannot make a run fail that fits
+without it; it raises what nvidia-smi shows while it runs, which the device total's peak includes
+(and the smallest capacity counts it, which over-states a run whose search comes at its peak).
+
 Memory format: cuDNN computes in, and returns its outputs in, `cudnn_conv_suggest_memory_format
 (input, weight)`: channels-last when either the input or the weight is (ConvUtils.h), asked of
 torch itself (`torch._C._conv_determine_backend_memory_format`). The meta kernel of `convolution`
@@ -41,6 +61,9 @@ from .scratch import Scratch, nbytes
 
 _HALF = (torch.float16, torch.bfloat16)
 _WHY = "estimated: NCHW tensors transposed to NHWC for tensor-core engines; cuDNN's choice is unknown"
+SEARCH_FACTOR = 3
+_SEARCH_WHY = (f"estimated: the largest candidate plan's workspace, taken as {SEARCH_FACTOR}x the convolution's "
+               "tensors; it takes at most what is free, so it raises the device total's peak but cannot fail the run")
 
 
 @rule(Stage.KERNEL, aten_op("convolution"), source="aten/src/ATen/native/cudnn/Conv_v8.cpp")
@@ -49,10 +72,13 @@ def forward(args, kwargs, s: Scratch, session) -> None:
     stride, padding, dilation, transposed, output_padding, groups = (_arg(args, kwargs, i, n) for i, n in _FWD)
     if not _cudnn(x, w, groups, transposed):
         return
+    session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
     _copies(s, fmt, x, w)
     y = out_shape(x.shape, w.shape, stride, padding, dilation, transposed, output_padding, groups)
-    s.estimate(workspace(x, fmt, (x.shape, y, w.shape), session), "cuDNN convolution workspace, forward", _WHY)
+    shapes = (x.shape, y, w.shape)
+    _search(s, session, ("forward", shapes, stride, padding, dilation, groups, x.dtype, fmt), x, shapes)
+    s.estimate(workspace(x, fmt, shapes, session), "cuDNN convolution workspace, forward", _WHY)
 
 
 @rule(Stage.KERNEL, aten_op("convolution_backward"), source="aten/src/ATen/native/cudnn/Conv_v8.cpp")
@@ -62,17 +88,21 @@ def backward(args, kwargs, s: Scratch, session) -> None:
     mask = _arg(args, kwargs, 10, "output_mask")
     if not _cudnn(x, w, groups, transposed):
         return
+    session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
     _copies(s, fmt, x, w)
     if not dy.is_contiguous(memory_format=fmt):
         s.take(nbytes(dy.shape, dy.dtype), "grad_output.contiguous")
+    key = (*(_arg(args, kwargs, i, n) for i, n in ((4, "stride"), (5, "padding"), (6, "dilation"))), groups, x.dtype, fmt)
     if mask[0]:
-        data = s.estimate(workspace(x, fmt, (dy.shape, x.shape, w.shape), session),
-                          "cuDNN convolution workspace, backward data", _WHY)
+        shapes = (dy.shape, x.shape, w.shape)
+        _search(s, session, ("backward data", shapes, *key), x, shapes)
+        data = s.estimate(workspace(x, fmt, shapes, session), "cuDNN convolution workspace, backward data", _WHY)
         s.give(data)
     if mask[1]:
-        s.estimate(workspace(x, fmt, (x.shape, dy.shape, w.shape), session),
-                   "cuDNN convolution workspace, backward filter", _WHY)
+        shapes = (x.shape, dy.shape, w.shape)
+        _search(s, session, ("backward filter", shapes, *key), x, shapes)
+        s.estimate(workspace(x, fmt, shapes, session), "cuDNN convolution workspace, backward filter", _WHY)
 
 
 @rule(Stage.LAYOUT, aten_op("convolution"), source="aten/src/ATen/native/Convolution.cpp")
@@ -87,6 +117,32 @@ def layout(args, kwargs, out):
     if out.dim() not in (4, 5) or out.is_contiguous(memory_format=fmt):
         return out
     return torch.empty_like(out, memory_format=fmt)
+
+
+def _search(s: Scratch, session, config: tuple, x, shapes) -> None:
+    """cudnn.benchmark's search on a configuration's first call on this thread: the largest
+    candidate's workspace (an estimate), freed, then the cache released (Conv_v8.cpp)."""
+    if not torch.backends.cudnn.benchmark:
+        return
+    thread = "autograd" if torch._C._current_graph_task_id() != -1 else "main"
+    seen = session.cudnn_searched
+    plain = lambda v: tuple(int(d) for d in v) if isinstance(v, (list, tuple, torch.Size)) else v  # noqa: E731
+    key = (thread, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32, config[0],
+           tuple(plain(shape) for shape in shapes), *(plain(v) for v in config[2:]))
+    if key in seen:
+        return
+    seen.add(key)
+    tensors = sum(nbytes(shape, x.dtype) for shape in shapes)
+    s.give(s.estimate(SEARCH_FACTOR * tensors, f"cuDNN benchmark search workspace, {config[0]}", _SEARCH_WHY))
+    if _empties_cache():
+        session.release()
+
+
+def _empties_cache() -> bool:
+    """torch's `_cudnn_get_conv_benchmark_empty_cache()` (true unless the program turned it off);
+    a build without the getter (CPU-only) keeps torch's default, true."""
+    getter = getattr(torch._C, "_cuda_get_conv_benchmark_empty_cache", None)
+    return bool(getter()) if getter is not None else True
 
 
 def memory_format(x, w, groups: int, transposed: bool) -> torch.memory_format:

@@ -41,6 +41,7 @@ class CapturePools:
     def begin(self, pool: tuple) -> None:
         if self.capturing is not None:
             raise RuntimeError("a CUDA graph capture is already underway (torch allows one at a time)")
+        self.session.uses("graphs")   # the device total says what it does not count for a graph (context.py)
         self.capturing = pool
         self.session.pool_event("begin", pool[1])
 
