@@ -28,7 +28,8 @@ STAND_IN = "stand-in"          # a value read answered with a stand-in; the run 
 UPPER_BOUND = "upper-bound"    # a data-dependent shape taken at its upper bound
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
-KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED)
+WRITTEN_OUT = "written-out"    # steps of a loop not run, written out exactly from the steps run (decode_loop.py)
+KINDS = (STAND_IN, UPPER_BOUND, ESTIMATE, NOT_MODELLED, WRITTEN_OUT)
 
 
 def call_site(skip: int = 1) -> str:

@@ -1,0 +1,119 @@
+"""Decode loops (amem_alloc/predict/decode_loop.py): generate() and a user's own loop end after a few
+steps and the steps left are written out, growing as the KV cache does. Checked op for op against the
+same script with every step run, and against first principles (weights, KV cache)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from amem_alloc.predict import api, repeat  # noqa: E402
+from amem_alloc.predict import script as script_mod  # noqa: E402
+
+# a small GQA Llama: 2 layers, 4 heads of 32, 2 KV heads; bf16
+MODEL = textwrap.dedent("""
+    import sys, torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    B, P, N = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    ids = torch.randint(0, 512, (B, P)).cuda()
+""")
+GENERATE = MODEL + textwrap.dedent("""
+    kw = {"cache_implementation": "static"} if sys.argv[4] == "static" else {}
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, **kw)
+""")
+USER_LOOP = MODEL + textwrap.dedent("""
+    from transformers import DynamicCache
+    with torch.inference_mode():
+        cache = DynamicCache(config=cfg)
+        out = model(ids, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        for i in range(N):
+            out = model(tok, past_key_values=cache, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+        last = torch.cat([ids, tok], dim=1)
+""")
+LAYERS, KV_HEADS, HEAD_DIM, BF16 = 2, 2, 32, 2
+PARAMS = 512 * 128 * 2 + LAYERS * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
+
+
+def _run(tmp_path, source, args, write_decode=True):
+    script = tmp_path / "decode.py"
+    script.write_text(source)
+    run = api.predicting("H100", policies=["torch"], write_decode=write_decode)
+    with run:
+        script_mod.run([str(script), *map(str, args)], run, 0, 600)
+    return run
+
+
+def _normalised(ops):
+    names: dict[int, int] = {}
+    return [(kind, names.setdefault(key, len(names)) if kind <= 1 else key, size, stream)
+            for kind, key, size, stream in ops]
+
+
+def _written(run):
+    return [n for n in run.recorded.notes if n["kind"] == "written-out"]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tmp_path, cache):
+    args = (2, 16, 20, cache)
+    short, full = _run(tmp_path, GENERATE, args), _run(tmp_path, GENERATE, args, write_decode=False)
+    assert len(_written(short)) == 1 and not _written(full)
+    ran = int(_written(short)[0]["what"].split(": ")[1].split()[0])
+    assert ran < 10   # a prefill, a warm-up and repeat.GROW_RUN steps alike; 20 asked
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+    assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
+    # the end of sequence is taken as never met, so generate() ran to max_new_tokens in both
+    assert any(n["kind"] == "upper-bound" and "EosTokenCriteria" in n["what"] for n in short.recorded.notes)
+
+
+def _kv_bytes(batch, tokens):
+    return 2 * LAYERS * batch * KV_HEADS * tokens * HEAD_DIM * BF16
+
+
+def _round(n):
+    return -(-n // 512) * 512
+
+
+def test_generate_program_against_first_principles(tmp_path):
+    """4,000 new tokens after a 64-token prompt, batch 4, in a handful of steps run. The last forward (the
+    N-1st after the prefill) grows each layer's DynamicCache to P + N - 1 tokens, keys and values, by a
+    concatenation: the peak is when the last layer's values are concatenated, the old (P + N - 2 tokens)
+    still live; beside them the weights, cuBLAS's workspace (Hopper: 32 MiB), the token ids and the
+    attention mask (int64, P + N - 1 tokens each), and kilobytes of one token's activations."""
+    batch, prompt, new = 4, 64, 4000
+    run = _run(tmp_path, GENERATE, (batch, prompt, new, "dynamic"))
+    assert "steps left written out" in _written(run)[0]["what"]
+    layer = lambda tokens: batch * KV_HEADS * tokens * HEAD_DIM * BF16   # noqa: E731 - keys of one layer
+    sizes = {size for kind, _, size, _ in run.recorded.ops if kind == 0}
+    assert layer(prompt + new - 1) in sizes and layer(prompt + new) not in sizes
+    expected = (_round(PARAMS * BF16) + 32 * 2**20 + _kv_bytes(batch, prompt + new - 1) + layer(prompt + new - 2)
+                + 2 * _round(batch * (prompt + new - 1) * 8))
+    peak = run.result.rows[0].peak_allocated
+    assert expected <= peak < expected + 64 * 1024
+
+
+def test_a_user_decode_loop_under_inference_mode_is_written_out(tmp_path):
+    args = (2, 16, 20)
+    short, full = _run(tmp_path, USER_LOOP, args), _run(tmp_path, USER_LOOP, args, write_decode=False)
+    assert len(_written(short)) == 1 and not _written(full)
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+    assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
+
+
+def test_growth_needs_every_step_to_grow_alike():
+    steps = [[(0, 10 * k + i, 100 + 64 * k, 0) for i in range(2)] for k in range(6)]
+    ops = [op for step in steps for op in step]
+    spans = [(2 * k, 2 * k + 2) for k in range(6)]
+    assert repeat.growth(ops, spans) == [64, 64]
+    ops[-1] = (0, 51, 100 + 64 * 5 + 1, 0)   # the last step's second allocation grew by one byte more
+    assert repeat.growth(ops, spans) is None
