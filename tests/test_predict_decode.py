@@ -100,6 +100,27 @@ def test_generate_program_against_first_principles(tmp_path):
                 + 2 * _round(batch * (prompt + new - 1) * 8))
     peak = run.result.rows[0].peak_allocated
     assert expected <= peak < expected + 64 * 1024
+    # the KV cache is a category of its own, at its largest in the last concatenation, and in the JSON
+    kv = _kv_bytes(batch, prompt + new - 1) + layer(prompt + new - 2)
+    assert run.result.over_run.category_peaks["kv_cache"] == kv
+    assert run.result.to_dict()["category_peaks"]["kv_cache"] == kv
+
+
+def test_the_peak_is_the_prefill_or_the_decode_end_whichever_is_larger(tmp_path):
+    """Prompt 512, batch 4: the prefill's MLP (4 x 512 x 256 bf16, three of them live) and its logits
+    outweigh 8 new tokens' cache; with 3,000 new tokens the decode end's cache (4 x 2 x 3,511 x 32 x 2 B a
+    layer, 4 of them) is larger, and the peak moves there."""
+    def peak_phase(new):
+        run = _run(tmp_path, GENERATE, (4, 512, new, "dynamic"))
+        p = run.result.at_peak
+        return p.op, len(run.recorded.ops), p.categories.get("kv_cache", 0), run.result.rows[0].peak_allocated
+
+    op, ops, kv, peak = peak_phase(8)
+    assert op < ops / 2 and kv == _kv_bytes(4, 512)                # at the prefill: its cache is 512 tokens
+    op, ops, kv, peak = peak_phase(3000)
+    assert op > ops * 0.99                                          # in the last step
+    layer = 4 * KV_HEADS * HEAD_DIM * BF16
+    assert kv == _kv_bytes(4, 512 + 3000 - 1) + layer * (512 + 3000 - 2)
 
 
 def test_a_user_decode_loop_under_inference_mode_is_written_out(tmp_path):

@@ -52,6 +52,8 @@ MAX_LENGTH = declare("transformers.generation.stopping_criteria.MaxLengthCriteri
                      "tells how many decode steps generate() has left")
 EOS = declare("transformers.generation.stopping_criteria.EosTokenCriteria", "__call__",
               "no sequence ended (a known value): generate() runs to max_new_tokens, the upper bound")
+CACHE_UPDATE = declare("transformers.cache_utils.Cache and each subclass defining it", "update",
+                       "the keys and values a KV cache hands back are its own: their storages are kv_cache")
 STOP_STRINGS = declare("transformers.generation.stopping_criteria.StopStringCriteria", "__call__",
                        "no stop string met (a known value): generate() runs to max_new_tokens, the upper bound")
 
@@ -116,6 +118,17 @@ class DecodeLoops:
         patches.apply(MAX_LENGTH, sc.MaxLengthCriteria, "__call__", steps_left)
         for patch, cls in ((EOS, sc.EosTokenCriteria), (STOP_STRINGS, sc.StopStringCriteria)):
             patches.apply(patch, cls, "__call__", _never_done(cls.__call__, cls.__name__))
+        self._patch_caches()
+
+    def _patch_caches(self) -> None:
+        """Cache.update (and each override of it) marks the keys and values it returns as the KV
+        cache: a DynamicCache's concatenated tensors, a StaticCache's buffers."""
+        from transformers import cache_utils
+
+        classes = [c for c in vars(cache_utils).values()
+                   if isinstance(c, type) and issubclass(c, cache_utils.Cache) and "update" in vars(c)]
+        for cls in classes:
+            self.session.patches.apply(CACHE_UPDATE, cls, "update", _marking(cls.update, self.session))
 
     # ------------------------------------------------------------------ loops
     def _generate_head(self, frame: Any) -> bool:
@@ -187,6 +200,17 @@ def _never_done(call: Any, name: str) -> Any:
                          "max_new_tokens (the longest generation)")
         return done
     return not_done
+
+
+def _marking(update: Any, session: Any) -> Any:
+    def marked(cache, *args, **kwargs):
+        out = update(cache, *args, **kwargs)
+        for t in out if isinstance(out, tuple) else ():
+            key = session.storages.key_of(t) if isinstance(t, torch.Tensor) else None
+            if key is not None:
+                session.kv_cache.add(key)
+        return out
+    return marked
 
 
 def _user_loop() -> Any:
