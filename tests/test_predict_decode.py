@@ -138,3 +138,29 @@ def test_growth_needs_every_step_to_grow_alike():
     assert repeat.growth(ops, spans) == [64, 64]
     ops[-1] = (0, 51, 100 + 64 * 5 + 1, 0)   # the last step's second allocation grew by one byte more
     assert repeat.growth(ops, spans) is None
+
+
+def test_the_numpy_walk_of_a_long_program_gives_the_plain_walks_figures():
+    """analysis/at_peak.py walks a long program (a written-out decode loop) with numpy: the same peak, live set,
+    category peaks and figures at markers as the plain walk, on a program with frees across steps."""
+    from types import SimpleNamespace
+
+    from amem_alloc.predict.analysis import at_peak
+
+    ops, infos, key = [], {}, 0
+    for step in range(300):
+        for size in (1000 + 64 * step, 513, 4096 * (step % 7 + 1)):
+            key += 1
+            ops.append((0, key, size, 0))
+            infos[key] = SimpleNamespace(category=("kv_cache", "temporary", "activation")[key % 3])
+        ops.append((1, key - 1, 0, 0))   # frees one of its own
+        if step > 2:
+            ops.append((1, key - 8, 0, 0))   # and one of two steps back
+    ops.append((1, 99999, 0, 0))   # a free of a block never seen is ignored by both
+    markers = [(len(ops) // 3, "step"), (len(ops), "end"), (0, "start")]
+    arrays = at_peak._Arrays(ops, infos, markers)
+    walk = at_peak._Walk(infos, markers).run(ops)
+    assert arrays.simple()
+    assert arrays.walk() == (walk.peak_op, walk.peak, walk.peaks, walk.at_markers)
+    assert arrays.live_at(walk.peak_op) == at_peak._live_at(ops, walk.peak_op)
+    assert not at_peak._Arrays(ops + [(1, 5, 0, 0)], infos, markers).simple()   # freed twice: the plain walk
