@@ -164,3 +164,36 @@ def test_the_numpy_walk_of_a_long_program_gives_the_plain_walks_figures():
     assert arrays.walk() == (walk.peak_op, walk.peak, walk.peaks, walk.at_markers)
     assert arrays.live_at(walk.peak_op) == at_peak._live_at(ops, walk.peak_op)
     assert not at_peak._Arrays(ops + [(1, 5, 0, 0)], infos, markers).simple()   # freed twice: the plain walk
+
+
+def _serve(batch, context):
+    """What a server holds: 64 MiB of weights, then a bf16 KV cache of 2 layers x 2 x 8 KV heads x 64 per token,
+    built layer by layer as a prefill does, and one layer's attention scores (batch x 8 x context x context fp32)."""
+    import torch
+
+    weights = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    cache = [torch.empty(batch, 8, context, 64, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+    scores = torch.empty(batch, 8, context, context, device="cuda")
+    del scores
+    return weights, cache
+
+
+def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predictions():
+    from amem_alloc import predict as predict_mod
+    from amem_alloc.predict import fit as fit_mod
+    from amem_alloc.report.prediction_text import format_frontier
+
+    values = [512, 2048, 4096, 8192]   # at 8192 one sequence's scores alone (2 GiB) do not fit
+    front = fit_mod.frontier(_serve, "batch", "context", values, capacity_gb=2.0, policies="torch,torch-expandable")
+    text = format_frontier(front)
+    print(text)
+    assert "--context" in text and "torch-expandable" in text and len(text.splitlines()) == 2 + len(values)
+    assert "does not fit even at the smallest value" in text.splitlines()[-1]
+    for policy in ("torch", "torch-expandable"):
+        largest = front.largest(policy)
+        assert None not in largest[:3] and largest[:3] == sorted(largest[:3], reverse=True) and largest[3] is None
+        for context, batch in zip(values[:3], largest):   # at the edge: the largest fits, one more does not
+            at = predict_mod.predict(_serve, batch, context, capacity_gb=2.0, policies=policy)
+            over = predict_mod.predict(_serve, batch + 1, context, capacity_gb=2.0, policies=policy)
+            assert at.row(policy).fits and not over.row(policy).fits
+    assert front.to_dict()["frontier"][0]["fit"]["arg"] == "batch"

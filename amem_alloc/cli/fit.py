@@ -1,8 +1,8 @@
 """`amem fit`: the largest value of a script's integer argument with which the run fits a card,
 per allocator policy, by bisection over predictions (fit.py).
 
-    amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--policy LIST] [--steps N] [--timeout S]
-             [--json PATH] -- python SCRIPT ARGS...
+    amem fit --gpu NAME --arg NAME [--across NAME=V1,V2,...] [--lo N] [--hi N] [--policy LIST]
+             [--steps N] [--timeout S] [--json PATH] -- python SCRIPT ARGS...
 
 Exit status (cli/main.py's convention): 0 with an answer; 2 for bad arguments, and when there is no answer to find (the run
 fails or does not fit at --lo, or its memory does not grow with the argument): one line each.
@@ -35,12 +35,39 @@ def fit_command(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.json}: its folder does not exist")
     print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
           "output is not shown)", flush=True)
+    if args.across:
+        return _frontier(args, script, fit_mod)
     result = fit_mod.fit(script, args.arg, gpu=args.gpu, capacity_gb=args.capacity_gb, policies=args.policy,
                          lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout,
                          progress=lambda line: print(line, flush=True))
     from ..report.prediction_text import format_fit
 
     print(format_fit(result))
+    if args.json:
+        print(f"\nwrote {result.write_json(args.json)}")
+    return 0
+
+
+def _across(text: str) -> tuple[str, list[int]]:
+    """--across NAME=V1,V2,...: the second argument and its values."""
+    name, eq, values = text.partition("=")
+    try:
+        numbers = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        numbers = []
+    if not eq or not name.replace("_", "").replace("-", "").isalnum() or not numbers:
+        raise ValueError(f"--across {text!r}: give NAME=V1,V2,... (integers), e.g. --across max_new_tokens=256,4096")
+    return name, numbers
+
+
+def _frontier(args: argparse.Namespace, script: list[str], fit_mod: object) -> int:
+    from ..report.prediction_text import format_frontier
+
+    across, values = _across(args.across)
+    result = fit_mod.frontier(script, args.arg, across, values, gpu=args.gpu, capacity_gb=args.capacity_gb,
+                              policies=args.policy, lo=args.lo, hi=args.hi, steps=args.steps,
+                              timeout=args.timeout, progress=lambda line: print(line, flush=True))
+    print(format_frontier(result))
     if args.json:
         print(f"\nwrote {result.write_json(args.json)}")
     return 0
@@ -65,6 +92,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                    + ",".join(policies_mod.DEFAULT_COMPARE))
     p.add_argument("--steps", type=int, help="optimizer steps per trial, as amem predict's (default 5)")
     p.add_argument("--timeout", type=float, help="seconds per trial, as amem predict's (default 600)")
+    p.add_argument("--across", metavar="NAME=V1,V2,...", help="a second argument and its values: the largest "
+                   "--ARG at each of them, per policy (the frontier of what fits, e.g. batch size x context)")
     p.add_argument("--json", help="write the answer as JSON")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
