@@ -26,8 +26,10 @@ MODEL = textwrap.dedent("""
     ids = torch.randint(0, 512, (B, P)).cuda()
 """)
 GENERATE = MODEL + textwrap.dedent("""
-    kw = {"cache_implementation": "static"} if sys.argv[4] == "static" else {}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, **kw)
+    kw = {"static": {"cache_implementation": "static"}, "beam": {"num_beams": 3},
+          "sample": {"do_sample": True, "top_k": 50}}.get(sys.argv[4], {})
+    kw.setdefault("do_sample", False)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, **kw)
 """)
 USER_LOOP = MODEL + textwrap.dedent("""
     from transformers import DynamicCache
@@ -63,7 +65,7 @@ def _written(run):
     return [n for n in run.recorded.notes if n["kind"] == "written-out"]
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "beam", "sample"])
 def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tmp_path, cache):
     args = (2, 16, 20, cache)
     short, full = _run(tmp_path, GENERATE, args), _run(tmp_path, GENERATE, args, write_decode=False)

@@ -52,6 +52,8 @@ MAX_LENGTH = declare("transformers.generation.stopping_criteria.MaxLengthCriteri
                      "tells how many decode steps generate() has left")
 EOS = declare("transformers.generation.stopping_criteria.EosTokenCriteria", "__call__",
               "no sequence ended (a known value): generate() runs to max_new_tokens, the upper bound")
+BEAMS_OPEN = declare("transformers.generation.utils.GenerationMixin", "_beam_search_has_unfinished_sequences",
+                     "beams taken as still improvable (a known value): beam search runs to max_new_tokens")
 CACHE_UPDATE = declare("transformers.cache_utils.Cache and each subclass defining it", "update",
                        "the keys and values a KV cache hands back are its own: their storages are kv_cache")
 STOP_STRINGS = declare("transformers.generation.stopping_criteria.StopStringCriteria", "__call__",
@@ -116,6 +118,10 @@ class DecodeLoops:
 
         patches.apply(HEAD, GenerationMixin, "_has_unfinished_sequences", has_unfinished)
         patches.apply(MAX_LENGTH, sc.MaxLengthCriteria, "__call__", steps_left)
+        beams = vars(GenerationMixin).get("_beam_search_has_unfinished_sequences")
+        if isinstance(beams, staticmethod):
+            patches.apply(BEAMS_OPEN, GenerationMixin, "_beam_search_has_unfinished_sequences",
+                          staticmethod(_always_open(beams.__func__)))
         for patch, cls in ((EOS, sc.EosTokenCriteria), (STOP_STRINGS, sc.StopStringCriteria)):
             patches.apply(patch, cls, "__call__", _never_done(cls.__call__, cls.__name__))
         self._patch_caches()
@@ -132,7 +138,8 @@ class DecodeLoops:
 
     # ------------------------------------------------------------------ loops
     def _generate_head(self, frame: Any) -> bool:
-        """A generate() loop's head (frame: its decoding method's): True to end the loop here."""
+        """A generate() loop's head (frame: its decoding method's): True to end the loop here (its
+        steps left written out, or none left)."""
         key = ("generate", id(frame))   # a frame takes no weak reference: forgotten when its loop ends
         loop = self.loops.get(key)
         if loop is None:
@@ -142,8 +149,9 @@ class DecodeLoops:
         if self.write_out and left is not None and left > 0 and self._write_out(loop, left, grow_after=False):
             del self.loops[key]
             return True
-        if left == 0:   # the loop ends here by itself
-            del self.loops[key]
+        if left is not None and left <= 0:   # max_length reached: a GPU's run ends here whatever the other
+            del self.loops[key]              # criteria's stand-ins say (a custom criterion's unknown answer)
+            return True
         return False
 
     def _outermost(self, event: str) -> None:
@@ -200,6 +208,19 @@ def _never_done(call: Any, name: str) -> Any:
                          "max_new_tokens (the longest generation)")
         return done
     return not_done
+
+
+def _always_open(test: Any) -> Any:
+    """Beam search's "can any beam still improve" test, its ops run, its answer made True (known):
+    scores are values no prediction has, so beams run to max_new_tokens, the longest search."""
+    def still_open(*args, **kwargs):
+        open_ = test(*args, **kwargs)
+        if isinstance(open_, torch.Tensor):
+            open_.fill_(True)
+            notes.record(notes.UPPER_BOUND, "generate(): beam search taken as never finished early, its beams run "
+                         "to max_new_tokens (the longest search)")
+        return open_
+    return still_open
 
 
 def _marking(update: Any, session: Any) -> Any:
