@@ -46,7 +46,8 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
     steps, timeout = predict_options.script_limits(args)
-    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict)
+    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict,
+                         write_decode=not args.run_every_decode_step)
     try:
         with run:
             if script:
@@ -113,6 +114,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-repeats", action="store_true", help="where two steps in a row made the same "
                    "allocations, write the rest of the --steps out instead of running them (faster, for a loop "
                    "that runs on past --steps)")
+    p.add_argument("--run-every-decode-step", action="store_true", help="run every step of a decode loop "
+                   "(generate(), a range() loop under inference_mode) instead of writing the steps after a few "
+                   "that grow alike out (the same program, slower; docs/predict.md)")
     p.add_argument("--strict", action="store_true", help="stop at the first read of a fake tensor's value "
                    "(loss.item(), print(t)) instead of answering it with a stand-in")
     p.add_argument("--json", help="write the result as JSON")
