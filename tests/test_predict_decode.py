@@ -46,10 +46,10 @@ LAYERS, KV_HEADS, HEAD_DIM, BF16 = 2, 2, 32, 2
 PARAMS = 512 * 128 * 2 + LAYERS * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
 
 
-def _run(tmp_path, source, args, write_decode=True):
+def _run(tmp_path, source, args, write_decode=True, gpu="H100"):
     script = tmp_path / "decode.py"
     script.write_text(source)
-    run = api.predicting("H100", policies=["torch"], write_decode=write_decode)
+    run = api.predicting(gpu, policies=["torch"], write_decode=write_decode)
     with run:
         script_mod.run([str(script), *map(str, args)], run, 0, 600)
     return run
@@ -76,6 +76,18 @@ def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tm
     assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
     # the end of sequence is taken as never met, so generate() ran to max_new_tokens in both
     assert any(n["kind"] == "upper-bound" and "EosTokenCriteria" in n["what"] for n in short.recorded.notes)
+
+
+def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):
+    """On an A100 SDPA runs flash attention, whose split-KV buffers follow the number of 256-token blocks of
+    keys (the split count is 1, then more as the context grows): steps alike now differ later, so the loop is
+    not written out, and a note says why."""
+    args = (2, 16, 12, "dynamic")
+    short = _run(tmp_path, GENERATE, args, gpu="A100-80GB")
+    full = _run(tmp_path, GENERATE, args, write_decode=False, gpu="A100-80GB")
+    told = _written(short)
+    assert len(told) == 1 and "not written out" in told[0]["what"] and "flash" in told[0]["what"]
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
 
 
 def _kv_bytes(batch, tokens):

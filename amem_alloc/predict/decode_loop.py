@@ -44,6 +44,7 @@ from .. import code_files
 from ..patching import declare
 from . import notes, repeat
 
+NOT_AFFINE = {"_scaled_dot_product_flash_attention"}   # ops whose scratch is piecewise in the context length
 WARMUP = 2   # steps of a loop not taken as its shape: the prefill's, and the first that frees its blocks
 
 HEAD = declare("transformers.generation.utils.GenerationMixin", "_has_unfinished_sequences",
@@ -179,7 +180,7 @@ class DecodeLoops:
         """Whether the loop's last steps grow alike; if so, its `left` steps are to be written out."""
         spans = list(zip(loop.bounds, loop.bounds[1:]))[WARMUP:]
         grow = repeat.growth(self.session.ops, spans) if len(spans) >= repeat.GROW_RUN else None
-        if grow is None:
+        if grow is None or self._not_affine(loop, spans[-1]):
             return False
         self.written.append(WrittenOut(spans, left, grow, grow_after))
         ran = len(loop.bounds) - 1
@@ -187,6 +188,21 @@ class DecodeLoops:
                      f"the last {repeat.GROW_RUN} (same allocations, each growing by the same bytes every step)",
                      where=loop.where)
         return True
+
+    def _not_affine(self, loop: Loop, span: tuple[int, int]) -> bool:
+        """Whether the step runs a kernel whose scratch is not affine in the context length, so that
+        steps alike now may differ later: flash attention's split-KV buffers (rules/attention.py:
+        the split count follows the number of 128- or 256-token blocks of keys). Such a loop runs
+        every step (a note says so)."""
+        ops, infos = self.session.ops, self.session.infos
+        ops_of = {getattr(infos.get(key), "op", None) for kind, key, _, _ in ops[span[0]:span[1]] if kind == 0}
+        varying = sorted({op.split(":")[0].split(".")[0] for op in ops_of if op} & NOT_AFFINE)
+        if varying and not getattr(loop, "told", False):
+            loop.told = True
+            notes.record(notes.WRITTEN_OUT, f"decode loop not written out, every step runs: {varying[0]}'s scratch "
+                         "changes with the context length in steps (split-KV), not by the same bytes each step",
+                         where=loop.where)
+        return bool(varying)
 
     # ------------------------------------------------------------------ the program
     def extend(self, run: Any) -> Any:
