@@ -23,6 +23,7 @@ trial that fails above `lo` (the script refuses a value) counts as "does not fit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import time
 from dataclasses import dataclass, field
@@ -133,6 +134,8 @@ class _Trials:
                 prediction = self.predict_at(value)
         except trial.TrialFailed as failed:
             return Trial(value, None, str(failed), time.perf_counter() - started)
+        if prediction is not None and getattr(prediction, "run", None) is not None:   # keep its answer, not its
+            prediction.run = dataclasses.replace(prediction.run, ops=[], infos={}, markers=[])   # program
         return Trial(value, prediction, None, time.perf_counter() - started)
 
     def _line(self, n: int, t: Trial) -> str:
