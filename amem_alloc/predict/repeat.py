@@ -151,7 +151,7 @@ def _written(shape: list[tuple], step: list[tuple], steps: list[list[int]], grow
     out, made = [], 0
     for (kind, key, size, stream), form in zip(step, shape):
         if kind == replay.ALLOC:
-            out.append((kind, steps[-1][made], size + (grown[made] if grown else 0), stream))
+            out.append((kind, steps[-1][made], size + grown[made] if grown and grown[made] else size, stream))
             made += 1
         elif kind == replay.FREE:
             _, back, index = form

@@ -39,6 +39,7 @@ the core's segments_json. Python only packs the program and reads the result.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -114,9 +115,19 @@ class Program:
 
 
 def pack(ops: Iterable[tuple[int, int, int, int]]) -> np.ndarray:
-    """(kind, key, size, stream) tuples -> packed records."""
-    rows = [(key, size, stream, kind) for kind, key, size, stream in ops]
-    return np.array(rows, dtype=OPS) if rows else np.zeros(0, OPS)
+    """(kind, key, size, stream) tuples -> packed records: read straight into one array, column by
+    column (a predicted decode loop has millions: no second list of reordered tuples)."""
+    ops = ops if isinstance(ops, list) else list(ops)
+    if not ops:
+        return np.zeros(0, OPS)
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(ops), dtype=np.uint64, count=4 * len(ops)).reshape(-1, 4)
+    except (OverflowError, ValueError, TypeError):   # a negative or non-integer field: numpy's own casting
+        return np.array([(key, size, stream, kind) for kind, key, size, stream in ops], dtype=OPS)
+    out = np.empty(len(ops), OPS)
+    for column, name in enumerate(("kind", "key", "size", "stream")):
+        out[name] = flat[:, column]
+    return out
 
 
 def program_from_events(events: Iterable[tuple[str, int, int, int]], device: int = 0) -> Program:
