@@ -192,7 +192,7 @@ def _serve(batch, context):
     return weights, cache
 
 
-def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predictions():
+def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predictions(tmp_path):
     from amem_alloc import predict as predict_mod
     from amem_alloc.predict import fit as fit_mod
     from amem_alloc.report.prediction_text import format_frontier
@@ -211,3 +211,7 @@ def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predi
             over = predict_mod.predict(_serve, batch + 1, context, capacity_gb=2.0, policies=policy)
             assert at.row(policy).fits and not over.row(policy).fits
     assert front.to_dict()["frontier"][0]["fit"]["arg"] == "batch"
+    from amem_alloc.report.frontier import write
+
+    page = write(tmp_path / "frontier.html", front.to_dict()).read_text()
+    assert page.count("<polyline") == 2 and "<svg" in page and ">198<" in page and "<script" not in page

@@ -31,8 +31,11 @@ def fit_command(args: argparse.Namespace) -> int:
         raise ValueError("give the script to run: -- python script.py args...")
     if not args.arg.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"--arg {args.arg!r}: give the argument's name without dashes, e.g. --arg batch_size")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"{args.json}: its folder does not exist")
+    for out in (args.json, args.report):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise ValueError(f"{out}: its folder does not exist")
+    if args.report and not args.across:
+        raise ValueError("--report draws the frontier of --across: give --across NAME=V1,V2,...")
     print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
           "output is not shown)", flush=True)
     if args.across:
@@ -70,6 +73,10 @@ def _frontier(args: argparse.Namespace, script: list[str], fit_mod: object) -> i
     print(format_frontier(result))
     if args.json:
         print(f"\nwrote {result.write_json(args.json)}")
+    if args.report:
+        from ..report.frontier import write
+
+        print(f"wrote {write(args.report, result.to_dict())}")
     return 0
 
 
@@ -95,6 +102,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--across", metavar="NAME=V1,V2,...", help="a second argument and its values: the largest "
                    "--ARG at each of them, per policy (the frontier of what fits, e.g. batch size x context)")
     p.add_argument("--json", help="write the answer as JSON")
+    p.add_argument("--report", help="with --across: write the frontier's page (a table and a plot)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=fit_command)  # bad input, or no answer (FitError, a ValueError): exit 2 in cli/main.py
