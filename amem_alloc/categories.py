@@ -1,8 +1,8 @@
 """What a storage is — its category — and how the verdict groups categories: one table, here.
 
 The Tracer's classifier (provenance/classify.py) gives each storage one of the profiler's
-categories; prediction adds its own three (a kernel's workspace, FSDP's gathered parameters, and
-unknown); the verdict (predict/analysis/verdict.py) sums them into groups, which report/ draws
+categories; prediction adds its own four (a kernel's workspace, FSDP's gathered parameters, a KV
+cache, and unknown); the verdict (predict/analysis/verdict.py) sums them into groups, which report/ draws
 (each group's colour and letter are report/verdict.py's, not here).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ class Category(str, enum.Enum):
     AUTOGRAD_DETAIL = "autograd_detail"
     BUFFER = "buffer"                          # a module's buffer (model state that is no parameter)
     WORKSPACE = "workspace"                    # a kernel's own memory (cuBLAS's workspace)
+    KV_CACHE = "kv_cache"                      # an inference KV cache's keys and values (transformers' Cache)
     PARAMETER_GATHERED = "parameter (gathered)"  # FSDP's unsharded parameters
     UNKNOWN = "unknown"
 
@@ -41,6 +42,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("gradients", (Category.GRADIENT.value,)),
     ("optimizer state", (Category.OPTIMIZER_STATE.value,)),
     ("activations", (Category.ACTIVATION.value, Category.AUTOGRAD_DETAIL.value)),
+    ("KV cache", (Category.KV_CACHE.value,)),
     ("autocast copies", ()),
     ("temporaries", None),
     ("workspaces", (Category.WORKSPACE.value,)),

@@ -263,7 +263,7 @@ PREDICT_TIERS = {
     "gpus": 1, "notes": 1,
     "rules": 2,
     "engine": 3,
-    "shims": 4, "analysis": 4, "script": 4,
+    "shims": 4, "analysis": 4, "script": 4, "decode_loop": 4,
     "whatif": 5,
     "api": 6,
     "fit": 7, "distributed": 7,

@@ -1,8 +1,9 @@
 """`amem fit`: the largest value of a script's integer argument with which the run fits a card,
 per allocator policy, by bisection over predictions (fit.py).
 
-    amem fit --gpu NAME --arg NAME [--lo N] [--hi N] [--margin 5%|GiB] [--policy LIST] [--steps N]
-             [--timeout S] [--json PATH] [--debug] -- python SCRIPT ARGS...
+    amem fit --gpu NAME --arg NAME [--across NAME=V1,V2,...] [--lo N] [--hi N] [--margin 5%|GiB]
+             [--policy LIST] [--steps N] [--timeout S] [--json PATH] [--report PATH] [--debug]
+             -- python SCRIPT ARGS...
 
 The answer leaves --margin of the usable memory free (default 5%, stated in the output); the text
 ends with it, one line per policy.
@@ -36,12 +37,17 @@ def fit_command(args: argparse.Namespace) -> int:
         raise ValueError("give the script to run: -- python script.py args...")
     if not args.arg.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"--arg {args.arg!r}: give the argument's name without dashes, e.g. --arg batch_size")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"{args.json}: its folder does not exist")
+    for out in (args.json, args.report):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise ValueError(f"{out}: its folder does not exist")
+    if args.report and not args.across:
+        raise ValueError("--report draws the frontier of --across: give --across NAME=V1,V2,...")
     print(f"amem fit: searching --{args.arg} from {args.lo} (each trial is one prediction; the script's own "
           "output is not shown)", flush=True)
     from . import predict_options
 
+    if args.across:
+        return _frontier(args, script, fit_mod)
     try:
         result = fit_mod.fit(script, args.arg, gpu=predict_options.card(args), policies=args.policy,
                              lo=args.lo, hi=args.hi, steps=args.steps, timeout=args.timeout, margin=args.margin,
@@ -55,6 +61,38 @@ def fit_command(args: argparse.Namespace) -> int:
 
     written = [result.write_json(args.json)] if args.json else []
     print(format_fit(result, written=written))  # its last lines: the answer per policy
+    return 0
+
+
+def _across(text: str) -> tuple[str, list[int]]:
+    """--across NAME=V1,V2,...: the second argument and its values."""
+    name, eq, values = text.partition("=")
+    try:
+        numbers = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        numbers = []
+    if not eq or not name.replace("_", "").replace("-", "").isalnum() or not numbers:
+        raise ValueError(f"--across {text!r}: give NAME=V1,V2,... (integers), e.g. --across max_new_tokens=256,4096")
+    return name, numbers
+
+
+def _frontier(args: argparse.Namespace, script: list[str], fit_mod: object) -> int:
+    from ..report.prediction_text import format_frontier
+
+    from . import predict_options
+
+    across, values = _across(args.across)
+    result = fit_mod.frontier(script, args.arg, across, values, gpu=predict_options.card(args),
+                              policies=args.policy, lo=args.lo, hi=args.hi, steps=args.steps,
+                              timeout=args.timeout, margin=args.margin, debug=args.debug,
+                              progress=lambda line: print(line, flush=True))
+    print(format_frontier(result))
+    if args.json:
+        print(f"\nwrote {result.write_json(args.json)}")
+    if args.report:
+        from ..report.frontier import write
+
+        print(f"wrote {write(args.report, result.to_dict())}")
     return 0
 
 
@@ -83,7 +121,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--margin", default=fit_mod.DEFAULT_MARGIN,
                    help="usable memory every answer leaves free: a share (5%%) or GiB (1.5); default "
                    f"{fit_mod.DEFAULT_MARGIN.replace('%', '%%')} (the context is an estimate; 0 finds the very edge)")
+    p.add_argument("--across", metavar="NAME=V1,V2,...", help="a second argument and its values: the largest "
+                   "--ARG at each of them, per policy (the frontier of what fits, e.g. batch size x context)")
     p.add_argument("--json", help="write the answer as JSON")
+    p.add_argument("--report", help="with --across: write the frontier's page (a table and a plot)")
     p.add_argument("--debug", action="store_true", help="when amem itself fails inside a trial, also print the "
                    "traceback, amem's frames included (for a report)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args...")

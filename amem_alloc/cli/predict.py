@@ -51,7 +51,8 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
     steps, timeout = predict_options.script_limits(args)
-    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict, shapes=args.shapes)
+    run = api.predicting(gpu, policies=policies, target=target, strict=args.strict, shapes=args.shapes,
+                         write_decode=not args.run_every_decode_step)
     try:
         with run:
             if script:
@@ -122,6 +123,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "allocations, write the rest of the --steps out instead of running them (faster, for a loop "
                    "that runs on past --steps)")
     predict_options_table.add_arguments(p)   # --strict, --shapes: predict/options.py's table
+    p.add_argument("--run-every-decode-step", action="store_true", help="run every step of a decode loop "
+                   "(generate(), a range() loop under inference_mode) instead of writing the steps after a few "
+                   "that grow alike out (the same program, slower; docs/predict.md)")
     p.add_argument("--debug", action="store_true", help="when amem itself fails inside the script, also print "
                    "the traceback, amem's frames included (for a report)")
     p.add_argument("--json", help="write the result as JSON")

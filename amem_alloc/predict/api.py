@@ -28,6 +28,7 @@ from ..user_script import for_the_script
 from . import gpus as gpus_mod
 from . import options as options_mod
 from . import repeat, state
+from .decode_loop import DecodeLoops
 from .engine.children import ChildWatch
 from .shims.cuda import CudaShims, LiveAllocator
 from .notes import NotModelledError
@@ -86,7 +87,7 @@ class predicting:  # noqa: N801 - used like a function in `with`
                  live_policy: str = "torch", device_count: int = 1,
                  target: str = "code", session_factory: Callable[..., Any] | None = None,
                  shims: bool = True, analyse: bool = True, strict: bool = False,
-                 shapes: str = options_mod.default("shapes")) -> None:
+                 shapes: str = options_mod.default("shapes"), write_decode: bool = True) -> None:
         self.gpu = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
         self.policies = resolve_policies(policies)
         self.live_policy = policies_mod.get(live_policy) if isinstance(live_policy, str) else live_policy
@@ -104,6 +105,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
         self.shims: CudaShims | None = None
         self.recorded: RecordedRun | None = None
         self.written_out = 0   # steps repeating the last one run, written out instead (repeat.py)
+        self.decode: DecodeLoops | None = None   # decode loops' steps written out (decode_loop.py)
+        self._write_decode = write_decode
         self.result: Prediction | None = None
         self._started = 0.0
 
@@ -125,6 +128,9 @@ class predicting:  # noqa: N801 - used like a function in `with`
         self.session.add_listener(self.live)
         self.session.__enter__()
         try:
+            if hasattr(self.session, "patches") and hasattr(self.session, "ops"):
+                self.decode = DecodeLoops(self.session, self._write_decode)
+                self.decode.install()
             if self._use_shims:
                 self.shims = CudaShims(self.gpu, self.live, self.session, self.recording, self.device_count)
                 self.shims.__enter__()
@@ -143,6 +149,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.children.cleanup()
             if self.shims is not None:
                 self.shims.__exit__(exc_type, exc, tb)
+            if self.decode is not None:
+                self.decode.remove()
         finally:
             self.session.__exit__(exc_type, exc, tb)
         if exc_type is None and self.child_reports:
@@ -154,6 +162,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
             self.recorded = self.recording.finish(self.target, notes, self.live_policy.conf,
                                                   getattr(self.session, "autocast_keys", ()), seconds,
                                                   getattr(self.session, "libraries", None))
+            if self.decode is not None:
+                self.recorded = self.decode.extend(self.recorded)   # decode steps not run (decode_loop.py)
             self.recorded = repeat.extend(self.recorded, self.written_out)   # steps not run (script.py)
             if self._analyse:
                 self.result = analyse(self.recorded, self.gpu, self.policies)

@@ -27,6 +27,7 @@ trial that fails above `lo` (the script refuses a value) counts as "does not fit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import time
 from dataclasses import dataclass, field
@@ -153,6 +154,8 @@ class _Trials:
                 prediction = self.predict_at(value)
         except trial.TrialFailed as failed:
             return Trial(value, None, str(failed), time.perf_counter() - started, self.margin, failed.status)
+        if prediction is not None and getattr(prediction, "run", None) is not None:   # keep its answer, not its
+            prediction.run = dataclasses.replace(prediction.run, ops=[], infos={}, markers=[])   # program
         return Trial(value, prediction, None, time.perf_counter() - started, self.margin)
 
     def _line(self, n: int, t: Trial) -> str:
@@ -288,3 +291,52 @@ def fit(target: Any, arg: str, *, gpu: Any = None, capacity_gb: float | None = N
         return trial.predict(body, api.predicting, card, chosen, name, debug=debug)
 
     return search(predict_at, arg, card, [p.name for p in chosen], lo, hi, progress, quiet, kept, kept_text)
+
+
+# ============================================================================ two arguments
+@dataclass
+class Frontier:
+    """The largest `arg` that fits at each value of a second argument `across`, per policy: the frontier
+    of what fits over the two (e.g. batch size x context length). A column whose search has no answer
+    (the run does not fit, or fails, even at `lo`) holds the one line saying why."""
+    arg: str
+    across: str
+    values: list[int]
+    fits: list[FitResult | None]
+    why: list[str | None]
+    seconds: float = 0.0
+
+    def largest(self, policy: str) -> list[int | None]:
+        """The largest `arg` that fits at each value of `across` (None: not even `lo`)."""
+        return [next((p.largest for p in f.policies if p.policy == policy), None) if f else None for f in self.fits]
+
+    def to_dict(self) -> dict:
+        return {"arg": self.arg, "across": self.across, "seconds": round(self.seconds, 3),
+                "frontier": [{"value": v, "fit": f.to_dict() if f else None, "why": w}
+                             for v, f, w in zip(self.values, self.fits, self.why)]}
+
+    def write_json(self, path: Any) -> Any:
+        import json
+
+        from ..atomic_write import write_text
+
+        return write_text(path, json.dumps(self.to_dict(), indent=1))
+
+
+def frontier(target: Any, arg: str, across: str, values: list[int], **options: Any) -> Frontier:
+    """fit() of `arg` at each value of `across`: a script's argv gets --ACROSS set as fit sets --ARG; a
+    callable is called as target(value, across_value). Options: fit()'s."""
+    if not values or any(v < 1 for v in values) or across == arg:
+        raise FitError(f"--across {across}: give a second argument, other than --arg, with values >= 1")
+    started, fits, why = time.perf_counter(), [], []
+    for x in values:
+        at = (lambda v, x=x: target(v, x)) if callable(target) else with_value(list(target), across, x)
+        if options.get("progress"):
+            options["progress"](f" --{across} {x}:")
+        try:
+            fits.append(fit(at, arg, **options))
+            why.append(None)
+        except FitError as err:
+            fits.append(None)
+            why.append(str(err))
+    return Frontier(arg, across, list(values), fits, why, time.perf_counter() - started)

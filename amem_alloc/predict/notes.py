@@ -30,7 +30,8 @@ ASSUMED = "assumed"            # a data-dependent size or value taken by the sha
 ESTIMATE = "estimate"          # memory a kernel takes that cannot be known without a GPU, estimated
 NOT_MODELLED = "not-modelled"  # something that ran but whose memory was not modelled as CUDA would
 COMPILED = "compiled"          # a torch.compile region predicted as compiled (what torch decided, replayed)
-KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED)
+WRITTEN_OUT = "written-out"    # steps of a loop not run, written out exactly from the steps run (decode_loop.py)
+KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED, WRITTEN_OUT)
 
 
 def call_site(skip: int = 1) -> str:

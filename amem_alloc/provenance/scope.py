@@ -58,6 +58,7 @@ class ModuleScope:
         self._on_inputs = on_inputs  # called with the root's input tensors
         self._every_module = hook_every_module
         self._handles = []
+        self.outermost: list = []   # fn("enter" | "exit") as an outermost module starts and returns
 
     @classmethod
     def every_module(cls) -> "ModuleScope":
@@ -95,6 +96,9 @@ class ModuleScope:
         name = self._path(module)
         if name == "" and not self.stack and self._on_inputs is not None:  # the model, called from outside
             self._on_inputs(list(tensors_in(args)) + list(tensors_in((kwargs or {}).values())))
+        if not self.stack:
+            for fn in self.outermost:
+                fn("enter")
         self.stack.append(name)
         self.autocast.append(_autocast_on())
 
@@ -102,6 +106,9 @@ class ModuleScope:
         if self.stack:
             self.stack.pop()
             self.autocast.pop()
+            if not self.stack:
+                for fn in self.outermost:
+                    fn("exit")
 
     # ---- queries
     @property

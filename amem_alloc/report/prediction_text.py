@@ -279,3 +279,23 @@ def _fit_line(arg: str, p: dict, margin: int = 0) -> str:
         kept = " with the margin" if margin else ""
         return line + f"; {p['first_failing']} does not fit{kept}: it needs {format_bytes(p['needed_at_first_failing'])}"
     return line + f"; {p['first_failing']} could not be predicted: {p['why_first_failing']}"
+
+
+def format_frontier(frontier: Any) -> str:
+    """amem fit --across's answer (a Frontier, or its JSON): a table, one row per value of the second
+    argument, the largest first argument that fits per policy ('-': not even the smallest)."""
+    d = _data(frontier)
+    rows = d["frontier"]
+    first = next((r["fit"] for r in rows if r["fit"]), None)
+    policies = [p["policy"] for p in first["policies"]] if first else []
+    card = f" {first['gpu']['name']} (usable {format_bytes(first['gpu']['usable_bytes'])})" if first else ""
+    lines = [f"amem fit: the largest --{d['arg']} that fits{card} at each --{d['across']}, per policy "
+             f"({sum(len(r['fit']['trials']) for r in rows if r['fit'])} predictions in {d['seconds']:.1f} s):"]
+    width = max([len(d["across"]) + 2, *(len(p) for p in policies)])
+    lines.append(f"  {'--' + d['across']:>{width}}  " + "  ".join(f"{p:>{width}}" for p in policies))
+    for r in rows:
+        cells = [next((str(p["largest"]) if p["largest"] is not None else "-" for p in r["fit"]["policies"]
+                       if p["policy"] == name), "-") if r["fit"] else "-" for name in policies]
+        line = f"  {r['value']:>{width}}  " + "  ".join(f"{c:>{width}}" for c in cells)
+        lines.append(line + (f"   ({r['why']})" if r["why"] else ""))
+    return "\n".join(lines)

@@ -25,7 +25,8 @@ from .what_if_cost import cost_text
 # Each group of the verdict (amem_alloc/categories.py says which categories it holds): its colour
 # here and its letter in the text bar.
 STYLE = {"parameters": ("#4e79a7", "P"), "gradients": ("#f28e2b", "G"), "optimizer state": ("#e15759", "O"),
-         "activations": ("#76b7b2", "A"), "autocast copies": ("#59a14f", "C"), "temporaries": ("#edc948", "T"),
+         "activations": ("#76b7b2", "A"), "KV cache": ("#9c755f", "K"),
+         "autocast copies": ("#59a14f", "C"), "temporaries": ("#edc948", "T"),
          "workspaces": ("#b07aa1", "W"), "cached but free": ("#bab0ac", ".")}
 GROUPS = tuple((label, STYLE[label][0], cats, STYLE[label][1]) for label, cats in categories.GROUPS)
 BAR_WIDTH = 600     # px of the usable memory in the panel

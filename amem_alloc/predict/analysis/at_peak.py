@@ -1,12 +1,18 @@
 """What holds memory: at the peak of allocated memory (every storage live then, by category,
 module and op) and over the run (each category's largest live total, what is live at each
 marker), from one walk of the recorded program (requests rounded to torch's 512 B) and a second up
-to the peak.
+to the peak. A long program (a decode loop written out: millions of ops) is walked with numpy
+(_Arrays) when each key is allocated once and freed at most once, after its allocation: the same
+figures, op for op, in a fraction of the time and memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import itertools
+
+import numpy as np
 
 from ... import replay
 from ...code_files import display_path
@@ -94,11 +100,97 @@ def _live_at(ops: list[tuple], op: int) -> dict[int, int]:
     return live
 
 
+class _Arrays:
+    """_Walk's figures with numpy, for a program whose keys are each allocated once and freed at
+    most once after it (`simple()` says whether this one is)."""
+    FAST_FROM = 100_000   # ops: below, the plain walk is as fast
+
+    def __init__(self, ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, str]]) -> None:
+        flat = np.fromiter(itertools.chain.from_iterable(ops), dtype=np.int64, count=4 * len(ops)).reshape(-1, 4)
+        self.n, kind, key = len(ops), flat[:, 0], flat[:, 1]
+        self.alloc_at = np.flatnonzero(kind == replay.ALLOC)
+        self.free_at = np.flatnonzero(kind == replay.FREE)
+        self.alloc_keys, free_keys = key[self.alloc_at], key[self.free_at]
+        order = np.argsort(self.alloc_keys, kind="stable")
+        self.sorted_keys = self.alloc_keys[order]
+        found = np.searchsorted(self.sorted_keys, free_keys).clip(0, max(len(order) - 1, 0))
+        hit = (self.sorted_keys[found] == free_keys) if len(order) else np.zeros(len(free_keys), bool)
+        self.freed = order[found[hit]]                 # which allocation each matched free frees
+        self.freed_at, self.free_hit = self.free_at[hit], hit
+        self.simple_ok = bool(np.all(self.sorted_keys[1:] != self.sorted_keys[:-1])
+                              and np.bincount(self.freed, minlength=1).max() <= 1
+                              and np.all(self.freed_at > self.alloc_at[self.freed]))
+        if not self.simple_ok:
+            return
+        sizes = flat[self.alloc_at, 2]
+        distinct = _distinct(sizes)
+        rounded = np.array([round_block(int(v)) for v in distinct], dtype=np.int64)
+        self.bytes = rounded[np.searchsorted(distinct, sizes)] if len(sizes) else sizes
+        names = [getattr(infos.get(int(k)), "category", None) or "unknown" for k in self.alloc_keys]
+        self.cats = sorted(set(names))
+        index = {c: i for i, c in enumerate(self.cats)}
+        self.cat = np.fromiter((index[c] for c in names), dtype=np.int64, count=len(names))
+        self.markers = sorted(markers)
+
+    def simple(self) -> bool:
+        return self.simple_ok
+
+    def _deltas(self, which: np.ndarray | None = None) -> np.ndarray:
+        """Bytes each op adds (allocs) or takes (frees), of the allocations `which` selects."""
+        d = np.zeros(self.n, dtype=np.int64)
+        take = np.ones(len(self.alloc_at), bool) if which is None else which
+        d[self.alloc_at[take]] += self.bytes[take]
+        freed = take[self.freed]
+        d[self.freed_at[freed]] -= self.bytes[self.freed[freed]]
+        return np.cumsum(d)
+
+    def walk(self) -> tuple[int, int, dict[str, int], list[dict]]:
+        """(peak op, peak bytes, each category's peak, the figures at each marker); one cumulative
+        sum at a time (a category's is dropped once its peak and marker values are read)."""
+        at = np.array([min(op, self.n) - 1 for op, _ in self.markers], dtype=np.int64)
+        total = self._deltas()
+        peak_op = int(np.argmax(total)) if len(self.alloc_at) and total.max() > 0 else -1
+        peak, totals = int(total[peak_op]) if peak_op >= 0 else 0, total[at.clip(0)] * (at >= 0)
+        del total
+        peaks, by_marker = {}, {}
+        for i, c in enumerate(self.cats):
+            t = self._deltas(self.cat == i)
+            if len(t) and t.max() > 0:
+                peaks[c] = int(t.max())
+            by_marker[c] = t[at.clip(0)] * (at >= 0)
+        at_markers = [{"marker": name, "op": op, "allocated": int(totals[m]),
+                       "categories": _sorted({c: int(v[m]) for c, v in by_marker.items() if v[m]})}
+                      for m, (op, name) in enumerate(self.markers)]
+        return peak_op, peak, peaks, at_markers
+
+    def live_at(self, op: int) -> dict[int, int]:
+        freed = np.full(len(self.alloc_at), self.n, dtype=np.int64)
+        freed[self.freed] = self.freed_at
+        live = np.flatnonzero((self.alloc_at <= op) & (freed > op))
+        return {int(self.alloc_keys[i]): int(self.bytes[i]) for i in live}
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values (np.unique's hashing is slower for millions of int64s)."""
+    v = np.sort(values)
+    return v[np.concatenate(([True], v[1:] != v[:-1]))] if len(v) else v
+
+
+def _walked(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, str]]):
+    """(peak op, peak bytes, category peaks, figures at markers, live at the peak), by numpy where it can."""
+    if len(ops) >= _Arrays.FAST_FROM:
+        arrays = _Arrays(ops, infos, markers)
+        if arrays.simple():
+            peak_op, peak, peaks, at_markers = arrays.walk()
+            return peak_op, peak, peaks, at_markers, arrays.live_at(peak_op)
+    walk = _Walk(infos, markers).run(ops)
+    return walk.peak_op, walk.peak, walk.peaks, walk.at_markers, _live_at(ops, walk.peak_op)
+
+
 def figures(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, str]], base: str | None = None,
             top: int = 10) -> tuple[AtPeak, OverRun]:
     """(what is live at the peak of allocated memory, figures over the whole run)."""
-    walk = _Walk(infos, markers).run(ops)
-    live = _live_at(ops, walk.peak_op)
+    peak_op, peak_bytes, cat_peaks, at_markers, live = _walked(ops, infos, markers)
     cats: dict[str, int] = {}
     mods: dict[str, int] = {}
     by_op: dict[str, int] = {}
@@ -111,10 +203,10 @@ def figures(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, st
         op = getattr(info, "op", None) or "(unknown op)"
         by_op[op] = by_op.get(op, 0) + n
     largest = sorted(live.items(), key=lambda kv: -kv[1])[:top]
-    phase = (getattr(infos.get(ops[walk.peak_op][1]), "phase", "") or None) if walk.peak_op >= 0 else None
-    peak = AtPeak(walk.peak_op, walk.peak, _sorted(cats), _sorted(mods), _sorted(by_op),
+    phase = (getattr(infos.get(ops[peak_op][1]), "phase", "") or None) if peak_op >= 0 else None
+    peak = AtPeak(peak_op, peak_bytes, _sorted(cats), _sorted(mods), _sorted(by_op),
                   [_describe(k, n, infos.get(k), base) for k, n in largest], live, phase)
-    return peak, OverRun(_sorted(walk.peaks), walk.at_markers)
+    return peak, OverRun(_sorted(cat_peaks), at_markers)
 
 
 def _describe(key: int, n: int, info: Any, base: str | None) -> dict:

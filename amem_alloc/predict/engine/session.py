@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ...categories import Category
 from ...provenance import classify
 from ...provenance.records import AllocRecord, next_seq
 from ...provenance.scope import ModuleScope
@@ -77,6 +78,7 @@ class AllocationListener(Protocol):
 
 
 GATHERED_PARAMETER = "parameter (gathered)"   # FSDP's unsharded parameters (_unsharding)
+KV_CACHE = Category.KV_CACHE.value
 _PHASE_GUESS = {"forward": "activation", "backward": "autograd_detail", "optimizer": "optimizer_state",
                 "other": "temporary"}
 
@@ -112,6 +114,7 @@ class FakeCudaSession:
         self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self.gathered_params: set[int] = set()   # keys of FSDP's unsharded parameters (_unsharding)
+        self.kv_cache: set[int] = set()          # keys of a KV cache's keys and values (decode_loop.py)
         self.state = state_mod.SessionState(self)   # what modules find as the running session (state.py)
         self.meta_kernels = meta_kernels.MetaKernels()   # Meta kernels torch lacks, while the session runs
         self.patches = PatchSet()
@@ -361,8 +364,8 @@ class FakeCudaSession:
         out = {}
         for key, info in self.infos.items():
             rec = self.records.get(key)
-            if key in self.gathered_params:
-                out[key] = replace(info, category=GATHERED_PARAMETER)
+            if key in self.gathered_params or key in self.kv_cache:
+                out[key] = replace(info, category=GATHERED_PARAMETER if key in self.gathered_params else KV_CACHE)
                 continue
             if info.category == "workspace" or rec is None:
                 out[key] = info

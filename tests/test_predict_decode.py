@@ -1,0 +1,217 @@
+"""Decode loops (amem_alloc/predict/decode_loop.py): generate() and a user's own loop end after a few
+steps and the steps left are written out, growing as the KV cache does. Checked op for op against the
+same script with every step run, and against first principles (weights, KV cache)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from amem_alloc.predict import api, repeat  # noqa: E402
+from amem_alloc.predict import script as script_mod  # noqa: E402
+
+# a small GQA Llama: 2 layers, 4 heads of 32, 2 KV heads; bf16
+MODEL = textwrap.dedent("""
+    import sys, torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    B, P, N = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    ids = torch.randint(0, 512, (B, P)).cuda()
+""")
+GENERATE = MODEL + textwrap.dedent("""
+    kw = {"static": {"cache_implementation": "static"}, "beam": {"num_beams": 3},
+          "sample": {"do_sample": True, "top_k": 50}}.get(sys.argv[4], {})
+    kw.setdefault("do_sample", False)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, **kw)
+""")
+USER_LOOP = MODEL + textwrap.dedent("""
+    from transformers import DynamicCache
+    with torch.inference_mode():
+        cache = DynamicCache(config=cfg)
+        out = model(ids, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        for i in range(N):
+            out = model(tok, past_key_values=cache, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+        last = torch.cat([ids, tok], dim=1)
+""")
+LAYERS, KV_HEADS, HEAD_DIM, BF16 = 2, 2, 32, 2
+PARAMS = 512 * 128 * 2 + LAYERS * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
+
+
+def _run(tmp_path, source, args, write_decode=True, gpu="H100"):
+    script = tmp_path / "decode.py"
+    script.write_text(source)
+    run = api.predicting(gpu, policies=["torch"], write_decode=write_decode)
+    with run:
+        script_mod.run([str(script), *map(str, args)], run, 0, 600)
+    return run
+
+
+def _normalised(ops):
+    names: dict[int, int] = {}
+    return [(kind, names.setdefault(key, len(names)) if kind <= 1 else key, size, stream)
+            for kind, key, size, stream in ops]
+
+
+def _written(run):
+    return [n for n in run.recorded.notes if n["kind"] == "written-out"]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", "beam", "sample"])
+def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tmp_path, cache):
+    args = (2, 16, 20, cache)
+    short, full = _run(tmp_path, GENERATE, args), _run(tmp_path, GENERATE, args, write_decode=False)
+    assert len(_written(short)) == 1 and not _written(full)
+    ran = int(_written(short)[0]["what"].split(": ")[1].split()[0])
+    assert ran < 10   # a prefill, a warm-up and repeat.GROW_RUN steps alike; 20 asked
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+    assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
+    # the end of sequence is taken as never met, so generate() ran to max_new_tokens in both
+    assert any(n["kind"] == "upper-bound" and "EosTokenCriteria" in n["what"] for n in short.recorded.notes)
+
+
+def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):
+    """On an A100 SDPA runs flash attention, whose split-KV buffers follow the number of 256-token blocks of
+    keys (the split count is 1, then more as the context grows): steps alike now differ later, so the loop is
+    not written out, and a note says why."""
+    args = (2, 16, 12, "dynamic")
+    short = _run(tmp_path, GENERATE, args, gpu="A100-80GB")
+    full = _run(tmp_path, GENERATE, args, write_decode=False, gpu="A100-80GB")
+    told = _written(short)
+    assert len(told) == 1 and "not written out" in told[0]["what"] and "flash" in told[0]["what"]
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+
+
+def _kv_bytes(batch, tokens):
+    return 2 * LAYERS * batch * KV_HEADS * tokens * HEAD_DIM * BF16
+
+
+def _round(n):
+    return -(-n // 512) * 512
+
+
+def test_generate_program_against_first_principles(tmp_path):
+    """4,000 new tokens after a 64-token prompt, batch 4, in a handful of steps run. The last forward (the
+    N-1st after the prefill) grows each layer's DynamicCache to P + N - 1 tokens, keys and values, by a
+    concatenation: the peak is when the last layer's values are concatenated, the old (P + N - 2 tokens)
+    still live; beside them the weights, cuBLAS's workspace (Hopper: 32 MiB), the token ids and the
+    attention mask (int64, P + N - 1 tokens each), and kilobytes of one token's activations."""
+    batch, prompt, new = 4, 64, 4000
+    run = _run(tmp_path, GENERATE, (batch, prompt, new, "dynamic"))
+    assert "steps left written out" in _written(run)[0]["what"]
+    layer = lambda tokens: batch * KV_HEADS * tokens * HEAD_DIM * BF16   # noqa: E731 - keys of one layer
+    sizes = {size for kind, _, size, _ in run.recorded.ops if kind == 0}
+    assert layer(prompt + new - 1) in sizes and layer(prompt + new) not in sizes
+    expected = (_round(PARAMS * BF16) + 32 * 2**20 + _kv_bytes(batch, prompt + new - 1) + layer(prompt + new - 2)
+                + 2 * _round(batch * (prompt + new - 1) * 8))
+    peak = run.result.rows[0].peak_allocated
+    assert expected <= peak < expected + 64 * 1024
+    # the KV cache is a category of its own, at its largest in the last concatenation, and in the JSON
+    kv = _kv_bytes(batch, prompt + new - 1) + layer(prompt + new - 2)
+    assert run.result.over_run.category_peaks["kv_cache"] == kv
+    assert run.result.to_dict()["category_peaks"]["kv_cache"] == kv
+
+
+def test_the_peak_is_the_prefill_or_the_decode_end_whichever_is_larger(tmp_path):
+    """Prompt 512, batch 4: the prefill's MLP (4 x 512 x 256 bf16, three of them live) and its logits
+    outweigh 8 new tokens' cache; with 3,000 new tokens the decode end's cache (4 x 2 x 3,511 x 32 x 2 B a
+    layer, 4 of them) is larger, and the peak moves there."""
+    def peak_phase(new):
+        run = _run(tmp_path, GENERATE, (4, 512, new, "dynamic"))
+        p = run.result.at_peak
+        return p.op, len(run.recorded.ops), p.categories.get("kv_cache", 0), run.result.rows[0].peak_allocated
+
+    op, ops, kv, peak = peak_phase(8)
+    assert op < ops / 2 and kv == _kv_bytes(4, 512)                # at the prefill: its cache is 512 tokens
+    op, ops, kv, peak = peak_phase(3000)
+    assert op > ops * 0.99                                          # in the last step
+    layer = 4 * KV_HEADS * HEAD_DIM * BF16
+    assert kv == _kv_bytes(4, 512 + 3000 - 1) + layer * (512 + 3000 - 2)
+
+
+def test_a_user_decode_loop_under_inference_mode_is_written_out(tmp_path):
+    args = (2, 16, 20)
+    short, full = _run(tmp_path, USER_LOOP, args), _run(tmp_path, USER_LOOP, args, write_decode=False)
+    assert len(_written(short)) == 1 and not _written(full)
+    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+    assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
+
+
+def test_growth_needs_every_step_to_grow_alike():
+    steps = [[(0, 10 * k + i, 100 + 64 * k, 0) for i in range(2)] for k in range(6)]
+    ops = [op for step in steps for op in step]
+    spans = [(2 * k, 2 * k + 2) for k in range(6)]
+    assert repeat.growth(ops, spans) == [64, 64]
+    ops[-1] = (0, 51, 100 + 64 * 5 + 1, 0)   # the last step's second allocation grew by one byte more
+    assert repeat.growth(ops, spans) is None
+
+
+def test_the_numpy_walk_of_a_long_program_gives_the_plain_walks_figures():
+    """analysis/at_peak.py walks a long program (a written-out decode loop) with numpy: the same peak, live set,
+    category peaks and figures at markers as the plain walk, on a program with frees across steps."""
+    from types import SimpleNamespace
+
+    from amem_alloc.predict.analysis import at_peak
+
+    ops, infos, key = [], {}, 0
+    for step in range(300):
+        for size in (1000 + 64 * step, 513, 4096 * (step % 7 + 1)):
+            key += 1
+            ops.append((0, key, size, 0))
+            infos[key] = SimpleNamespace(category=("kv_cache", "temporary", "activation")[key % 3])
+        ops.append((1, key - 1, 0, 0))   # frees one of its own
+        if step > 2:
+            ops.append((1, key - 8, 0, 0))   # and one of two steps back
+    ops.append((1, 99999, 0, 0))   # a free of a block never seen is ignored by both
+    markers = [(len(ops) // 3, "step"), (len(ops), "end"), (0, "start")]
+    arrays = at_peak._Arrays(ops, infos, markers)
+    walk = at_peak._Walk(infos, markers).run(ops)
+    assert arrays.simple()
+    assert arrays.walk() == (walk.peak_op, walk.peak, walk.peaks, walk.at_markers)
+    assert arrays.live_at(walk.peak_op) == at_peak._live_at(ops, walk.peak_op)
+    assert not at_peak._Arrays(ops + [(1, 5, 0, 0)], infos, markers).simple()   # freed twice: the plain walk
+
+
+def _serve(batch, context):
+    """What a server holds: 64 MiB of weights, then a bf16 KV cache of 2 layers x 2 x 8 KV heads x 64 per token,
+    built layer by layer as a prefill does, and one layer's attention scores (batch x 8 x context x context fp32)."""
+    import torch
+
+    weights = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    cache = [torch.empty(batch, 8, context, 64, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+    scores = torch.empty(batch, 8, context, context, device="cuda")
+    del scores
+    return weights, cache
+
+
+def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predictions(tmp_path):
+    from amem_alloc import predict as predict_mod
+    from amem_alloc.predict import fit as fit_mod
+    from amem_alloc.report.prediction_text import format_frontier
+
+    values = [512, 2048, 4096, 8192]   # at 8192 one sequence's scores alone (2 GiB) do not fit
+    front = fit_mod.frontier(_serve, "batch", "context", values, capacity_gb=2.0, policies="torch,torch-expandable")
+    text = format_frontier(front)
+    print(text)
+    assert "--context" in text and "torch-expandable" in text and len(text.splitlines()) == 2 + len(values)
+    assert "does not fit even at the smallest value" in text.splitlines()[-1]
+    for policy in ("torch", "torch-expandable"):
+        largest = front.largest(policy)
+        assert None not in largest[:3] and largest[:3] == sorted(largest[:3], reverse=True) and largest[3] is None
+        for context, batch in zip(values[:3], largest):   # at the edge: the largest fits, one more does not
+            at = predict_mod.predict(_serve, batch, context, capacity_gb=2.0, policies=policy)
+            over = predict_mod.predict(_serve, batch + 1, context, capacity_gb=2.0, policies=policy)
+            assert at.row(policy).fits and not over.row(policy).fits
+    assert front.to_dict()["frontier"][0]["fit"]["arg"] == "batch"
+    from amem_alloc.report.frontier import write
+
+    page = write(tmp_path / "frontier.html", front.to_dict()).read_text()
+    assert page.count("<polyline") == 2 and "<svg" in page and ">198<" in page and "<script" not in page
