@@ -162,3 +162,19 @@ def test_a_compiled_function_runs_eager_and_says_why():
         torch.compile(mlp)(*mlp_inputs()[0:1], *mlp_inputs()[1]).backward()
     assert not s.compile_regions
     assert any("torch.compile of a function: runs as eager" in n.what for n in s.notes.items.values())
+
+
+def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers():
+    """A compiled region's traced backward starts torch's autograd device threads, and a child forked
+    after refuses every backward; ranks after it are recorded in this process, in turn."""
+    from pathlib import Path
+
+    from amem_alloc.predict.distributed import recording
+    from amem_alloc.predict.distributed.launch import Launch
+    from amem_alloc.predict.distributed.ranks import predict_ranks
+
+    predicted(mlp, True, mlp_inputs, autocast=False)
+    assert not recording._can_fork()
+    script = Path(__file__).parent / "predict_models" / "dist_ddp.py"
+    result = predict_ranks(Launch(3, 1, None), [str(script)], "H100", "torch", steps=1, workers=2, timeout=300)
+    assert [r.rank for r in result.ranks] == [0, 1, 2]

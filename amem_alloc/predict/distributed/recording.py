@@ -96,6 +96,10 @@ def record_all(ranks: list[int], record: Callable[[int], Recording], workers: in
         yield from pool.results()
         return
     yield record(ranks[0])   # here: what every rank shares is built once, and the workers inherit it
+    if not _can_fork():   # rank 0 started threads a forked child cannot have (a compiled model's backward)
+        for rank in ranks[1:]:
+            yield record(rank)
+        return
     gc.collect()
     gc.freeze()   # what exists now is never collected: the workers' collections skip it, its pages stay shared
     try:
@@ -105,9 +109,28 @@ def record_all(ranks: list[int], record: Callable[[int], Recording], workers: in
 
 
 def _can_fork() -> bool:
+    """Whether a forked worker could record a rank: the platform forks, and torch's autograd has not
+    started its device threads here (a compiled model's traced backward starts them; a child forked
+    after refuses every backward: "Unable to handle autograd's threading in combination with
+    fork-based multiprocessing"). Linux names those threads pt_autograd_N."""
     import multiprocessing
 
-    return "fork" in multiprocessing.get_all_start_methods()
+    return "fork" in multiprocessing.get_all_start_methods() and not _autograd_threads()
+
+
+def _autograd_threads() -> bool:
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("pt_autograd_"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 # ============================================================================ the workers
