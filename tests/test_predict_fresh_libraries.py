@@ -44,7 +44,7 @@ def test_every_rank_finds_the_library_state_of_a_new_process(world, workers):
     assert "STATEFUL_LIBRARY_RANK" not in os.environ
     assert "stateful_library" not in logging.Logger.manager.loggerDict
     assert "sympy" in sys.modules                         # torch needs it: it stays
-    assert str(MODELS) not in sys.path and sys.path == path   # the script's folder was the rank's only
+    assert sys.path == path                               # the script's folder was the rank's only
     assert torch.nn.functional.linear is linear           # torch's again (the library replaced it)
 
 

@@ -60,8 +60,8 @@ def test_every_op_torch_tags_dynamic_output_shape_has_a_sizes_rule():
     its size is fixed by its arguments: index without a boolean mask, one_hot with num_classes,
     repeat_interleave with output_size); histc and nonzero_static, which amem once stopped at, are
     neither tagged nor ruled."""
-    tagged = []
-    for name in dir(torch.ops.aten):
+    tagged = []   # every aten op of this torch (dir(torch.ops.aten) lists only those loaded so far)
+    for name in sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}):
         packet = getattr(torch.ops.aten, name, None)
         for overload in getattr(packet, "overloads", lambda: [])():
             op = getattr(packet, overload)
@@ -318,3 +318,24 @@ def test_torchtitans_moe_routes_tokens_x_k_rows_with_no_size_from_values():
     gathered = [i.requested for i in s.infos.values() if i.module == "routed_experts" and i.op == "index.Tensor"]
     assert sorted(gathered) == [B * L * K * 4, B * L * K * D * 4], gathered   # the sorted scores, the rows
     assert not [n for n in s.notes if n.kind in ("upper-bound", "assumed")], s.notes.as_list()
+
+
+def test_argwhere_ctc_loss_lstsq_and_unique_dim_consecutive_are_sized_by_their_rules():
+    """argwhere as nonzero (every element at the bound); ctc_loss's log_alpha [B, T, 2 * longest + 1]
+    from the target lengths given as numbers (their longest, not a bound); lstsq's residuals where A is tall;
+    unique_consecutive over a dim with every slice distinct."""
+    with FakeCudaSession() as s:
+        x = torch.randn(6, 5, device="cuda")
+        assert torch.argwhere(x > 0).shape == (30, 2)
+        log_probs = torch.randn(50, 4, 20, device="cuda").log_softmax(2)
+        targets = torch.randint(1, 20, (4, 30), device="cuda")
+        nll, alpha = torch.ops.aten._ctc_loss(log_probs, targets, [50] * 4, [10, 12, 7, 9])
+        assert nll.shape == (4,) and alpha.shape == (4, 50, 25)
+        solution, residuals, rank, values = torch.linalg.lstsq(torch.randn(3, 8, 4, device="cuda"),
+                                                               torch.randn(3, 8, 2, device="cuda"), driver="gels")
+        assert solution.shape == (3, 4, 2) and residuals.shape == (3, 2) and rank.numel() == 0
+        out, inverse, counts = torch.ops.aten.unique_dim_consecutive(x, 0, True, True)
+        assert out.shape == (6, 5) and inverse.shape == (6,) and counts.shape == (6,)
+    kinds = {n.what.split("(")[0]: n.kind for n in s.notes}
+    assert kinds == {"nonzero": "upper-bound", "ctc_loss": "assumed", "linalg.lstsq": "upper-bound",
+                     "unique": "upper-bound"}, s.notes.as_list()

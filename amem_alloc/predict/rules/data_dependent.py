@@ -117,7 +117,7 @@ def _counted(known, t) -> int | None:
     return known.count(t) if known is not None else None
 
 
-@rule(Stage.SIZES, aten_op("nonzero"), source="aten/src/ATen/native/cuda/Nonzero.cu")
+@rule(Stage.SIZES, aten_op("nonzero"), aten_op("argwhere"), source="aten/src/ATen/native/cuda/Nonzero.cu")
 def nonzero(func, args, kwargs, known, shape_rule):
     x = args[0]
     n = _counted(known, x)
@@ -167,13 +167,14 @@ def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
 
 
 @rule(Stage.SIZES, aten_op("_unique2"), aten_op("unique_consecutive"), aten_op("_unique"), aten_op("unique_dim"),
-      source="aten/src/ATen/native/cuda/Unique.cu")
+      aten_op("unique_dim_consecutive"), source="aten/src/ATen/native/cuda/Unique.cu")
 def unique(func, args, kwargs, known, shape_rule):
     """Every element distinct (the upper bound: nothing the program fixes tells how many repeat)."""
     name, x = func.__name__.split(".")[0], args[0]
-    if name == "unique_dim":
-        dim = _arg(args, kwargs, 1, "dim")
-        inverse, counts = _arg(args, kwargs, 3, "return_inverse", False), _arg(args, kwargs, 4, "return_counts", False)
+    if name in ("unique_dim", "unique_dim_consecutive"):
+        dim, at = _arg(args, kwargs, 1, "dim"), 3 if name == "unique_dim" else 2   # unique_dim has `sorted`
+        inverse = _arg(args, kwargs, at, "return_inverse", False)
+        counts = _arg(args, kwargs, at + 1, "return_counts", False)
         n = x.shape[dim]
         out = (_empty(x.shape, x.dtype), _empty((n,) if inverse else (0,), torch.long),
                _empty((n,) if counts else (0,), torch.long))
@@ -185,6 +186,35 @@ def unique(func, args, kwargs, known, shape_rule):
     else:
         out = _unique2(x, *args[1:4], **kwargs)
     return Sized(out, "unique(): every element distinct", x.numel(), True)
+
+
+@rule(Stage.SIZES, aten_op("_ctc_loss"), source="aten/src/ATen/native/cuda/LossCTC.cu")
+def ctc_loss(func, args, kwargs, known, shape_rule):
+    """(negative log likelihood [B], log_alpha [B, T, 2 * max target length + 1]): the longest
+    target from the lengths where they are numbers, else the padded targets' width (or all of the
+    concatenated targets), the upper bound."""
+    log_probs, targets, lengths = args[0], args[1], _arg(args, kwargs, 3, "target_lengths")
+    batch, steps = log_probs.shape[1] if log_probs.dim() == 3 else 1, log_probs.shape[0]
+    fixed = not isinstance(lengths, torch.Tensor)
+    longest = max(lengths, default=0) if fixed else (targets.shape[1] if targets.dim() == 2 else targets.numel())
+    out = (_empty((batch,) if log_probs.dim() == 3 else (), log_probs.dtype),
+           _empty((batch, steps, 2 * longest + 1), log_probs.dtype))
+    return Sized(out, "ctc_loss(): the longest target " + ("given" if fixed else "the targets allow"), longest, not fixed)
+
+
+@rule(Stage.SIZES, aten_op("linalg_lstsq"), source="aten/src/ATen/native/BatchLinearAlgebra.cpp")
+def lstsq(func, args, kwargs, known, shape_rule):
+    """(solution, residuals, rank, singular values) as CUDA's only driver, gels, gives them: the
+    residuals where A is tall (m > n) and of full rank, which only values tell (taken: the upper
+    bound); rank and singular values empty."""
+    a, b = args[0], args[1]
+    vector = b.dim() == a.dim() - 1
+    m, n = a.shape[-2], a.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-1] if vector else b.shape[:-2])
+    k = () if vector else (b.shape[-1],)
+    out = (_empty((*batch, n, *k), a.dtype), _empty((*batch, *k) if m > n else (0,), a.dtype),
+           _empty((0,), torch.long), _empty((0,), a.dtype))
+    return Sized(out, "linalg.lstsq(): residuals as for a full-rank A", m, m > n)
 
 
 @rule(Stage.SIZES, "torchvision::nms", source="torchvision/csrc/ops/cuda/nms_kernel.cu")
