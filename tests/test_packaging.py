@@ -25,6 +25,8 @@ OPTIONAL = {
     "matplotlib": "the extra `plots`: --plot and compare.png say in one line to install amem_alloc[plots]",
     "tqdm": "amem compare's progress bar on a terminal; without it no bar",
     "pynvml": "amem doctor --calibrate's NVML figures on a GPU; without it they are left out",
+    "transformers": "generate()'s decode loop written out (predict/decode_loop.py), imported only once the "
+                    "user's script has imported transformers' generation",
 }
 
 
