@@ -102,8 +102,8 @@ def test_nanogpts_estimate_loss_pattern_runs(device, read):
     stand_ins = sorted(n.what for n in _stand_ins(s))
     if read == "item":   # a stand-in number written: the tensor holds it and stays known, no second note
         assert stand_ins == ["item() of a CUDA tensor: 0.0"] and _stand_ins(s)[0].count == eval_iters
-    elif device == "cpu":   # a real tensor written from a fake one: zeros written, noted at the write
-        assert stand_ins == ["a CUDA tensor's value written into a CPU tensor (copy_): zeros"]
+    elif device == "cpu":   # a real tensor written from a fake one: it keeps what it held, noted at the write
+        assert stand_ins == ["a CUDA tensor's value written into a CPU tensor (copy_): the CPU tensor keeps what it held"]
     else:   # a known tensor written with an unknown value: unknown, its reads are stand-ins
         assert stand_ins == ["a formatted value (f-string) of a CUDA tensor: text without a value",
                              "tolist() of a CUDA tensor: zeros"]
@@ -153,17 +153,18 @@ def test_known_writes_keep_a_tensor_known():
     assert not list(s.notes), list(s.notes)
 
 
-def test_a_real_tensor_written_from_an_unknown_one_holds_the_stand_in():
-    """A real CPU tensor cannot hold "unknown": what a fake value writes into it is the stand-in
-    a read of it gets (zeros), noted; the rest of it is untouched."""
+def test_a_real_tensor_written_from_an_unknown_one_keeps_what_it_held():
+    """A real CPU tensor cannot hold "unknown": a fake value written into it leaves it as it was
+    (noted), so a library's own bookkeeping copied back from the device (DDP's reducer: its bucket
+    indices) reads what it wrote itself, never zeros it did not write."""
     with FakeCudaSession() as s:
         buffer = torch.ones(2, 3)
         buffer[0].copy_(torch.randn(3, device="cuda"))
         buffer += torch.randn(2, 3, device="cuda").cpu()   # a fake CPU tensor, brought from the GPU
-        assert buffer.tolist() == [[0.0] * 3, [1.0] * 3]
+        assert buffer.tolist() == [[1.0] * 3, [1.0] * 3]
     assert sorted(n.what for n in _stand_ins(s)) == [
-        "a CUDA tensor's value written into a CPU tensor (copy_): zeros",
-        "a value computed on the GPU written into a CPU tensor (add_): zeros"]
+        "a CUDA tensor's value written into a CPU tensor (copy_): the CPU tensor keeps what it held",
+        "a value computed on the GPU written into a CPU tensor (add_): the CPU tensor keeps what it held"]
 
 
 def test_a_write_that_cannot_run_on_the_cpu_makes_its_target_unknown():

@@ -28,9 +28,10 @@ Rules, per op the recorder sees (execution.Recorder):
 * an op that fails on the CPU (a CUDA-only kernel) makes its outputs, and what it writes, unknown;
 * an op that writes a *real* tensor from fake ones (nanoGPT's `losses[k] = loss` into a CPU tensor
   of losses, `cpu_buffer.copy_(t)`) runs on the CPU with each fake input replaced by its known
-  value, or where unknown by zeros of its shape: the stand-in a read of it gets (values.py), noted
-  as a read is. A real tensor cannot become unknown (the program reads it without asking torch),
-  so it holds what a read of the fake value would have given.
+  value; where one is unknown the real tensor keeps what it held, noted as a read is. A real tensor
+  cannot become unknown (the program reads it without asking torch), and zeros written into it
+  broke a library's own bookkeeping: DDP's reducer copies its bucket indices back from the device
+  into a CPU tensor, and read zeros crashed it (a segfault in backward).
 
 A stand-in number is an ordinary number once handed out: `losses[k] = loss.item()` writes 0.0
 (the stand-in, noted where `.item()` read it) into a known tensor, which stays known, holding it.
@@ -339,15 +340,17 @@ class KnownValues:
             v = self.value(a)
             if v is None:
                 stood_in.append(device_of(a) or "fake")
-                v = torch.zeros((), dtype=a.dtype).expand(a.shape)   # no memory, whatever its size
             return v
         with torch._C.DisableTorchFunction():
-            args, kwargs = tree_map(real, args), tree_map(real, kwargs)
-            if stood_in:
+            real_args, real_kwargs = tree_map(real, args), tree_map(real, kwargs)
+            if stood_in:   # the CPU tensor keeps what it held: a library's own bookkeeping (DDP's reducer
+                # copies its bucket indices back from the device) must not read zeros it never wrote
                 source = "a CUDA tensor's value" if stood_in[0] == "cuda" else "a value computed on the GPU"
                 notes.record(notes.STAND_IN, f"{source} written into a CPU tensor ({func.__name__.partition('.')[0]}): "
-                             "zeros")
-            return func(*args, **kwargs)
+                             "the CPU tensor keeps what it held")
+                written = list(self._targets(func, args, kwargs))
+                return written[0] if len(written) == 1 else tuple(written)
+            return func(*real_args, **real_kwargs)
 
     def outputs_of(self, func, known, make) -> tuple:
         """A data-dependent shape op (nonzero, boolean indexing, unique) on known inputs: (its fake
