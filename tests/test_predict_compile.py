@@ -164,9 +164,11 @@ def test_a_compiled_function_runs_eager_and_says_why():
     assert any("torch.compile of a function: runs as eager" in n.what for n in s.notes.items.values())
 
 
-def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers():
-    """A compiled region's traced backward starts torch's autograd device threads, and a child forked
-    after refuses every backward; ranks after it are recorded in this process, in turn."""
+def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers(monkeypatch):
+    """A compiled region's traced backward can start torch's autograd device threads (pt_autograd_N),
+    and a child forked after refuses every backward: with those threads running, ranks are recorded
+    in this process, in turn, and no worker is forked. (Whether this process has them depends on
+    what ran before, so their presence is given here.)"""
     from pathlib import Path
 
     from amem_alloc.predict.distributed import recording
@@ -174,6 +176,8 @@ def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers
     from amem_alloc.predict.distributed.ranks import predict_ranks
 
     predicted(mlp, True, mlp_inputs, autocast=False)
+    monkeypatch.setattr(recording, "_autograd_threads", lambda: True)
+    monkeypatch.setattr(recording, "_Pool", lambda *a, **k: pytest.fail("a worker was forked"))
     assert not recording._can_fork()
     script = Path(__file__).parent / "predict_models" / "dist_ddp.py"
     result = predict_ranks(Launch(3, 1, None), [str(script)], "H100", "torch", steps=1, workers=2, timeout=300)
