@@ -138,6 +138,23 @@ class Children:
 
 
 @contextlib.contextmanager
+def _handling(handlers: dict) -> Iterator[bool]:
+    """While the block runs, each signal in `handlers` goes to its handler; the previous handlers
+    are put back after. Only the main thread can set a handler: elsewhere the block runs with none
+    set (it gets False)."""
+    try:
+        previous = {s: signal.signal(s, handler) for s, handler in handlers.items()}
+    except ValueError:  # not the main thread
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
 def _signals_deferred(signums: tuple = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
     """While the block runs, SIGINT and SIGTERM are noted instead of handled; after it, the handlers
     that were in place get them (KeyboardInterrupt, sigterm_ends_the_run's line). A child's own
@@ -145,15 +162,9 @@ def _signals_deferred(signums: tuple = (signal.SIGINT, signal.SIGTERM)) -> Itera
     handler can be set there) the block just runs."""
     noted: list[int] = []
     try:
-        previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in signums}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
+        with _handling({s: lambda signum, frame: noted.append(signum) for s in signums}):
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         for s in dict.fromkeys(noted):
             signal.raise_signal(s)
 
@@ -172,15 +183,8 @@ def sigterm_ends_the_run(command: str = "amem compare") -> Iterator[None]:
         print(f"{command}: terminated", file=sys.stderr)
         raise SystemExit(TERMINATED)
 
-    try:
-        previous = signal.signal(signal.SIGTERM, terminated)
-    except ValueError:  # not the main thread
+    with _handling({signal.SIGTERM: terminated}):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def die_with_parent() -> None:
