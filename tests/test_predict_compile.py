@@ -156,12 +156,79 @@ def test_a_graph_break_runs_eager_and_says_why():
     assert any("runs as eager" in n.what for n in s.notes.items.values())
 
 
-def test_a_compiled_function_runs_eager_and_says_why():
+def test_a_compiled_function_reading_its_weights_from_a_closure_saves_what_torchs_partitioner_saves():
+    """The function's weights are not its arguments: dynamo lifts them from the closure, and the
+    prediction reads the session's own (their gradients land on them)."""
+    want = torch_saved_bytes(mlp, ((TOKENS // 8, HIDDEN // 8), torch.float32, True),
+                             ((HIDDEN // 2, HIDDEN // 8), torch.float32, True), ((HIDDEN // 8, HIDDEN // 2), torch.float32, True))
     s = FakeCudaSession(**H100)
     with s:
-        torch.compile(mlp)(*mlp_inputs()[0:1], *mlp_inputs()[1]).backward()
-    assert not s.compile_regions
-    assert any("torch.compile of a function: runs as eager" in n.what for n in s.notes.items.values())
+        x, (w1, w2), _ = mlp_inputs()
+        region = torch.compile(lambda x: mlp(x, w1, w2))
+        s.marker("forward")
+        loss = region(x)
+        s.marker("backward")
+        loss.backward()
+        s.marker("end")
+        assert w1.grad.shape == w1.shape and w2.grad.shape == w2.shape and x.grad.shape == x.shape
+    region, = s.compile_regions
+    assert region["status"].startswith("predicted as compiled (inductor)"), region
+    assert region["saved_bytes"] == want
+    assert survivors(s, "forward", "backward") == want + 4
+
+
+def test_module_compile_is_predicted_as_compiled():
+    s = FakeCudaSession(**H100)
+    with s:
+        x, weights, _ = mlp_inputs()
+        module = Region(mlp, *weights)
+        module.compile()
+        module(x).backward()
+    region, = s.compile_regions
+    assert region["region"] == "Region"
+    assert region["status"].startswith("predicted as compiled (inductor)"), region
+
+
+def test_a_compiled_function_with_side_effects_runs_eager_and_says_why():
+    """dynamo would append the trace's fake to the program's list: the region is refused before it
+    runs, and the list gets what eager gives it, the session's own tensor."""
+    from amem_alloc.predict.engine.compile_inputs import SIDE_EFFECTS_REASON
+
+    seen = []
+
+    def keeps(x):
+        seen.append(x * 2)
+        return x.sum()
+
+    s = FakeCudaSession(**H100)
+    with s:
+        torch.compile(keeps)(torch.randn(64, 64, device="cuda"))
+        kept, = seen
+        assert kept.device.type == "cuda" and not isinstance(kept, torch._subclasses.FakeTensor)
+    region, = s.compile_regions
+    assert region["status"] == f"runs as eager: {SIDE_EFFECTS_REASON}"
+    assert any(SIDE_EFFECTS_REASON in n.what for n in s.notes.items.values())
+
+
+def test_an_optimizer_step_in_a_compiled_function_runs_eager_with_capturable_state():
+    """As dynamo runs it: the step makes AdamW's state at the first step, capturable (`step` a
+    tensor on the GPU). State bytes from first principles: exp_avg and exp_avg_sq per parameter,
+    fp32, and one 4-byte step each."""
+    from amem_alloc.predict.engine.compile_inputs import OPTIMIZER_REASON
+
+    s = FakeCudaSession(**H100)
+    with s:
+        params = [torch.nn.Parameter(torch.randn(256, 128, device="cuda")) for _ in range(3)]
+        opt = torch.optim.AdamW(params, foreach=True)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        step = torch.compile(lambda: opt.step())
+        step()
+        state = [t for p in params for t in opt.state[p].values()]
+        assert all(t.device.type == "cuda" for t in state)
+        assert sum(t.numel() * t.element_size() for t in state) == 3 * (2 * 256 * 128 * 4 + 4)
+    region, = s.compile_regions
+    assert region["status"] == f"runs as eager: {OPTIMIZER_REASON}"
 
 
 def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers(monkeypatch):

@@ -16,14 +16,15 @@ runs as eager, and the output names the region and why (never silently).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import notes as notes_mod
-from . import compile_trace
+from . import compile_inputs, compile_trace
 from .compile_trace import amem_suspended
 
 COMPILED = "predicted as compiled (inductor)"
@@ -51,6 +52,7 @@ class Plan:
     leaves: list            # per leaf: ("out", k), ("in", i) or ("value", v)
     status: str             # COMPILED or OP_BY_OP's text
     saved_bytes: int = 0    # the forward's saved-for-backward tensors not among its inputs
+    lifted: list = field(default_factory=list)   # session tensors read from globals, closures, objects
 
 
 class _Region(torch.autograd.Function):
@@ -119,8 +121,8 @@ class CompiledRegion:
         where = notes_mod.call_site(3)
         try:
             plan = self._plan(tensors, params, args, kwargs)
-        except Exception as e:   # torch could not trace it here: eager, and said so
-            plan = f"runs as eager: {_describe(e)}"
+        except Exception as e:   # torch could not trace it here, or must not: eager, and said so
+            plan = f"runs as eager: {compile_inputs.refusal(e) or _describe(e)}"
         status = plan if isinstance(plan, str) else plan.status
         self.session.compile_regions.append({"region": self.name, "where": where, "status": status,
                                              "saved_bytes": getattr(plan, "saved_bytes", 0)})
@@ -133,18 +135,24 @@ class CompiledRegion:
 
         with amem_suspended():
             torch._C._ensureCUDADeviceGuardSet()   # as FakeTensor does where torch.cuda has no device
-            mode = FakeTensorMode()                # (the shims answer that it has one)
+            mode = FakeTensorMode(allow_non_fake_inputs=True)   # (the shims answer that it has one)
             with mode:
                 fakes = [_fake_like(t) for t in tensors]
             by_id = {id(t): f for t, f in zip(tensors, fakes)}
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
-            with mode, _swapped(params, fakes[len(fakes) - len(params):]):
+            with mode, _swapped(params, fakes[len(fakes) - len(params):]), \
+                    compile_inputs.guarded_trace(self.session, mode):
                 trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
                                                  compile_trace.props_of(self.session), self.options, codegen=False)
-        return _plan_of(trace, fakes)
+        read = _read_from_outside(trace, fakes)
+        plan = _plan_of(trace, fakes + read)
+        if isinstance(plan, Plan):
+            plan.lifted = read
+        return plan
 
     # ------------------------------------------------------------------ run
     def _run(self, plan: Plan, tensors):
+        tensors = tensors + plan.lifted
         inputs = [tensors[i] for i in plan.inputs]
         runner = self.session.graph_runner
         if plan.backward is not None and torch.is_grad_enabled():
@@ -154,6 +162,20 @@ class CompiledRegion:
                 outs = runner.run(plan.forward, inputs)[:plan.n_user]
         leaves = [outs[v] if kind == "out" else tensors[v] if kind == "in" else v for kind, v in plan.leaves]
         return tree_unflatten(leaves, plan.spec)
+
+
+def _read_from_outside(trace, fakes: list) -> list:
+    """The program's tensors dynamo lifted as graph inputs from outside the region's arguments
+    (globals, closures, objects: their `grapharg.example` is the value it read)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ours = {id(f) for f in fakes}
+    out = []
+    for t in trace.placeholders:
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and id(t) not in ours:
+            ours.add(id(t))
+            out.append(t)
+    return out
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
@@ -252,3 +274,18 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
+
+
+def compiled_function(session, fn, options: dict | None):
+    """What torch.compile(fn) returns under prediction for a function (or a bound method): calls
+    go through its compiled region; the tensors it reads other than its arguments are the
+    session's (compile_inputs.py)."""
+    region = CompiledRegion(session, fn, None, options)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module):   # Module.compile compiles its bound _call_impl
+        region.name = type(owner).__name__
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return region(*args, **kwargs)
+    return run

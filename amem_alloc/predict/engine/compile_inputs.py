@@ -1,0 +1,133 @@
+"""The tensors a compiled region reads without being passed them, and what a trace must not do.
+
+A compiled function reads tensors from its globals, its closure, or objects it reaches (a module
+held in a global, a model's buffers); dynamo lifts each as an input of its graph, whose
+`grapharg.example` is the value it read: here, the session's own fake tensor. While a region is
+traced (amem's modes suspended) such a tensor is a plain meta tensor, which torch's fake mode
+would make a meta fake and then refuse beside the region's CUDA ones; it is made instead a fake
+CUDA tensor of its shape, stride, dtype and requires_grad, and the session tensor is remembered
+so that the replay reads it (compiled.py).
+
+The trace runs the region on fakes and dynamo applies its side effects to the program's real
+objects after the graph runs: a region whose graph would change Python state (an attribute set,
+a list appended to, a hook registered) or that steps an optimizer (dynamo initialises the
+optimizer's state by calling `_init_group` on the real optimizer while it traces) is refused
+before anything runs, and the region runs as eager with that reason.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ...patching import PatchSet, declare
+
+LIFT = declare("torch._subclasses.fake_tensor.FakeTensorConverter", "from_real_tensor",
+               "while a compiled region is traced: a session tensor the region reads from a global, closure or "
+               "object becomes a fake CUDA tensor of its shape (the session's tensors are meta underneath)")
+SIDE_EFFECTS = declare("torch._dynamo.output_graph.OutputGraph", "call_user_compiler",
+                       "while a compiled region is traced: a graph with side effects on Python objects is refused "
+                       "before it runs (dynamo would apply them to the program's objects with fake values)")
+OPTIMIZER = declare("torch._dynamo.variables.optimizer.OptimizerVariable", "call_method",
+                    "while a compiled region is traced: an optimizer step is refused (dynamo would initialise the "
+                    "program's optimizer state on the trace's tensors)")
+
+SIDE_EFFECTS_REASON = "its graph changes Python objects (side effects the trace cannot apply to the program's)"
+OPTIMIZER_REASON = "it steps an optimizer (its state is made by the step, eager here, capturable as dynamo sets it)"
+
+
+class RefusedRegion(RuntimeError):
+    """A region the trace must not run to its end; `reason` is why it runs eager."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Lifted:
+    """The session tensors a trace read from outside the region's arguments, each with its fake twin
+    (dynamo's graph inputs keep the session's tensor as the value it read: compiled.py replays on it)."""
+
+    def __init__(self, session, mode):
+        self.session, self.mode = session, mode
+        self._twins: dict = {}        # id(session tensor) -> its fake CUDA twin
+
+    def twin(self, t: torch.Tensor) -> torch.Tensor:
+        twin = self._twins.get(id(t))
+        if twin is None:
+            twin = self._twins[id(t)] = _cuda_fake(self.mode, t)
+        return twin
+
+    def is_session_cuda(self, t) -> bool:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.device.type != "meta":
+            return False
+        return self.session.storages.device_of(t) == "cuda"
+
+
+def _cuda_fake(mode, t: torch.Tensor) -> torch.Tensor:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    meta = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta")
+    twin = FakeTensor(mode, meta, torch.device("cuda", 0))
+    if t.requires_grad:
+        twin.requires_grad_(True)
+    if isinstance(t, torch.nn.Parameter):
+        twin._is_param = True
+    return twin
+
+
+@contextlib.contextmanager
+def guarded_trace(session, mode):
+    """While a region is traced: session tensors read from outside its arguments made fake CUDA
+    tensors, side effects and optimizer steps refused."""
+    from torch._dynamo.output_graph import OutputGraph
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    lifted = Lifted(session, mode)
+    from_real_tensor, call_user_compiler = FakeTensorConverter.from_real_tensor, OutputGraph.call_user_compiler
+
+    def lift(self, fake_mode, tensor, *args, **kwargs):   # dynamo's inputs, and the trace's fake run
+        if lifted.is_session_cuda(tensor):
+            tensor = lifted.twin(tensor)
+            if fake_mode is lifted.mode:
+                return tensor
+        return from_real_tensor(self, fake_mode, tensor, *args, **kwargs)
+
+    def refuse_side_effects(self, gm, example_inputs):
+        if _changes_existing_objects(self.side_effects):
+            raise RefusedRegion(SIDE_EFFECTS_REASON)
+        return call_user_compiler(self, gm, example_inputs)
+
+    def refuse_optimizer(self, *args, **kwargs):
+        raise RefusedRegion(OPTIMIZER_REASON)
+
+    with PatchSet() as patches:
+        patches.apply(LIFT, FakeTensorConverter, "from_real_tensor", lift)
+        patches.apply(SIDE_EFFECTS, OutputGraph, "call_user_compiler", refuse_side_effects)
+        patches.apply(OPTIMIZER, OptimizerVariable, "call_method", refuse_optimizer)
+        yield lifted
+
+
+def _changes_existing_objects(side_effects) -> bool:
+    """Whether dynamo would write to objects that existed before the region ran (objects the
+    region made itself are the trace's own)."""
+    from torch._dynamo.variables.base import AttributeMutationNew, ValueMutationNew
+
+    new = (AttributeMutationNew, ValueMutationNew)
+    return bool(side_effects.tensor_hooks) or any(
+        side_effects.is_modified(v) for v in side_effects.id_to_variable.values()
+        if not isinstance(v.mutation_type, new))
+
+
+def refusal(e: BaseException) -> str | None:
+    """The reason a trace was refused, if it was (dynamo wraps what its callbacks raise)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, RefusedRegion):
+            return e.reason
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
+    return None
