@@ -4,9 +4,8 @@ A compiled function reads tensors from its globals, its closure, or objects it r
 held in a global, a model's buffers); dynamo lifts each as an input of its graph, whose
 `grapharg.example` is the value it read: here, the session's own fake tensor. While a region is
 traced (amem's modes suspended) such a tensor is a plain meta tensor, which torch's fake mode
-would make a meta fake and then refuse beside the region's CUDA ones; it is made instead a fake
-CUDA tensor of its shape, stride, dtype and requires_grad, and the session tensor is remembered
-so that the replay reads it (compiled.py).
+would make a meta fake and then refuse beside the region's CUDA ones; its fake claims the CUDA
+device instead, and the replay reads the session tensor itself (compiled.py).
 
 The trace runs the region on fakes and dynamo applies its side effects to the program's real
 objects after the graph runs: a region whose graph would change Python state (an attribute set,
@@ -45,18 +44,10 @@ class RefusedRegion(RuntimeError):
 
 
 class Lifted:
-    """The session tensors a trace read from outside the region's arguments, each with its fake twin
-    (dynamo's graph inputs keep the session's tensor as the value it read: compiled.py replays on it)."""
+    """Which tensors read while a region is traced are the session's fake CUDA tensors."""
 
-    def __init__(self, session, mode):
-        self.session, self.mode = session, mode
-        self._twins: dict = {}        # id(session tensor) -> its fake CUDA twin
-
-    def twin(self, t: torch.Tensor) -> torch.Tensor:
-        twin = self._twins.get(id(t))
-        if twin is None:
-            twin = self._twins[id(t)] = _cuda_fake(self.mode, t)
-        return twin
+    def __init__(self, session):
+        self.session = session
 
     def is_session_cuda(self, t) -> bool:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -66,35 +57,30 @@ class Lifted:
         return self.session.storages.device_of(t) == "cuda"
 
 
-def _cuda_fake(mode, t: torch.Tensor) -> torch.Tensor:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    meta = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta")
-    twin = FakeTensor(mode, meta, torch.device("cuda", 0))
-    if t.requires_grad:
-        twin.requires_grad_(True)
-    if isinstance(t, torch.nn.Parameter):
-        twin._is_param = True
-    return twin
+def _on_cuda(fake) -> None:
+    """torch's fake of a session tensor (meta underneath) made to claim the CUDA device, as its
+    base does where it is a view."""
+    while fake is not None:
+        fake.fake_device = torch.device("cuda", 0)
+        fake = fake._base
 
 
 @contextlib.contextmanager
-def guarded_trace(session, mode):
+def guarded_trace(session):
     """While a region is traced: session tensors read from outside its arguments made fake CUDA
     tensors, side effects and optimizer steps refused."""
     from torch._dynamo.output_graph import OutputGraph
     from torch._dynamo.variables.optimizer import OptimizerVariable
     from torch._subclasses.fake_tensor import FakeTensorConverter
 
-    lifted = Lifted(session, mode)
+    lifted = Lifted(session)
     from_real_tensor, call_user_compiler = FakeTensorConverter.from_real_tensor, OutputGraph.call_user_compiler
 
     def lift(self, fake_mode, tensor, *args, **kwargs):   # dynamo's inputs, and the trace's fake run
+        out = from_real_tensor(self, fake_mode, tensor, *args, **kwargs)
         if lifted.is_session_cuda(tensor):
-            tensor = lifted.twin(tensor)
-            if fake_mode is lifted.mode:
-                return tensor
-        return from_real_tensor(self, fake_mode, tensor, *args, **kwargs)
+            _on_cuda(out)
+        return out
 
     def refuse_side_effects(self, gm, example_inputs):
         if _changes_existing_objects(self.side_effects):

@@ -11,8 +11,10 @@ Each graph runs as inductor's wrapper runs it (inductor_replay.py: fused kernels
 outputs, buffers are reused and deleted as its plan says); where the wrapper could not be
 generated, the partitioned graph runs op by op, and the output says so.
 
-A region that torch would not compile to one graph (a graph break), or that cannot be traced here,
-runs as eager, and the output names the region and why (never silently).
+A region that dynamo splits into several graphs (a graph break) is run by dynamo itself, its graphs
+replayed as compiled and eager between them (graph_breaks.py). A region that cannot be traced here,
+or must not be (compile_inputs.py), runs as eager, and the output names the region and why (never
+silently).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import notes as notes_mod
 from . import compile_inputs, compile_trace
 from .compile_trace import amem_suspended
+from .graph_breaks import GraphBreaks
 
 COMPILED = "predicted as compiled (inductor)"
 PARTITION_ONLY = ("predicted as compiled (inductor): AOTAutograd's partition as torch makes it; "
@@ -93,6 +96,8 @@ class CompiledRegion:
             plan = self.plans[key] = self._trace(tensors, params, args, kwargs)
         if isinstance(plan, str):   # the reason it runs eager
             return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
+        if isinstance(plan, GraphBreaks):
+            return plan(*args, **kwargs)
         return self._run(plan, tensors)
 
     # ------------------------------------------------------------------ inputs
@@ -130,6 +135,10 @@ class CompiledRegion:
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
+    def note_fallback(self, why: str) -> None:
+        """A part of the region runs as eager (one graph of several): said, never silent."""
+        notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {self.name}: {why}; it runs as eager")
+
     def _plan(self, tensors, params, args, kwargs) -> Plan | str:
         from torch._subclasses import FakeTensorMode
 
@@ -141,9 +150,11 @@ class CompiledRegion:
             by_id = {id(t): f for t, f in zip(tensors, fakes)}
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
             with mode, _swapped(params, fakes[len(fakes) - len(params):]), \
-                    compile_inputs.guarded_trace(self.session, mode):
+                    compile_inputs.guarded_trace(self.session):
                 trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
                                                  compile_trace.props_of(self.session), self.options, codegen=False)
+        if trace.dynamo_graphs > 1:   # dynamo runs it: its graphs compiled, eager between them
+            return GraphBreaks(self, trace.dynamo_graphs)
         read = _read_from_outside(trace, fakes)
         plan = _plan_of(trace, fakes + read)
         if isinstance(plan, Plan):
