@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import notes as notes_mod
-from . import compile_inputs, compile_trace
+from . import compile_inputs, compile_trace, cudagraph_pool
 from .compile_trace import amem_suspended
 from .graph_breaks import GraphBreaks
 
@@ -128,7 +128,7 @@ class CompiledRegion:
             plan = self._plan(tensors, params, args, kwargs)
         except Exception as e:   # torch could not trace it here, or must not: eager, and said so
             plan = f"runs as eager: {compile_inputs.refusal(e) or _describe(e)}"
-        status = plan if isinstance(plan, str) else plan.status
+        status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
         self.session.compile_regions.append({"region": self.name, "where": where, "status": status,
                                              "saved_bytes": getattr(plan, "saved_bytes", 0)})
         kind = notes_mod.NOT_MODELLED if isinstance(plan, str) else notes_mod.COMPILED
@@ -166,6 +166,8 @@ class CompiledRegion:
         tensors = tensors + plan.lifted
         inputs = [tensors[i] for i in plan.inputs]
         runner = self.session.graph_runner
+        if cudagraph_pool.wants_cudagraphs(self.options):
+            runner = cudagraph_pool.PooledRunner(self.session, runner)
         if plan.backward is not None and torch.is_grad_enabled():
             outs = _Region.apply(plan, runner, *inputs)
         else:
@@ -173,6 +175,20 @@ class CompiledRegion:
                 outs = runner.run(plan.forward, inputs)[:plan.n_user]
         leaves = [outs[v] if kind == "out" else tensors[v] if kind == "in" else v for kind, v in plan.leaves]
         return tree_unflatten(leaves, plan.spec)
+
+
+AUTOTUNE_NOTE = ("max-autotune: inductor's autotuned choices (templates, their workspaces) cannot be timed "
+                 "without a GPU: its default choices are predicted")
+
+
+def _mode_notes(options: dict | None) -> str:
+    """What torch.compile's `mode` adds to a region's status (reduce-overhead, max-autotune)."""
+    notes = []
+    if cudagraph_pool.wants_cudagraphs(options):
+        notes.append(cudagraph_pool.NOTE)
+    if options and options.get("max_autotune"):
+        notes.append(AUTOTUNE_NOTE)
+    return "".join(f"; {n}" for n in notes)
 
 
 def _read_from_outside(trace, fakes: list) -> list:
