@@ -1,4 +1,5 @@
-"""torch.compile's modes under prediction (amem_alloc/predict/engine/cudagraph_pool.py, compiled.py):
+"""torch.compile's modes and recompilation under prediction (amem_alloc/predict/engine/cudagraph_pool.py,
+compiled.py):
 mode="reduce-overhead" runs a region's graphs in the private pool of inductor's CUDA graph trees,
 which stays reserved (torch/_inductor/cudagraph_trees.py: one pool per device, freed only with the
 trees); "max-autotune-no-cudagraphs" is the default's partition, with a note that its autotuned
@@ -70,3 +71,45 @@ def test_max_autotune_without_cudagraphs_is_the_default_partition_with_a_note():
     assert [op[:3] for op in tuned.run.ops] == [op[:3] for op in default.run.ops]   # the same allocations
     assert "max-autotune" in _status(tuned) and "max-autotune" not in _status(default)
     assert POOL_BEGIN not in [op[0] for op in tuned.run.ops]
+
+
+def test_a_new_shape_is_traced_again_each_at_its_own_partition():
+    """torch recompiles on a new shape; from the second distinct shape on, its default
+    (`automatic_dynamic_shapes`) makes one graph with a dynamic size that serves every later shape
+    (run here, on CPU, with torch's own dynamo). amem traces each distinct shape statically: the same
+    allocation sizes the dynamic graph makes at that shape, one trace per shape, and each saves what
+    torch's partitioner saves at that shape."""
+    from amem_alloc.predict.engine.session import FakeCudaSession
+    from test_predict_compile import H100, survivors
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    reference = torch.compile(mlp, backend=counting)
+    w1, w2 = torch.randn(D_MID, D_IN, requires_grad=True), torch.randn(D_IN, D_MID, requires_grad=True)
+    for rows in (64, 128, 256):
+        reference(torch.randn(rows, D_IN, requires_grad=True), w1, w2)
+    torch._dynamo.reset()
+    assert len(graphs) == 2   # the first shape static, then one dynamic graph for the rest
+
+    s = FakeCudaSession(**H100)
+    with s:
+        w1, w2 = (torch.nn.Parameter(torch.randn(*shape, device="cuda")) for shape in ((D_MID, D_IN), (D_IN, D_MID)))
+        step = torch.compile(mlp)
+        for rows in (64, 128, 256, 128):
+            x = torch.randn(rows, D_IN, device="cuda", requires_grad=True)
+            s.marker(f"forward {rows}")
+            loss = step(x, w1, w2)
+            s.marker(f"backward {rows}")
+            loss.backward()
+            del loss
+    assert len(s.compile_regions) == 3   # the fourth call's shape was traced already
+    for rows, region in zip((64, 128, 256), s.compile_regions):
+        want = torch_saved_bytes(mlp, ((rows, D_IN), torch.float32, True), ((D_MID, D_IN), torch.float32, True),
+                                 ((D_IN, D_MID), torch.float32, True))
+        assert region["saved_bytes"] == want, rows
+        assert survivors(s, f"forward {rows}", f"backward {rows}") == want + 4
