@@ -341,9 +341,10 @@ def partition_saved(fn, *shapes) -> list[int]:
 
 
 def compiled_step(width=1024, depth=4, batch=64) -> Figures:
-    """The model predicted as compiled, the optimizer step (a compiled function) as eager. Adam,
-    foreach; dynamo sets capturable on the compiled step (torch/_dynamo/variables/optimizer.py
-    `_set_capturable`), so `step` lives on the GPU: one 512 B block per parameter, as fused Adam's.
+    """The model predicted as compiled, the optimizer step (a compiled function) as inductor's
+    compiled step takes memory: in place, as torch's fused Adam (no foreach temporaries). dynamo
+    sets capturable on the compiled step (torch/_dynamo/variables/optimizer.py `_set_capturable`),
+    so `step` lives on the GPU: one 512 B block per parameter, as fused Adam's.
     Activations: what torch's partition saves for the model's backward (`partition_saved`: per
     layer the Linear's output with LayerNorm's mean and rstd; LayerNorm and GELU are recomputed),
     with the input x and mse_loss's inputs (the model's output and y), fp32."""

@@ -245,25 +245,53 @@ def test_a_compiled_function_with_side_effects_runs_eager_and_says_why():
     assert any(SIDE_EFFECTS_REASON in n.what for n in s.notes.items.values())
 
 
-def test_an_optimizer_step_in_a_compiled_function_runs_eager_with_capturable_state():
-    """As dynamo runs it: the step makes AdamW's state at the first step, capturable (`step` a
-    tensor on the GPU). State bytes from first principles: exp_avg and exp_avg_sq per parameter,
-    fp32, and one 4-byte step each."""
-    from amem_alloc.predict.engine.compile_inputs import OPTIMIZER_REASON
+def live_between(s, start: str, end: str) -> tuple[int, int]:
+    """(highest, last) bytes allocated between two markers and alive, over the ops between them."""
+    marks = dict((name, i) for i, name in s.markers)
+    live, peak = {}, 0
+    for kind, key, size, _ in s.ops[marks[start]:marks[end]]:
+        if kind == ALLOC:
+            live[key] = size
+        else:
+            live.pop(key, None)
+        peak = max(peak, sum(live.values()))
+    return peak, sum(live.values())
 
+
+def optimizer_step(compiled: bool, foreach=True):
     s = FakeCudaSession(**H100)
     with s:
         params = [torch.nn.Parameter(torch.randn(256, 128, device="cuda")) for _ in range(3)]
-        opt = torch.optim.AdamW(params, foreach=True)
+        opt = torch.optim.AdamW(params, foreach=foreach)
         for p in params:
             p.grad = torch.randn_like(p)
-        step = torch.compile(lambda: opt.step())
-        step()
-        state = [t for p in params for t in opt.state[p].values()]
-        assert all(t.device.type == "cuda" for t in state)
-        assert sum(t.numel() * t.element_size() for t in state) == 3 * (2 * 256 * 128 * 4 + 4)
+        step = torch.compile(lambda: opt.step()) if compiled else opt.step
+        for i in range(2):
+            s.marker(f"step {i}")
+            step()
+        s.marker("end")
+        devices = {t.device.type for p in params for t in opt.state[p].values()}
+        groups = [(g["fused"], g["foreach"], g["capturable"]) for g in opt.param_groups]
+    return s, groups, devices
+
+
+def test_a_compiled_optimizer_step_allocates_its_state_and_nothing_else():
+    """As inductor's compiled step: AdamW's state made at the first step, on the GPU (capturable, as
+    dynamo sets it): exp_avg and exp_avg_sq per parameter, fp32, and one fp32 `step` each; the
+    update fused in place, so nothing beyond the state at any point, and nothing at the next step.
+    Eager foreach makes parameter-sized temporaries on top (`_foreach_sqrt` and the like)."""
+    from amem_alloc.predict.engine.compile_inputs import OPTIMIZER_REASON
+
+    state = 3 * (2 * 256 * 128 * 4 + 4)
+    s, groups, devices = optimizer_step(compiled=True)
+    assert devices == {"cuda"}
+    assert live_between(s, "step 0", "step 1") == (state, state)
+    assert live_between(s, "step 1", "end") == (0, 0)
+    assert groups == [(None, True, True)]   # the program's own choices kept; capturable, as dynamo leaves it
     region, = s.compile_regions
     assert region["status"] == f"runs as eager: {OPTIMIZER_REASON}"
+    eager, _, _ = optimizer_step(compiled=False)
+    assert live_between(eager, "step 1", "end")[0] > 0   # its temporaries, which the compiled step has not
 
 
 def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers(monkeypatch):

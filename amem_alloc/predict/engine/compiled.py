@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import notes as notes_mod
-from . import compile_inputs, compile_trace, cudagraph_pool
+from . import compile_inputs, compile_trace, compiled_optimizer, cudagraph_pool
 from .compile_trace import amem_suspended
 from .graph_breaks import GraphBreaks
 
@@ -94,8 +94,9 @@ class CompiledRegion:
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self._trace(tensors, params, args, kwargs)
-        if isinstance(plan, str):   # the reason it runs eager
-            return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
+        if isinstance(plan, str):   # the reason it runs eager (an optimizer's step as inductor's)
+            with compiled_optimizer.as_compiled_steps():
+                return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
         if isinstance(plan, GraphBreaks):
             return plan(*args, **kwargs)
         return self._run(plan, tensors)
