@@ -158,6 +158,8 @@ class CompiledRegion:
             return GraphBreaks(self, trace.dynamo_graphs)
         read = _read_from_outside(trace, fakes)
         plan = _plan_of(trace, fakes + read)
+        if isinstance(plan, Plan) and not all(_plain(v) for kind, v in plan.leaves if kind == "value"):
+            return "runs as eager: its result holds objects the trace made (they would hold its fake tensors)"
         if isinstance(plan, Plan):
             plan.lifted = read
         return plan
@@ -190,6 +192,12 @@ def _mode_notes(options: dict | None) -> str:
     if options and options.get("max_autotune"):
         notes.append(AUTOTUNE_NOTE)
     return "".join(f"; {n}" for n in notes)
+
+
+def _plain(value) -> bool:
+    """A result leaf the replay may hand back as the trace made it (no tensors inside)."""
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                                               torch.Size))
 
 
 def _read_from_outside(trace, fakes: list) -> list:

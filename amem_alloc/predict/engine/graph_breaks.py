@@ -94,7 +94,8 @@ class GraphBreaks:
         self.status = f"predicted as compiled (inductor) in {n_graphs} graphs; eager between them (graph breaks)"
         ctx = torch._dynamo.optimize(self._backend, dynamic=False)
         ctx.callback = _Conversion(ctx.callback, region)
-        fn = region.fn
+        region.session.patches.callback(torch._dynamo.reset)   # its code and guards (which hold the
+        fn = region.fn                                          # session's objects) end with the session
         self.run = ctx(fn.forward if isinstance(fn, torch.nn.Module) else fn)   # its hooks: the session's
 
     def _backend(self, gm, example_inputs):
