@@ -316,10 +316,9 @@ def compiled_function(session, fn, options: dict | None):
     """What torch.compile(fn) returns under prediction for a function (or a bound method): calls
     go through its compiled region; the tensors it reads other than its arguments are the
     session's (compile_inputs.py)."""
-    region = CompiledRegion(session, fn, None, options)
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.nn.Module):   # Module.compile compiles its bound _call_impl
-        region.name = type(owner).__name__
+    owner = getattr(fn, "__self__", None)   # Module.compile compiles its bound _call_impl: keyed by
+    module = owner if isinstance(owner, torch.nn.Module) else None   # its training flags, as a module's
+    region = CompiledRegion(session, fn, module, options)
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
