@@ -174,6 +174,33 @@ def test_a_graph_break_compiles_the_graphs_and_runs_eager_between_them():
     assert not any("runs as eager" in n.what for n in s.notes.items.values())
 
 
+def breaks_at_item(x, w1, w2):
+    y = first_half(x, w1)
+    y.amax().item()   # a graph break; on torch's fakes the eager .item() cannot run, on the session's it can
+    return second_half(y * 2, w2)
+
+
+def first_half_and_its_max(x, w1):
+    y = first_half(x, w1)
+    return y, y.amax()
+
+
+def test_a_graph_break_at_item_is_run_graph_by_graph():
+    """The first graph returns y and its max (which .item() reads): torch's partition saves amax's
+    mask too, alive with the graph's backward as long as y's gradient path is."""
+    rows, d_in, d_mid = TOKENS // 8, HIDDEN // 8, HIDDEN // 2
+    first = torch_saved_bytes(first_half_and_its_max, ((rows, d_in), torch.float32, True),
+                              ((d_mid, d_in), torch.float32, True))
+    assert first == rows * d_mid * 4 + rows * d_mid   # linear's output for gelu's backward, amax's bool mask
+    second = torch_saved_bytes(lambda y, w2: second_half(y * 2, w2), ((rows, d_mid), torch.float32, True),
+                               ((d_in, d_mid), torch.float32, True))
+    assert second == rows * d_mid * 4   # the product, linear's input, which the graph made itself
+    s, _ = predicted(breaks_at_item, True, mlp_inputs, autocast=False)
+    region, = s.compile_regions
+    assert region["status"].startswith("predicted as compiled (inductor) graph by graph as dynamo runs it"), region
+    assert survivors(s, "forward", "backward") == first + second + 4
+
+
 def test_a_graph_break_gives_every_tensor_its_gradient_and_compiles_each_graph_once(monkeypatch):
     """dynamo's guards pass on the session's tensors at the next calls: no graph is traced again."""
     from amem_alloc.predict.engine.graph_breaks import GraphBreaks

@@ -50,6 +50,7 @@ class Lifted:
 
     def __init__(self, session):
         self.session = session
+        self.graphs = 0   # graphs dynamo gave its backend
 
     def is_session_cuda(self, t) -> bool:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -70,7 +71,7 @@ def _on_cuda(fake) -> None:
 @contextlib.contextmanager
 def guarded_trace(session):
     """While a region is traced: session tensors read from outside its arguments made fake CUDA
-    tensors, side effects and optimizer steps refused."""
+    tensors, side effects and optimizer steps refused (yields the record, which counts the graphs)."""
     from torch._dynamo.output_graph import OutputGraph
     from torch._dynamo.variables.optimizer import OptimizerVariable
     from torch._subclasses.fake_tensor import FakeTensorConverter
@@ -87,6 +88,7 @@ def guarded_trace(session):
     def refuse_side_effects(self, gm, example_inputs):
         if _changes_existing_objects(self.side_effects):
             raise RefusedRegion(SIDE_EFFECTS_REASON)
+        lifted.graphs += 1
         return call_user_compiler(self, gm, example_inputs)
 
     def refuse_optimizer(self, *args, **kwargs):

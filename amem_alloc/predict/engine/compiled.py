@@ -151,9 +151,14 @@ class CompiledRegion:
             by_id = {id(t): f for t, f in zip(tensors, fakes)}
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
             with mode, _swapped(params, fakes[len(fakes) - len(params):]), \
-                    compile_inputs.guarded_trace(self.session):
-                trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
-                                                 compile_trace.props_of(self.session), self.options, codegen=False)
+                    compile_inputs.guarded_trace(self.session) as seen:
+                try:
+                    trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
+                                                     compile_trace.props_of(self.session), self.options, codegen=False)
+                except Exception as e:   # after a graph: the eager code between graphs failed on fakes
+                    if not seen.graphs or compile_inputs.refusal(e) is not None:   # (an .item() on one)
+                        raise
+                    return GraphBreaks(self, None, _describe(e))
         if trace.dynamo_graphs > 1:   # dynamo runs it: its graphs compiled, eager between them
             return GraphBreaks(self, trace.dynamo_graphs)
         read = _read_from_outside(trace, fakes)

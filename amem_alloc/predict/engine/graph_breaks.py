@@ -89,9 +89,11 @@ def _converting(session):
 class GraphBreaks:
     """A region dynamo splits into several graphs: run by dynamo, each graph replayed as compiled."""
 
-    def __init__(self, region, n_graphs: int):
+    def __init__(self, region, n_graphs: int | None, stopped: str = ""):
         self.region, self.statuses = region, []
-        self.status = f"predicted as compiled (inductor) in {n_graphs} graphs; eager between them (graph breaks)"
+        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; eager between them (graph breaks)"
+                       if n_graphs else "predicted as compiled (inductor) graph by graph as dynamo runs it; eager "
+                       f"between them (graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
         ctx = torch._dynamo.optimize(self._backend, dynamic=False)
         ctx.callback = _Conversion(ctx.callback, region)
         region.session.patches.callback(torch._dynamo.reset)   # its code and guards (which hold the
