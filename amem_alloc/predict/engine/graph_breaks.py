@@ -12,8 +12,12 @@ What makes the session's tensors acceptable to dynamo, each a declared patch und
 their fakes claim CUDA (compile_inputs.py); the guard on the torch-function mode stack is not
 installed (amem's modes are on it at run time, not while dynamo traces); a tensor's guard is
 built with the Python dispatch keys amem's modes put in thread-local state at run time.
-Frames of amem and of torch entered between graphs are left to dynamo as they are (it skips them:
-amem's dispatch mode is on the stack).
+Frames that amem's code enters between graphs (its modes and module hooks) are left to dynamo as
+they are (it skips them: amem's dispatch mode is on the stack).
+
+A compiled module with graph breaks runs its `forward` under dynamo, not its `__call__`: dynamo
+would otherwise trace the session's global module hooks into the region. Hooks the program put on
+that module itself (not on its submodules) are therefore not run here; its submodules' are.
 """
 from __future__ import annotations
 
@@ -98,7 +102,7 @@ class GraphBreaks:
         ctx.callback = _Conversion(ctx.callback, region)
         region.session.patches.callback(torch._dynamo.reset)   # its code and guards (which hold the
         fn = region.fn                                          # session's objects) end with the session
-        self.run = ctx(fn.forward if isinstance(fn, torch.nn.Module) else fn)   # its hooks: the session's
+        self.run = ctx(fn.forward if isinstance(fn, torch.nn.Module) else fn)   # (see the note: hooks)
 
     def _backend(self, gm, example_inputs):
         """One graph dynamo captured: traced as compiled.py traces a region (AOTAutograd's partition),
