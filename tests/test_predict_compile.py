@@ -239,6 +239,27 @@ def test_a_compiled_function_reading_its_weights_from_a_closure_saves_what_torch
     assert survivors(s, "forward", "backward") == want + 4
 
 
+def test_a_tensor_read_from_outside_is_read_again_at_each_call_and_not_kept_alive():
+    """As dynamo's bytecode reads it at each call (its guard's source): rebinding it to another
+    tensor of the same shape needs no new trace, and the first is freed when the program lets go
+    of it (the prediction holds no reference)."""
+    s = FakeCudaSession(**H100)
+    with s:
+        x = torch.randn(1024, 1024, device="cuda")
+        held = {"t": torch.randn(1024, 1024, device="cuda")}
+        scaled = torch.compile(lambda x: (x * held["t"]).sum())
+        scaled(x)
+        s.marker("rebound")
+        held["t"] = torch.randn(1024, 1024, device="cuda")
+        scaled(x)
+        s.marker("end")
+    assert len(s.compile_regions) == 1
+    marks = dict((name, i) for i, name in s.markers)
+    before = {key for kind, key, size, _ in s.ops[:marks["rebound"]] if kind == ALLOC and size == 1024 * 1024 * 4}
+    freed = [key for kind, key, _, _ in s.ops[marks["rebound"]:marks["end"]] if kind != ALLOC and key in before]
+    assert len(freed) == 1   # the first tensor (x stays)
+
+
 def test_module_compile_is_predicted_as_compiled():
     s = FakeCudaSession(**H100)
     with s:

@@ -16,6 +16,7 @@ before anything runs, and the region runs as eager with that reason.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -51,6 +52,7 @@ class Lifted:
     def __init__(self, session):
         self.session = session
         self.graphs = 0   # graphs dynamo gave its backend
+        self.sources: dict = {}   # id(session tensor) -> where dynamo read it (its guard's source)
 
     def is_session_cuda(self, t) -> bool:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -83,6 +85,8 @@ def guarded_trace(session):
         out = from_real_tensor(self, fake_mode, tensor, *args, **kwargs)
         if lifted.is_session_cuda(tensor):
             _on_cuda(out)
+            if kwargs.get("source") is not None:
+                lifted.sources[id(tensor)] = kwargs["source"]
         return out
 
     def refuse_side_effects(self, gm, example_inputs):
@@ -99,6 +103,43 @@ def guarded_trace(session):
         patches.apply(SIDE_EFFECTS, OutputGraph, "call_user_compiler", refuse_side_effects)
         patches.apply(OPTIMIZER, OptimizerVariable, "call_method", refuse_optimizer)
         yield lifted
+
+
+class Read:
+    """One tensor a region read from outside its arguments: where dynamo read it, re-read at each call
+    as dynamo's bytecode does (the trace's tensor is held weakly, so the program frees it as torch's)."""
+
+    def __init__(self, tensor: torch.Tensor, source):
+        self.expression = getattr(source, "name", None) if source is not None else None
+        self.ref = weakref.ref(tensor)
+        self.signature = (tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad)
+
+    def now(self, fn, args, kwargs):
+        """The tensor this call reads (None: gone, or not the one the trace saw: trace again)."""
+        t = _evaluate(self.expression, fn, args, kwargs) if self.expression else None
+        t = t if isinstance(t, torch.Tensor) else self.ref()
+        if t is None or (tuple(t.shape), t.stride(), t.dtype, t.requires_grad) != self.signature:
+            return None
+        return t
+
+
+def _evaluate(expression: str, fn, args, kwargs):
+    """A guard source's expression (`G['w']`, `L['self'].weight`) against the call's frame, as
+    dynamo's guards evaluate it; None where it cannot be."""
+    import inspect
+
+    from torch._dynamo.guards import _get_closure_vars
+
+    func = getattr(fn, "__func__", fn)
+    try:
+        local = dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+        if hasattr(fn, "__self__"):
+            local["self"] = fn.__self__
+        cells = zip(func.__code__.co_freevars, func.__closure__ or ())
+        local.update({name: cell.cell_contents for name, cell in cells})
+        return eval(expression, {**_get_closure_vars(), "G": func.__globals__, "L": local})   # noqa: S307
+    except Exception:
+        return None
 
 
 def _changes_existing_objects(side_effects) -> bool:

@@ -55,7 +55,7 @@ class Plan:
     leaves: list            # per leaf: ("out", k), ("in", i) or ("value", v)
     status: str             # COMPILED or OP_BY_OP's text
     saved_bytes: int = 0    # the forward's saved-for-backward tensors not among its inputs
-    lifted: list = field(default_factory=list)   # session tensors read from globals, closures, objects
+    lifted: list = field(default_factory=list)   # compile_inputs.Read per tensor read from outside (globals...)
 
 
 class _Region(torch.autograd.Function):
@@ -92,14 +92,16 @@ class CompiledRegion:
         tensors, params = self._tensors(args, kwargs)
         key = self._key(tensors)
         plan = self.plans.get(key)
-        if plan is None:
+        read = _reads_now(plan, self.fn, args, kwargs)
+        if plan is None or read is None:   # new inputs, or what it reads from outside changed
             plan = self.plans[key] = self._trace(tensors, params, args, kwargs)
+            read = _reads_now(plan, self.fn, args, kwargs)
         if isinstance(plan, str):   # the reason it runs eager (an optimizer's step as inductor's)
             with compiled_optimizer.as_compiled_steps():
                 return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
         if isinstance(plan, GraphBreaks):
             return plan(*args, **kwargs)
-        return self._run(plan, tensors)
+        return self._run(plan, tensors + read)
 
     # ------------------------------------------------------------------ inputs
     def _tensors(self, args, kwargs) -> tuple[list, list]:
@@ -166,12 +168,11 @@ class CompiledRegion:
         if isinstance(plan, Plan) and not all(_plain(v) for kind, v in plan.leaves if kind == "value"):
             return "runs as eager: its result holds objects the trace made (they would hold its fake tensors)"
         if isinstance(plan, Plan):
-            plan.lifted = read
+            plan.lifted = [compile_inputs.Read(t, seen.sources.get(id(t))) for t in read]
         return plan
 
     # ------------------------------------------------------------------ run
     def _run(self, plan: Plan, tensors):
-        tensors = tensors + plan.lifted
         inputs = [tensors[i] for i in plan.inputs]
         runner = self.session.graph_runner
         if cudagraph_pool.wants_cudagraphs(self.options):
@@ -197,6 +198,15 @@ def _mode_notes(options: dict | None) -> str:
     if options and options.get("max_autotune"):
         notes.append(AUTOTUNE_NOTE)
     return "".join(f"; {n}" for n in notes)
+
+
+def _reads_now(plan, fn, args, kwargs) -> list | None:
+    """The tensors a traced region reads from outside its arguments at this call ([] for none or
+    for a region not replayed from a plan; None where one is gone or is not what was traced)."""
+    if not isinstance(plan, Plan):
+        return []
+    read = [r.now(fn, args, kwargs) for r in plan.lifted]
+    return None if any(t is None for t in read) else read
 
 
 def _plain(value) -> bool:
