@@ -294,6 +294,26 @@ def test_a_compiled_function_with_side_effects_runs_eager_and_says_why():
     assert any(SIDE_EFFECTS_REASON in n.what for n in s.notes.items.values())
 
 
+def test_a_compiled_function_setting_a_python_flag_is_still_predicted_as_compiled():
+    """A side effect that stores no tensor (a flag, as transformers' compile-state context sets) is
+    the value eager would store: the region is traced, and the flag is set."""
+    class Flags:
+        seen = False
+
+    flags = Flags()
+
+    def marks(x):
+        flags.seen = True
+        return (x * 2).sum()
+
+    s = FakeCudaSession(**H100)
+    with s:
+        torch.compile(marks)(torch.randn(64, 64, device="cuda"))
+    region, = s.compile_regions
+    assert region["status"].startswith("predicted as compiled (inductor)"), region
+    assert flags.seen is True
+
+
 def live_between(s, start: str, end: str) -> tuple[int, int]:
     """(highest, last) bytes allocated between two markers and alive, over the ops between them."""
     marks = dict((name, i) for i, name in s.markers)

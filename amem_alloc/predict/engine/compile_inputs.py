@@ -8,10 +8,10 @@ would make a meta fake and then refuse beside the region's CUDA ones; its fake c
 device instead, and the replay reads the session tensor itself (compiled.py).
 
 The trace runs the region on fakes and dynamo applies its side effects to the program's real
-objects after the graph runs: a region whose graph would change Python state (an attribute set,
-a list appended to, a hook registered) or that steps an optimizer (dynamo initialises the
-optimizer's state by calling `_init_group` on the real optimizer while it traces) is refused
-before anything runs, and the region runs as eager with that reason.
+objects after the graph runs: a region whose graph would store tensors into the program's objects
+(an attribute set to one, a list appended to, a tensor hook registered) or that steps an
+optimizer (dynamo initialises the optimizer's state by calling `_init_group` on the real optimizer
+while it traces) is refused before anything runs, and the region runs as eager with that reason.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ OPTIMIZER = declare("torch._dynamo.variables.optimizer.OptimizerVariable", "call
                     "while a compiled region is traced: an optimizer step is refused (dynamo would initialise the "
                     "program's optimizer state on the trace's tensors)")
 
-SIDE_EFFECTS_REASON = "its graph changes Python objects (side effects the trace cannot apply to the program's)"
+SIDE_EFFECTS_REASON = ("its graph stores tensors into the program's objects (side effects the trace would apply "
+                       "with its fake tensors)")
 OPTIMIZER_REASON = ("it steps an optimizer: the step runs as inductor's compiled step takes memory (torch's fused "
                     "kernel, in place: its state made at the first step, capturable as dynamo sets it; no foreach "
                     "temporaries; compiled_optimizer.py)")
@@ -143,14 +144,37 @@ def _evaluate(expression: str, fn, args, kwargs):
 
 
 def _changes_existing_objects(side_effects) -> bool:
-    """Whether dynamo would write to objects that existed before the region ran (objects the
-    region made itself are the trace's own)."""
+    """Whether dynamo would store tensors (the trace's fakes) into objects that existed before the
+    region ran: attributes set to them, containers holding them, tensor hooks. (Objects the region
+    made itself are the trace's own; Python values such as flags are the values eager would store.)"""
     from torch._dynamo.variables.base import AttributeMutationNew, ValueMutationNew
 
     new = (AttributeMutationNew, ValueMutationNew)
-    return bool(side_effects.tensor_hooks) or any(
-        side_effects.is_modified(v) for v in side_effects.id_to_variable.values()
-        if not isinstance(v.mutation_type, new))
+    for v in side_effects.id_to_variable.values():
+        if isinstance(v.mutation_type, new) or not side_effects.is_modified(v):
+            continue
+        stored = side_effects.store_attr_mutations.get(v)
+        if _holds_tensor(list(stored.values()) if stored else v):
+            return True
+    return bool(side_effects.tensor_hooks)
+
+
+def _holds_tensor(vt, depth: int = 4) -> bool:
+    from torch._dynamo.variables import BaseListVariable, ConstDictVariable, TensorVariable
+
+    if isinstance(vt, TensorVariable):
+        return True
+    if depth == 0:
+        return False
+    if isinstance(vt, (list, tuple)):
+        items = vt
+    elif isinstance(vt, BaseListVariable):
+        items = vt.items
+    elif isinstance(vt, ConstDictVariable):
+        items = list(vt.items.values())
+    else:
+        return False
+    return any(_holds_tensor(x, depth - 1) for x in items)
 
 
 def refusal(e: BaseException) -> str | None:
