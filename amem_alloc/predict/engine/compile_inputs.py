@@ -28,6 +28,10 @@ LIFT = declare("torch._subclasses.fake_tensor.FakeTensorConverter", "from_real_t
 SIDE_EFFECTS = declare("torch._dynamo.output_graph.OutputGraph", "call_user_compiler",
                        "while a compiled region is traced: a graph with side effects on Python objects is refused "
                        "before it runs (dynamo would apply them to the program's objects with fake values)")
+LIFT_RUN = declare("torch._subclasses.fake_tensor.FakeTensorMode (the trace's own instance)",
+                   "validate_and_convert_non_fake_tensors",
+                   "while a compiled region is traced: the session tensors dynamo passes the graph it compiled "
+                   "(read from globals, closures, objects) become their fakes, the fake run's only non-fake inputs")
 OPTIMIZER = declare("torch._dynamo.variables.optimizer.OptimizerVariable", "call_method",
                     "while a compiled region is traced: an optimizer step is refused (dynamo would initialise the "
                     "program's optimizer state on the trace's tensors)")
@@ -72,7 +76,7 @@ def _on_cuda(fake) -> None:
 
 
 @contextlib.contextmanager
-def guarded_trace(session):
+def guarded_trace(session, mode=None):
     """While a region is traced: session tensors read from outside its arguments made fake CUDA
     tensors, side effects and optimizer steps refused (yields the record, which counts the graphs)."""
     from torch._dynamo.output_graph import OutputGraph
@@ -101,6 +105,8 @@ def guarded_trace(session):
 
     with PatchSet() as patches:
         patches.apply(LIFT, FakeTensorConverter, "from_real_tensor", lift)
+        if mode is not None:
+            _lift_in_run(patches, mode, lifted)
         patches.apply(SIDE_EFFECTS, OutputGraph, "call_user_compiler", refuse_side_effects)
         patches.apply(OPTIMIZER, OptimizerVariable, "call_method", refuse_optimizer)
         yield lifted
@@ -141,6 +147,17 @@ def _evaluate(expression: str, fn, args, kwargs):
         return eval(expression, {**_get_closure_vars(), "G": func.__globals__, "L": local})   # noqa: S307
     except Exception:
         return None
+
+
+def _lift_in_run(patches: PatchSet, mode, lifted: Lifted) -> None:
+    """The trace's fake mode takes the session tensors dynamo's compiled code is called with (it
+    refuses every other non-fake input, as torch's does)."""
+    validate = mode.validate_and_convert_non_fake_tensors
+
+    def with_session_tensors(func, converter, flat_args, args_spec):
+        flat_args = [converter.from_real_tensor(mode, a) if lifted.is_session_cuda(a) else a for a in flat_args]
+        return validate(func, converter, flat_args, args_spec)
+    patches.apply(LIFT_RUN, mode, "validate_and_convert_non_fake_tensors", with_session_tensors)
 
 
 def _changes_existing_objects(side_effects) -> bool:

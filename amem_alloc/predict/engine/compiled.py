@@ -147,13 +147,13 @@ class CompiledRegion:
 
         with amem_suspended():
             torch._C._ensureCUDADeviceGuardSet()   # as FakeTensor does where torch.cuda has no device
-            mode = FakeTensorMode(allow_non_fake_inputs=True)   # (the shims answer that it has one)
+            mode = FakeTensorMode()   # (the shims answer that it has one)
             with mode:
                 fakes = [_fake_like(t) for t in tensors]
             by_id = {id(t): f for t, f in zip(tensors, fakes)}
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
             with mode, _swapped(params, fakes[len(fakes) - len(params):]), \
-                    compile_inputs.guarded_trace(self.session) as seen:
+                    compile_inputs.guarded_trace(self.session, mode) as seen:
                 try:
                     trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
                                                      compile_trace.props_of(self.session), self.options, codegen=False)
