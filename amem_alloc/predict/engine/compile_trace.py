@@ -29,12 +29,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import fake_backward
+from . import fake_backward, inductor_replay
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
 TRACE_PROPS = declare("torch._dynamo.device_interface.CudaInterface", "get_device_properties (and Worker's)",
                       "while a compiled region is traced: the chosen card's properties for inductor")
+TRACE_CAPABILITY = declare("torch.cuda", "get_device_capability, get_device_properties",
+                           "while a compiled region is traced: the chosen card's (inductor's lowering and "
+                           "code generation ask them; torch's would look for a driver)")
 TRACE_TRITON = declare("torch._inductor.scheduler", "has_triton",
                        "while a compiled region is traced: Triton code is generated (never compiled or run)")
 TRACE_HOOKS = declare("torch.nn.modules.module", "_global_forward_pre_hooks, _global_forward_hooks",
@@ -62,6 +65,7 @@ class Graph:
     is_inference: bool
     wrapper: str | None = None      # inductor's generated Python wrapper (None: codegen failed)
     wrapper_error: str | None = None
+    replay: Any = None              # the wrapper loaded for replay (inductor_replay.Replay)
 
 
 @dataclass
@@ -100,6 +104,8 @@ def _trace_patches(patches: PatchSet, props) -> None:
     patches.apply(TRACE_GRAD, torch.autograd, "grad", fake_backward.grad)
     patches.apply(TRACE_PROPS, CudaInterface, "get_device_properties", get)
     patches.apply(TRACE_PROPS, CudaInterface.Worker, "get_device_properties", get)
+    patches.apply(TRACE_CAPABILITY, torch.cuda, "get_device_capability", lambda *a, **k: (props.major, props.minor))
+    patches.apply(TRACE_CAPABILITY, torch.cuda, "get_device_properties", lambda *a, **k: props)
     patches.apply(TRACE_TRITON, scheduler, "has_triton", lambda: True)
     patches.apply(TRACE_HASH, triton_utils, "triton_hash_with_backend", lambda: "amem-predict (no GPU)")
     patches.apply(TRACE_RNG, torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(16, dtype=torch.uint8))
@@ -188,6 +194,7 @@ def _inner(trace: Trace, codegen: bool):
         if codegen:
             try:
                 graph.wrapper = _codegen(gm, example_inputs, kw)
+                graph.replay = inductor_replay.Replay(graph.wrapper, _wrapper_name(graph))
             except Exception as e:   # noted by the caller: the graph replays op by op
                 graph.wrapper_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         trace.graphs.append(graph)
@@ -201,6 +208,10 @@ def _inner(trace: Trace, codegen: bool):
         run._boxed_call = True
         return run
     return inner
+
+
+def _wrapper_name(graph: Graph) -> str:
+    return "inductor_wrapper_" + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
 
 
 def _backend(trace: Trace, options: dict | None, codegen: bool):
@@ -223,7 +234,8 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
     import torch._dynamo
 
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+            torch._inductor.config.patch(compile_threads=1):   # no compile workers: nothing is compiled
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
@@ -235,7 +247,17 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         finally:
             torch._dynamo.reset()
             _handlers().cache_clear()   # built from the functions as patched here
+            _card_caches_clear()
     return trace
+
+
+def _card_caches_clear() -> None:
+    """What inductor cached of the card told it here (a later session may choose another)."""
+    from torch._inductor import utils
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    for cached in (utils.is_big_gpu, utils.get_max_num_sms, DeviceProperties.create.__func__):
+        getattr(cached, "cache_clear", lambda: None)()
 
 
 def _same(a, b) -> bool:

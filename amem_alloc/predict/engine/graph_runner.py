@@ -38,7 +38,7 @@ class GraphRunner:
 
     def run(self, graph, inputs: list) -> list:
         with torch.autocast("cuda", enabled=False):
-            if graph.wrapper is not None and getattr(graph, "replay", None) is not None:
+            if graph.replay is not None:
                 return list(graph.replay(inputs))
             if not getattr(graph, "prepared", False):
                 _fake_factories(graph.gm)
