@@ -1,0 +1,181 @@
+"""Inductor's buffers in a compiled region (amem_alloc/predict/engine/inductor_replay.py): the graph's
+wrapper, as inductor generated it, replayed on the session's fake tensors.
+
+The references: what fusion means from first principles (a chain of pointwise ops and a reduction
+is one kernel, which writes only its output), and inductor's own plan read independently of the
+replay: the wrapper's text walked line by line (`bufN = empty_strided_cuda(sizes, strides, dtype)`,
+`bufN = bufM; del bufM  # reuse`, `del bufN`, the returned buffers kept), giving the bytes alive
+after each line. The replay executes that module; the walk only reads it."""
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch._inductor.compile_fx")
+
+from amem_alloc.predict.engine import compile_trace  # noqa: E402
+from amem_alloc.predict.engine.compiled import COMPILED, OP_BY_OP  # noqa: E402
+from amem_alloc.predict.engine.session import FakeCudaSession  # noqa: E402
+from amem_alloc.replay import ALLOC  # noqa: E402
+from test_predict_compile import H100, HIDDEN, TOKENS, VOCAB, Region, lm_head_loss, lm_inputs, mlp, mlp_inputs  # noqa: E402
+
+
+def chain(x):
+    return ((x * 2 + 1).relu() * 3).sum(-1)
+
+
+# ============================================================================ the prediction's allocations
+def allocations(s, start: str, end: str) -> list[int]:
+    """Sizes allocated between two markers, in order (cuBLAS's workspace aside)."""
+    marks = dict((name, i) for i, name in s.markers)
+    return [size for kind, key, size, _ in s.ops[marks[start]:marks[end]]
+            if kind == ALLOC and s.infos[key].op != "cublas_workspace"]
+
+
+def live_between(s, start: str, end: str) -> list[int]:
+    """Bytes allocated (cuBLAS's workspace aside) after each event between two markers, relative to
+    the first marker."""
+    marks = dict((name, i) for i, name in s.markers)
+    sizes, now, out = {}, 0, []
+    for i, (kind, key, size, _) in enumerate(s.ops[:marks[end]]):
+        if kind == ALLOC:
+            sizes[key] = 0 if s.infos[key].op == "cublas_workspace" else size
+            now += sizes[key]
+        else:
+            now -= sizes.pop(key, 0)
+        if i == marks[start] - 1:
+            base = now
+        if i >= marks[start]:
+            out.append(now - base)
+    return out
+
+
+# ============================================================================ the wrapper, walked
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "float64": 8}
+_ALLOC = re.compile(r"^(\w+) = empty_strided_cuda\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)$")
+_ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)  # reuse$")
+
+
+def _nbytes(sizes: str, strides: str, dtype: str) -> int:
+    dims = [int(d) for d in sizes.split(",") if d.strip()]
+    steps = [int(d) for d in strides.split(",") if d.strip()]
+    if 0 in dims:
+        return 0
+    return (1 + sum((d - 1) * st for d, st in zip(dims, steps))) * _DTYPE_BYTES[dtype]
+
+
+def walk(wrapper: str, inputs: dict[str, int]) -> tuple[list[int], list[str]]:
+    """The bytes alive after each line of the wrapper's `call`, relative to its start (an input in
+    `inputs`, name -> bytes, is freed by its `del`; other inputs are held by their owners), and the
+    names it returns."""
+    body = wrapper.split("    def call(self, args):", 1)[1].split("\nrunner = ", 1)[0]
+    owner, size, now, trace = dict(), dict(inputs), 0, []
+    owner.update({name: name for name in inputs})
+    returned = []
+    for line in (raw.strip() for raw in body.splitlines()):
+        if m := _ALLOC.match(line):
+            owner[m[1]], size[m[1]] = m[1], _nbytes(m[2], m[3], m[4])
+            now += size[m[1]]
+        elif m := _ALIAS.match(line):
+            owner[m[1]] = owner.pop(m[3])
+        elif line.startswith("del "):
+            base = owner.pop(line[4:], None)
+            if base is not None and base not in owner.values():
+                now -= size.get(base, 0)
+        elif line.startswith("return ("):
+            returned = [owner.get(n, n) for n in _returned_names(line)]
+        trace.append(now)
+    return trace, returned
+
+
+def _returned_names(line: str) -> list:
+    """`return (buf4, primals_1, reinterpret_tensor(buf1, ...), None, )`: each item's buffer name."""
+    items = ast.parse(line.replace("return ", "", 1)).body[0].value.elts
+    return [(e.args[0] if isinstance(e, ast.Call) else e).__dict__.get("id") for e in items]
+
+
+def predicted_region(fn, make_inputs, autocast: bool, grad: bool = True):
+    s = FakeCudaSession(**H100)
+    with s:
+        x, weights, rest = make_inputs()
+        run = torch.compile(Region(fn, *weights))
+        s.marker("forward")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast), torch.set_grad_enabled(grad):
+            out = run(x, *rest)
+        s.marker("backward")
+        if grad:
+            out.backward()
+        s.marker("end")
+    plan, = run.__dict__["_region"].plans.values()
+    return s, plan
+
+
+# ============================================================================ tests
+def test_a_chain_of_pointwise_ops_and_a_reduction_allocates_only_its_output():
+    rows, cols = 1024, 4096
+    make = lambda: (torch.randn(rows, cols, device="cuda"), [], [])  # noqa: E731
+    s, plan = predicted_region(chain, make, autocast=False, grad=False)
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    assert allocations(s, "forward", "backward") == [rows * 4]   # one fused kernel: the sums only
+    eager = FakeCudaSession(**H100)
+    with eager:
+        x = torch.randn(rows, cols, device="cuda")
+        eager.marker("forward")
+        with torch.no_grad():
+            chain(x)
+        eager.marker("backward")
+    assert allocations(eager, "forward", "backward") == [rows * cols * 4] * 4 + [rows * 4]   # one per op
+
+
+def test_mlp_allocates_the_matmuls_and_one_fused_gelu_and_reuses_the_gradient_in_place():
+    s, plan = predicted_region(mlp, mlp_inputs, autocast=False)
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    rows, hidden, inner = TOKENS // 8, HIDDEN // 8, HIDDEN // 2
+    forward = allocations(s, "forward", "backward")
+    assert forward[:3] == [rows * inner * 4, rows * inner * 4, rows * hidden * 4]   # mm, GELU (fused), mm
+    assert all(size < rows * hidden * 4 for size in forward[3:])   # then the sum's partial sums
+    # backward: the hidden gradient is computed once and GELU's backward writes it in place
+    backward = allocations(s, "backward", "end")
+    assert backward.count(rows * inner * 4) == 1, backward
+
+
+@pytest.mark.parametrize("fn, make, autocast", [(mlp, mlp_inputs, False), (lm_head_loss, lm_inputs, True)],
+                         ids=["mlp", "lm_head_cross_entropy"])
+def test_each_graphs_bytes_are_those_of_inductors_wrapper_walked(fn, make, autocast):
+    s, plan = predicted_region(fn, make, autocast=autocast)
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    fw_trace, fw_returned = walk(plan.forward.wrapper, {})
+    assert max(live_between(s, "forward", "backward")) == max(fw_trace)
+    assert live_between(s, "forward", "backward")[-1] == fw_trace[-1]
+    # backward: its arguments are the forward's saved outputs, freed where the wrapper `del`s them
+    sizes = _returned_sizes(plan.forward.wrapper)
+    args = re.search(r"def call\(self, args\):\n\s+(.*) = args", plan.backward.wrapper)[1].replace(" ", "").split(",")
+    saved = {name: sizes.get(ret, 0) for name, ret in zip(args, fw_returned[plan.n_user:])}
+    bw_trace, _ = walk(plan.backward.wrapper, saved)
+    seed = 4   # backward's incoming gradient of the scalar loss (ones_like)
+    assert max(live_between(s, "backward", "end")) == seed + max(bw_trace)
+
+
+def _returned_sizes(wrapper: str) -> dict[str, int]:
+    return {m[1]: _nbytes(m[2], m[3], m[4]) for m in (_ALLOC.match(line.strip()) for line in wrapper.splitlines()) if m}
+
+
+def test_the_lm_heads_logits_gradient_is_written_where_the_saved_logits_were():
+    """Inductor's backward reuses the saved bf16 logits for their gradient (`buf1 = mm; del mm  # reuse`):
+    no logits-sized buffer is allocated in backward, where eager allocates fp32 gradients of them."""
+    s, plan = predicted_region(lm_head_loss, lm_inputs, autocast=True)
+    assert "= mm; del mm  # reuse" in plan.backward.wrapper
+    assert max(allocations(s, "backward", "end")) < TOKENS * VOCAB * 2
+    assert max(allocations(s, "backward", "end")) == VOCAB * HIDDEN * 4   # the fp32 weight gradient
+
+
+def test_where_the_wrapper_cannot_be_generated_the_graph_runs_op_by_op_and_says_why(monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("no wrapper here")
+    monkeypatch.setattr(compile_trace, "_codegen", fail)
+    s, _ = predicted_region(mlp, mlp_inputs, autocast=False)
+    status = s.compile_regions[0]["status"]
+    assert status == OP_BY_OP.format(why="RuntimeError: no wrapper here"), status
