@@ -179,3 +179,25 @@ def test_where_the_wrapper_cannot_be_generated_the_graph_runs_op_by_op_and_says_
     s, _ = predicted_region(mlp, mlp_inputs, autocast=False)
     status = s.compile_regions[0]["status"]
     assert status == OP_BY_OP.format(why="RuntimeError: no wrapper here"), status
+
+
+def biased_mlp(x, w1, b1, w2):
+    return torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1)), w2).sum()
+
+
+def test_max_autotune_assumes_atens_kernels_and_says_so():
+    """Which GEMM kernel max-autotune picks is benchmarked on the GPU: ATen's is assumed, as torch
+    picks when it does not benchmark (select_algorithm's pick_deterministic_choice), and noted."""
+    def make():
+        x, (w1, w2), _ = mlp_inputs()
+        return x, [w1, torch.nn.Parameter(torch.randn(w1.shape[0], device="cuda")), w2], []
+    s = FakeCudaSession(**H100)
+    with s:
+        x, weights, _ = make()
+        run = torch.compile(Region(biased_mlp, *weights), mode="max-autotune-no-cudagraphs")
+        run(x).backward()
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    plan, = run.__dict__["_region"].plans.values()
+    for graph in (plan.forward, plan.backward):
+        assert "extern_kernels." in graph.wrapper and "triton_tem" not in graph.wrapper
+    assert any(n.what == compile_trace.AUTOTUNE_ESTIMATE for n in s.notes.items.values())

@@ -210,6 +210,30 @@ def _inner(trace: Trace, codegen: bool):
     return inner
 
 
+# ============================================================================ what needs a GPU to decide
+AUTOTUNE_ESTIMATE = ("max-autotune: which GEMM/convolution kernel torch picks is decided by benchmarks on the "
+                     "GPU; ATen's kernel is assumed (torch's own pick when it does not benchmark), so a Triton "
+                     "template's fused epilogue and workspace are not modelled")
+
+
+def _autotunes(options: dict | None) -> bool:
+    from torch._inductor import config
+
+    options = options or {}
+    return any(options.get(k, getattr(config, k)) for k in ("max_autotune", "max_autotune_gemm"))
+
+
+def _without_benchmarks(options: dict | None) -> dict:
+    """inductor's config while tracing: no compile workers (nothing is compiled) and, where the
+    region autotunes, ATen's GEMM and convolution kernels only (the choice needs benchmarks)."""
+    if not _autotunes(options):
+        return {}
+    from .. import notes
+
+    notes.record(notes.ESTIMATE, AUTOTUNE_ESTIMATE)
+    return {"max_autotune_gemm_backends": "ATEN", "max_autotune_conv_backends": "ATEN"}
+
+
 def _wrapper_name(graph: Graph) -> str:
     return "inductor_wrapper_" + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
 
@@ -235,7 +259,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
 
     trace = Trace()
     with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
-            torch._inductor.config.patch(compile_threads=1):   # no compile workers: nothing is compiled
+            torch._inductor.config.patch(compile_threads=1, **_without_benchmarks(options)):
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
