@@ -201,3 +201,24 @@ def test_max_autotune_assumes_atens_kernels_and_says_so():
     for graph in (plan.forward, plan.backward):
         assert "extern_kernels." in graph.wrapper and "triton_tem" not in graph.wrapper
     assert any(n.what == compile_trace.AUTOTUNE_ESTIMATE for n in s.notes.items.values())
+
+
+def pointwise(x):
+    return (x * 2 + 1).relu()
+
+
+def test_an_expanded_gradient_is_copied_into_the_traced_tangents_layout_as_aotautograd_does():
+    """`out.sum().backward()` hands the region a gradient expanded from one element (stride 0);
+    AOTAutograd's backward makes it contiguous, as the tangent was traced (a copy), before the
+    graph runs (runtime_wrappers.py, coerce_to_expected_memory_format)."""
+    rows, cols = 1024, 4096
+    s = FakeCudaSession(**H100)
+    with s:
+        x = torch.randn(rows, cols, device="cuda", requires_grad=True)
+        out = torch.compile(Region(pointwise))(x)
+        s.marker("backward")
+        out.sum().backward()
+        s.marker("end")
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    # the sum and its seed, the tangent made contiguous, x's gradient (one fused kernel)
+    assert allocations(s, "backward", "end") == [4, 4, rows * cols * 4, rows * cols * 4]
