@@ -222,3 +222,38 @@ def test_an_expanded_gradient_is_copied_into_the_traced_tangents_layout_as_aotau
     assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
     # the sum and its seed, the tangent made contiguous, x's gradient (one fused kernel)
     assert allocations(s, "backward", "end") == [4, 4, rows * cols * 4, rows * cols * 4]
+
+
+def attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return attention(q, k, v)
+
+
+def test_attention_in_a_compiled_region_runs_the_kernel_the_card_would_choose():
+    """On an H100, causal bf16 attention with head dim 64 runs a fused kernel (sdp_utils.cpp: cuDNN's
+    where `check_prefer_cudnn_attention` holds, as with torch 2.14's cuDNN on capability 9.0, else
+    flash), which AOTAutograd records as its own op: the forward saves the output and the per-row
+    logsumexp, never the T x T scores (the math path, which a trace finding no card records)."""
+    b, h, t, d = 8, 12, 1024, 64
+    s = FakeCudaSession(**H100)
+    with s:
+        q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        run = torch.compile(Attention())
+        s.marker("forward")
+        out = run(q, k, v)
+        s.marker("backward")
+        out.backward(torch.ones_like(out))
+        s.marker("end")
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    plan, = run.__dict__["_region"].plans.values()
+    fused = re.search(r"_scaled_dot_product_(cudnn|flash)_attention\.default\(", plan.forward.wrapper)
+    assert fused, "no fused attention kernel in the forward"
+    assert f"_scaled_dot_product_{fused[1]}_attention_backward.default(" in plan.backward.wrapper
+    scores = b * h * t * t * 2
+    assert max(allocations(s, "forward", "end")) < scores
+    out_bytes, logsumexp = b * h * t * d * 2, b * h * t * 4
+    assert s.compile_regions[0]["saved_bytes"] - out_bytes - logsumexp < 64   # and flash's RNG seed and offset

@@ -3,7 +3,8 @@ every decision, on torch's own FakeTensorMode with fake CUDA tensors, amem's mod
 
 What torch decides here and the prediction then replays (compiled.py):
 
-* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager);
+* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager),
+  its attention calls given the kernel the card would choose (compile_attention.py);
 * AOTAutograd's joint graph with inductor's decompositions, partitioned by inductor's partitioner
   (`min_cut_rematerialization_partition`, honouring `torch._functorch.config`, e.g.
   `activation_memory_budget`): the forward graph, whose outputs after the user's are what it saves
@@ -29,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import fake_backward, inductor_replay
+from . import compile_attention, fake_backward, inductor_replay
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
@@ -244,6 +245,7 @@ def _backend(trace: Trace, options: dict | None, codegen: bool):
     def backend(gm, example_inputs):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        compile_attention.as_on_the_card(gm)
         return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
     return backend
 
