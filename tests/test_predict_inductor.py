@@ -257,3 +257,24 @@ def test_attention_in_a_compiled_region_runs_the_kernel_the_card_would_choose():
     assert max(allocations(s, "forward", "end")) < scores
     out_bytes, logsumexp = b * h * t * d * 2, b * h * t * 4
     assert s.compile_regions[0]["saved_bytes"] - out_bytes - logsumexp < 64   # and flash's RNG seed and offset
+
+
+def test_a_saved_tensor_inductor_pads_reaches_backward_with_its_padded_strides():
+    """Inductor pads the strides of some buffers (ReLU's bool mask of 222 x 222 images here) and tells
+    AOTAutograd the forward's output strides, so the backward is lowered for the padded tensor; the
+    padded bytes are what is allocated."""
+    s = FakeCudaSession(**H100)
+    with s:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.BatchNorm2d(64), torch.nn.ReLU()).cuda()
+        run = torch.compile(model)
+        s.marker("forward")
+        out = run(torch.randn(32, 3, 224, 224, device="cuda"))
+        s.marker("backward")
+        out.sum().backward()
+        s.marker("end")
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    plan, = run.__dict__["_region"].plans.values()
+    padded = [size for name, size in _returned_sizes(plan.forward.wrapper).items()
+              if size > 32 * 64 * 222 * 222 and size % (32 * 64 * 222 * 222)]   # a padded buffer
+    assert padded, "inductor padded nothing here"
+    assert set(padded) <= set(allocations(s, "forward", "backward"))

@@ -183,7 +183,22 @@ def _codegen(gm, example_inputs, kw: dict) -> str:
                               get_decomp_fn=kw.get("get_decomp_fn"))
         with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
             graph.run(*example_inputs)
+            _report_output_strides(graph)
             return graph.codegen()[0].value
+
+
+def _report_output_strides(graph) -> None:
+    """The strides of the graph's outputs as inductor laid them out (padded, say), told to
+    AOTAutograd as compile_fx tells it: the backward is then lowered for the saved tensors'
+    real strides (graph_compile.py restrides its placeholders)."""
+    from torch._inductor.ir import IRNode
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None or context.output_strides:
+        return
+    for out in graph.graph_outputs or []:
+        known = isinstance(out, IRNode) and out.has_tensor_output()
+        context.output_strides.append(tuple(int(s) for s in out.get_layout().stride) if known else None)
 
 
 def _inner(trace: Trace, codegen: bool):
