@@ -293,7 +293,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
 
 
 def _card_caches_clear() -> None:
-    """What inductor cached of the card told it here (a later session may choose another)."""
+    """What inductor cached of the card told it here (a later prediction may choose another card)."""
     from torch._inductor import utils
     from torch._inductor.runtime.hints import DeviceProperties
 
