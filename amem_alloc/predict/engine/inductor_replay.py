@@ -121,17 +121,10 @@ class Replay:
         return list(self.scope["call"](args))
 
 
-class _TorchView:
-    """`torch` as the wrapper's `call` sees it: torch itself, but for torch.cuda's device guard and
-    set_device (the session's fake tensors are on the device already)."""
-
-    cuda = None   # set below
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-
 class _CudaView:
+    """torch.cuda as the wrapper's `call` sees it: its device guard and set_device do nothing (the
+    session's fake tensors are on the region's device already; the trace named device 0)."""
+
     _DeviceGuard = _NoDeviceGuard
 
     @staticmethod
@@ -142,4 +135,10 @@ class _CudaView:
         return getattr(torch.cuda, name)
 
 
-_TorchView.cuda = _CudaView()
+class _TorchView:
+    """`torch` as the wrapper's `call` sees it: torch itself, but for torch.cuda (above)."""
+
+    cuda = _CudaView()
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
