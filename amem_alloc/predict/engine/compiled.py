@@ -69,8 +69,9 @@ class _Region(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         plan = ctx.plan
-        tangents = [grads[i] for i in plan.tangent_outputs]   # (materialized: zeros where none came)
-        outs = ctx.runner.run(plan.backward, list(ctx.saved_tensors) + tangents)
+        args = [*ctx.saved_tensors, *(grads[i] for i in plan.tangent_outputs)]   # (zeros where none came)
+        ctx.maybe_clear_saved_tensors()   # as AOTAutograd's backward: the graph frees what was saved
+        outs = ctx.runner.run(plan.backward, args)   # as it goes (`args` is cleared by the graph's call)
         return (None, None, *outs[:len(plan.inputs)])
 
 
@@ -140,7 +141,7 @@ class CompiledRegion:
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
             with mode, _swapped(params, fakes[len(fakes) - len(params):]):
                 trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
-                                                 compile_trace.props_of(self.session), self.options, codegen=False)
+                                                 compile_trace.props_of(self.session), self.options)
         return _plan_of(trace, fakes)
 
     # ------------------------------------------------------------------ run
