@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import fake_backward
+from . import compile_sdpa, fake_backward
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
@@ -203,12 +203,13 @@ def _inner(trace: Trace, codegen: bool):
     return inner
 
 
-def _backend(trace: Trace, options: dict | None, codegen: bool):
+def _backend(trace: Trace, options: dict | None, codegen: bool, props):
     import torch._inductor.compile_fx as cfx
 
     def backend(gm, example_inputs):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
         return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
     return backend
 
@@ -227,7 +228,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
-        compiled = torch._dynamo.optimize(_backend(trace, options, codegen), dynamic=False)(call)
+        compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*global hooks on modules")
