@@ -246,6 +246,23 @@ def test_notes_name_the_programs_lines(name, size, tmp_root):
             assert line in lines, f"no {kind} note at {base}:{line} ({text!r}); notes: {notes}"
 
 
+COMPILED_CALLS = [("nanogpt_compiled", "GPT", "model(X, Y)")]
+
+
+@pytest.mark.parametrize("name, region, call", COMPILED_CALLS)
+def test_compiled_regions_say_they_are_predicted_as_compiled(name, region, call, tmp_root):
+    """Each call of the compiled model (evaluation under no_grad, and training) is a region traced
+    by torch and replayed as compiled, said at the program's line; no region falls back to eager."""
+    program = BY_NAME[name]
+    p, _ = run_program(program, "smoke", tmp_root)
+    notes = [n for n in _completed(p)["notes"] if "torch.compile" in n["what"]]
+    lines = {i for i, line in enumerate(program.path().read_text().splitlines(), 1) if call in line}
+    assert lines and {int(n["where"].rsplit(":", 1)[1]) for n in notes} == lines, notes
+    for n in notes:
+        assert n["kind"] == "compiled", n
+        assert n["what"].startswith(f"torch.compile region {region}: predicted as compiled (inductor)"), n
+
+
 @pytest.mark.parametrize("name, kernel", [("hf_trainer", "flash"), ("hf_llama_gqa", "cudnn")])
 def test_hugging_face_attention_is_causal_without_a_mask(name, kernel, tmp_root):
     """transformers decides between is_causal and an explicit mask by reading position ids and the
