@@ -223,8 +223,11 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
     """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
     import torch._dynamo
 
+    import torch._inductor.config
+
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+            torch._inductor.config.patch(compile_threads=1):   # no pool of compile workers: nothing is compiled
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
