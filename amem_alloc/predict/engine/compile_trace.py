@@ -226,7 +226,8 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
     import torch._inductor.config
 
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True,
+                                                              enable_autograd_cache=False), \
             torch._inductor.config.patch(compile_threads=1):   # no pool of compile workers: nothing is compiled
         _trace_patches(patches, props)
         torch._dynamo.reset()
