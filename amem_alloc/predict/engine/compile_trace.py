@@ -4,7 +4,7 @@ every decision, on torch's own FakeTensorMode with fake CUDA tensors, amem's mod
 What torch decides here and the prediction then replays (compiled.py):
 
 * dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager),
-  its attention calls given the kernel the card would choose (compile_attention.py);
+  its attention calls given the kernel the card would choose (compile_sdpa.py);
 * AOTAutograd's joint graph with inductor's decompositions, partitioned by inductor's partitioner
   (`min_cut_rematerialization_partition`, honouring `torch._functorch.config`, e.g.
   `activation_memory_budget`): the forward graph, whose outputs after the user's are what it saves
@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import compile_attention, fake_backward, inductor_replay
+from . import compile_sdpa, fake_backward, inductor_replay
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
@@ -254,13 +254,13 @@ def _wrapper_name(graph: Graph) -> str:
     return "inductor_wrapper_" + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
 
 
-def _backend(trace: Trace, options: dict | None, codegen: bool):
+def _backend(trace: Trace, options: dict | None, codegen: bool, props):
     import torch._inductor.compile_fx as cfx
 
     def backend(gm, example_inputs):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
-        compile_attention.as_on_the_card(gm)
+        gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
         return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
     return backend
 
@@ -273,14 +273,16 @@ def _example_of(node):
 def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict | None, codegen: bool = True) -> Trace:
     """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
     import torch._dynamo
+    import torch._inductor.config
 
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True,
+                                                              enable_autograd_cache=False), \
             torch._inductor.config.patch(compile_threads=1, **_without_benchmarks(options)):
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
-        compiled = torch._dynamo.optimize(_backend(trace, options, codegen), dynamic=False)(call)
+        compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*global hooks on modules")

@@ -24,11 +24,29 @@ def _on_cuda(target):
     return run
 
 
+def _is_cuda(device) -> bool:
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _device_as_keyword(node) -> None:
+    """A CUDA device passed by position (inductor's random seeds: `inductor_seeds(count, device)`,
+    from its decomposition of dropout) moved to the keywords, with the arguments after it."""
+    schema = getattr(node.target, "_schema", None)
+    at = next((i for i, a in enumerate(node.args) if _is_cuda(a)), None)
+    if schema is None or at is None:
+        return
+    names = [a.name for a in schema.arguments]
+    node.kwargs = {**node.kwargs, **dict(zip(names[at:], node.args[at:]))}
+    node.args = node.args[:at]
+
+
 def _fake_factories(gm):
     """The graph with every op that asks for a CUDA device made to make a fake CUDA tensor."""
     for node in gm.graph.nodes:
-        device = node.kwargs.get("device") if node.op == "call_function" else None
-        if isinstance(device, torch.device) and device.type == "cuda":
+        if node.op != "call_function":
+            continue
+        _device_as_keyword(node)
+        if _is_cuda(node.kwargs.get("device")):
             node.target = _on_cuda(node.target)
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
     gm.recompile()
