@@ -93,3 +93,20 @@ def test_prediction_benchmarks_run_small():
     tracker = _bench("bench_fsdp_tracker.py", "--config", "tiny", "--world", "2")
     assert tracker.returncode == 0, tracker.stderr[-3000:]
     assert "FSDPMemTracker" in tracker.stdout and "%" in tracker.stdout, tracker.stdout
+
+
+def test_compile_benchmark_runs_small(tmp_path):
+    """benchmarks/bench_predict_compile.py --quick: the small MLP predicted eager and compiled side
+    by side, both complete, the compiled one says its region is predicted as compiled, and the
+    ratios are printed (no speed is judged here)."""
+    import json
+
+    rows = tmp_path / "rows.json"
+    proc = _bench("bench_predict_compile.py", "--quick", "--json", str(rows))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads(rows.read_text())
+    assert row["eager"]["exit"] == 0 and row["compiled"]["exit"] == 0, row
+    assert row["eager"]["compiled"] == [], row
+    assert [w.split(":")[0] for w in row["compiled"]["compiled"]] == ["torch.compile region Sequential"], row
+    assert "predicted as compiled (inductor)" in row["compiled"]["compiled"][0], row
+    assert row["wall_ratio"] > 0 and row["cpu_ratio"] > 0 and "| mlp |" in proc.stdout, proc.stdout

@@ -203,3 +203,19 @@ def test_compare_on_a_script_prints_its_output_then_only_its_table(tmp_path):
     assert proc.stderr == ""  # no note about matplotlib, no progress off a terminal
     recording = json.loads((tmp_path / "c" / "compare.json").read_text())["recording"]
     assert recording["steps"] == 5 and recording["info"]["stopped_after_steps"] == 5
+
+
+def test_amems_own_failure_inside_the_script_is_amems_line_not_the_scripts(tmp_path):
+    """Pickling a CUDA tensor runs on a GPU; under prediction amem cannot (predict/failures.py): amem
+    compare ends with amem's one line and status 4, never "train.py exited with status 1"."""
+    from helpers import run_command
+
+    script = tmp_path / "train.py"
+    script.write_text("import pickle, torch\nx = torch.randn(4, device='cuda')\nblob = pickle.dumps(x)\n")
+    proc = run_command([sys.executable, "-m", "amem_alloc", "compare", "--policy", "torch", "--out", str(tmp_path / "c"),
+                        "--", "python", str(script)], timeout=600)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "exited with status" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("amem compare: cannot model NotImplementedError: Cannot copy out of meta tensor") \
+        and " at train.py:3 " in last and last.endswith("please report it; nothing was compared"), last

@@ -140,6 +140,41 @@ def test_linear_gelu_linear_saves_what_eager_saves():
     assert survivors(eager, "forward", "backward") == want + 4
 
 
+B, T, HEADS, HEAD_DIM = 8, 512, 8, 64
+
+
+def attention(x, w, flash=False):
+    """A QKV projection and causal attention with dropout 0.2, in bf16 (nanoGPT's attention)."""
+    q, k, v = torch.nn.functional.linear(x, w).view(B, T, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+    if flash:   # the kernel an H100 takes for it, written out for the CPU reference
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.2, True, False)[0]
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+    return out.float().sum()
+
+
+def attention_inputs():
+    return (torch.randn(B, T, HEADS * HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+            [torch.nn.Parameter(torch.randn(3 * HEADS * HEAD_DIM, HEADS * HEAD_DIM, device="cuda",
+                                            dtype=torch.bfloat16))], [])
+
+
+def test_attention_in_a_compiled_region_is_the_cards_kernel():
+    """On an H100, bf16 attention with head dim 64 and dropout 0.2 is flash attention (cuDNN takes no
+    dropout that is not a multiple of 1/16: sdp_utils.cpp check_cudnn_dropout; flash is next in
+    torch's order), which saves its output and log-sum-exp; without a GPU torch's own choice during
+    the trace found no card and took the math path, saving the (B, H, T, T) weights. The region
+    saves what torch's partition saves with flash written out (on CPU fakes), to the byte."""
+    d = HEADS * HEAD_DIM
+    want = torch_saved_bytes(lambda x, w: attention(x, w, flash=True), ((B, T, d), torch.bfloat16, True),
+                             ((3 * d, d), torch.bfloat16, True))
+    s, _ = predicted(attention, True, attention_inputs, autocast=False)
+    region, = s.compile_regions
+    assert region["status"].startswith("predicted as compiled (inductor)"), region
+    assert region["saved_bytes"] == want
+    assert want < B * HEADS * T * T * 2   # less than one bf16 T x T per head (the math path saves several)
+
+
 def first_half(x, w1):
     return torch.nn.functional.gelu(torch.nn.functional.linear(x, w1))
 

@@ -246,6 +246,51 @@ def test_notes_name_the_programs_lines(name, size, tmp_root):
             assert line in lines, f"no {kind} note at {base}:{line} ({text!r}); notes: {notes}"
 
 
+COMPILED_CALLS = [("nanogpt_compiled", "GPT", "model(X, Y)")]
+
+
+@pytest.mark.parametrize("name, region, call", COMPILED_CALLS)
+def test_compiled_regions_say_they_are_predicted_as_compiled(name, region, call, tmp_root):
+    """Each call of the compiled model (evaluation under no_grad, and training) is a region traced
+    by torch and replayed as compiled, said at the program's line; no region falls back to eager."""
+    program = BY_NAME[name]
+    p, _ = run_program(program, "smoke", tmp_root)
+    notes = [n for n in _completed(p)["notes"] if "torch.compile" in n["what"]]
+    lines = {i for i, line in enumerate(program.path().read_text().splitlines(), 1) if call in line}
+    assert lines and {int(n["where"].rsplit(":", 1)[1]) for n in notes} == lines, notes
+    for n in notes:
+        assert n["kind"] == "compiled", n
+        assert n["what"].startswith(f"torch.compile region {region}: predicted as compiled (inductor)"), n
+
+
+def test_hf_trainers_compiled_model_names_its_graph_breaks(tmp_root):
+    """TrainingArguments(torch_compile=True) compiles GPT2LMHeadModel, whose forward calls
+    transformers' `logger.warning_once` (the loss type), which dynamo does not trace: torch's own
+    `torch._dynamo.explain` of the model, run here on the CPU, finds the graph break. The region is
+    then predicted graph by graph as torch runs it (graph_breaks.py): its graphs compiled, eager
+    between them, said at the program's line; a graph the replay cannot take runs op by op, noted."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                       bos_token_id=63, eos_token_id=63))
+    ids = torch.randint(0, 64, (2, 16))
+    try:
+        explained = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+    finally:
+        torch._dynamo.reset()
+    assert explained.graph_break_count >= 1 and explained.graph_count >= 2, explained
+    p, _ = run_program(BY_NAME["hf_trainer_compiled"], "smoke", tmp_root)
+    notes = [n for n in _completed(p)["notes"] if "torch.compile" in n["what"]]
+    region = [n for n in notes if n["kind"] == "compiled"]
+    assert len(region) == 1, notes
+    match = re.fullmatch(r"torch\.compile region GPT2LMHeadModel: predicted as compiled \(inductor\) in (\d+) "
+                         r"graphs; eager between them \(graph breaks\)", region[0]["what"])
+    assert match and int(match.group(1)) >= explained.graph_count, notes
+    assert all(n["kind"] == "not-modelled" and "graphs" in n["what"] for n in notes if n is not region[0]), notes
+    notes = region
+    assert notes[0]["where"].startswith(f"hf_trainer.py:{line_of(PROGRAMS / 'hf_trainer.py', 'trainer.train()')}")
+
+
 @pytest.mark.parametrize("name, kernel", [("hf_trainer", "flash"), ("hf_llama_gqa", "cudnn")])
 def test_hugging_face_attention_is_causal_without_a_mask(name, kernel, tmp_root):
     """transformers decides between is_causal and an explicit mask by reading position ids and the

@@ -130,6 +130,43 @@ def _flex_compile_line() -> int:
     return next(i for i, line in enumerate(lines, 1) if "torch.compile(" in line and "flex_attention" in lines[i])
 
 
+@pytest.fixture(scope="module")
+def compiled_prediction(assets):
+    return _predict(assets, WORLD, ["--config", "llama3_debugmodel", "--training.steps", "2", "--compile.enable"])
+
+
+def _line_of(module, text: str) -> str:
+    """torchtitan's file (as the notes name it) and the line holding `text`."""
+    import torchtitan
+
+    path = Path(module.__file__)
+    line = next(i for i, src in enumerate(path.read_text().splitlines(), 1) if text in src)
+    return f"torchtitan/{path.relative_to(Path(torchtitan.__file__).parent)}:{line}"
+
+
+def test_compile_enable_keeps_the_model_state_and_names_each_compiled_regions_fallback(compiled_prediction):
+    """`--compile.enable` (torchtitan 0.3: each TransformerBlock through `nn.Module.compile`, and the
+    loss function): the same FSDP2 shards of parameters, gradients and AdamW state as uncompiled, and
+    no compiled region silently eager: each of the debug model's blocks and the loss are noted, at
+    torchtitan's own lines, with why they run as eager."""
+    import torchtitan.components.loss as loss
+    import torchtitan.distributed.compile as compile_
+    from torchtitan.models.llama3 import model_registry
+
+    data, text = compiled_prediction
+    _assert_model_state(data, "debugmodel", WORLD)
+    with torch.device("meta"):
+        layers = len(model_registry("debugmodel").model.build().layers)
+    blocks = _line_of(compile_, "transformer_block.compile(")
+    loss_fn = _line_of(loss, "self.fn = torch.compile(")
+    for r in data["ranks"]:
+        notes = {n["where"]: n for n in r["notes"] if n["what"].startswith("torch.compile")}
+        assert notes[blocks]["count"] == layers and "runs as eager" in notes[blocks]["what"], notes
+        assert notes[loss_fn]["count"] == 1 and "runs as eager" in notes[loss_fn]["what"], notes
+        assert all(n["kind"] in ("compiled", "not-modelled") for n in notes.values()), notes
+    assert "the script failed" not in text
+
+
 @pytest.mark.slow
 def test_the_8b_config_on_8_ranks_holds_each_ranks_shard_of_the_model_state(assets):
     """torchtitan's Llama 3.1 8B config (local batch 1, seq 8192, FlexAttention, selective AC) on 8

@@ -45,6 +45,13 @@ def command(args: argparse.Namespace) -> int:
         print(f"amem compare: {failed.script} exited with status {failed.status} (its output is above); "
               "nothing was compared", file=sys.stderr)
         return failed.status
+    except Exception as err:  # amem failed inside the script (predict/failures.py): amem's line, not the script's
+        from ..predict.failures import AmemFailure   # (torch is loaded only where a script was predicted)
+
+        if not isinstance(err, AmemFailure):
+            raise
+        print(f"amem compare: {err}; nothing was compared", file=sys.stderr)
+        return exit_status.NOT_MODELLED
     for row in result.rows:
         if row.get("error") and row.get("stderr"):
             print(f"--- {row['policy']}: the run's stderr ---\n{row['stderr'].rstrip()}", file=sys.stderr)

@@ -35,6 +35,7 @@ METHOD = "prediction: fake CUDA tensors (amem_alloc.predict), the allocations CU
 
 SCRIPT_FAILED = "script_failed.json"  # written when the user's script fails: its exit status
 INTERRUPTED = "interrupted"           # written when a KeyboardInterrupt stopped the recording
+AMEM_FAILED = "amem_failed.json"      # written when amem itself failed inside the script: its one line
 STEPS_DONE = "steps_done"             # the optimizer steps recorded so far, for the parent's progress
 
 
@@ -43,10 +44,11 @@ class _Enough(BaseException):
     `except Exception` does not catch it."""
 
 
-def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int = 0) -> dict:
+def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int = 0, amems=None) -> dict:
     """Runs the user's script as Python would (user_script.run_steps); a step is an optimizer.step().
     After `steps` steps (0: none) the script is stopped there. ScriptFailed if it exits non-zero
-    (its traceback is on stderr by then); KeyboardInterrupt goes on.
+    (its traceback is on stderr by then); KeyboardInterrupt goes on; amem's own failure inside the
+    script (`amems`, predict/failures.py) is raised as failures.AmemFailure, not as the script's.
     """
     from .. import user_script
 
@@ -60,7 +62,7 @@ def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int =
             raise _Enough
 
     try:
-        made = user_script.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt))
+        made = user_script.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt), amems=amems)
     except _Enough:
         made = done[0]
     _, args, _ = user_script.target_of(argv)
@@ -88,6 +90,7 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
     from .. import workloads
     from ..predict.api import predicting
     from ..predict.engine.values import DataDependentError
+    from ..predict.script import amems_failure_of
 
     def on_step(i: int) -> None:
         run.marker("step")
@@ -98,7 +101,8 @@ def record(out_dir: Path, workload: str | None, size: int, steps: int | None, sc
 
     with predicting(policies=[], target=workload or name_of(script), analyse=False) as run:
         if script:  # a value read is prediction's limit, not the script's error
-            info = _run_script(script, on_step, reraise=(DataDependentError,), steps=steps or 0)
+            info = _run_script(script, on_step, reraise=(DataDependentError,), steps=steps or 0,
+                               amems=amems_failure_of(script, run))
         else:
             info = workloads.get(workload)(size, steps, "cuda", 0, on_step)
     seconds = time.perf_counter() - started
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..predict.engine.values import DataDependentError
 
     args.out.mkdir(parents=True, exist_ok=True)
+    from ..predict.failures import AmemFailure
     from ..user_script import ScriptFailed
 
     try:
@@ -138,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScriptFailed as failed:  # the script's own error: its traceback is on stderr already
         (args.out / SCRIPT_FAILED).write_text(json.dumps({"script": failed.script, "status": failed.status}))
         return failed.status or 1
+    except AmemFailure as failure:  # amem's, not the script's: the parent prints its one line
+        atomic_write.write_text(args.out / AMEM_FAILED, json.dumps({"line": str(failure), "details": failure.details}))
+        return 4
     except KeyboardInterrupt:  # the parent says "interrupted", as every command does
         (args.out / INTERRUPTED).write_text("")
         return 130

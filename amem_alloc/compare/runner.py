@@ -108,7 +108,7 @@ def _record_job(work: Path, workload: str | None, size: int, steps: int | None, 
 
 def _record(children: processes.Children, work: Path, target: tuple, bar) -> dict:
     """Records the workload or script once by prediction, in a child process; its recording.json."""
-    from .predicted_program import INTERRUPTED, SCRIPT_FAILED, steps_done
+    from .predicted_program import AMEM_FAILED, INTERRUPTED, SCRIPT_FAILED, steps_done
 
     workload, _, steps, script = target
     ended: list[processes.Finished] = []
@@ -123,6 +123,11 @@ def _record(children: processes.Children, work: Path, target: tuple, bar) -> dic
 
         sys.stderr.write(ended[0].stderr)
         raise ScriptFailed(name_of(script), json.loads(failed.read_text())["status"])
+    if (work / AMEM_FAILED).exists():  # amem failed inside the script: amem's line, not the script's
+        from ..predict.failures import AmemFailure
+
+        failure = json.loads((work / AMEM_FAILED).read_text())
+        raise AmemFailure(failure["line"], failure["details"])
     if ended[0].returncode != 0:
         raise RuntimeError(f"amem compare: predicting the workload's allocations failed: "
                            f"{_error(ended[0].stderr, ended[0].returncode)}")

@@ -112,12 +112,12 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
                                                                     KeyboardInterrupt),
-                                         amems=_amems_failure(argv, run))
+                                         amems=amems_failure_of(argv, run))
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)
 
 
-def _amems_failure(argv: list[str], run: Any):
+def amems_failure_of(argv: list[str], run: Any):
     """user_script's `amems` hook: the AmemFailure an exception ending the script is, or None. Its
     line names the user's files relative to the script's folder (a module's: the working folder,
     where `python -m` finds it)."""

@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--torch-compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP (run it under torchrun)")
     parser.add_argument("--deepspeed", metavar="CONFIG", help="DeepSpeed's JSON config, e.g. ds_zero2.json "
                         "(run it under torchrun)")
@@ -62,6 +63,7 @@ def main():
             fsdp=args.fsdp,
             fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]} if args.fsdp else None,
             deepspeed=args.deepspeed,
+            torch_compile=args.torch_compile,
         )
         trainer = Trainer(model=model, args=training_args, train_dataset=train)
         result = trainer.train()

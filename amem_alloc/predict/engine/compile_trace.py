@@ -3,7 +3,8 @@ every decision, on torch's own FakeTensorMode with fake CUDA tensors, amem's mod
 
 What torch decides here and the prediction then replays (compiled.py):
 
-* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager);
+* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager),
+  its attention calls given the kernel the card would choose (compile_sdpa.py);
 * AOTAutograd's joint graph with inductor's decompositions, partitioned by inductor's partitioner
   (`min_cut_rematerialization_partition`, honouring `torch._functorch.config`, e.g.
   `activation_memory_budget`): the forward graph, whose outputs after the user's are what it saves
@@ -29,12 +30,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import fake_backward
+from . import compile_sdpa, fake_backward, inductor_replay
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
 TRACE_PROPS = declare("torch._dynamo.device_interface.CudaInterface", "get_device_properties (and Worker's)",
                       "while a compiled region is traced: the chosen card's properties for inductor")
+TRACE_CAPABILITY = declare("torch.cuda", "get_device_capability, get_device_properties",
+                           "while a compiled region is traced: the chosen card's (inductor's lowering and "
+                           "code generation ask them; torch's would look for a driver)")
 TRACE_TRITON = declare("torch._inductor.scheduler", "has_triton",
                        "while a compiled region is traced: Triton code is generated (never compiled or run)")
 TRACE_HOOKS = declare("torch.nn.modules.module", "_global_forward_pre_hooks, _global_forward_hooks",
@@ -62,6 +66,7 @@ class Graph:
     is_inference: bool
     wrapper: str | None = None      # inductor's generated Python wrapper (None: codegen failed)
     wrapper_error: str | None = None
+    replay: Any = None              # the wrapper loaded for replay (inductor_replay.Replay)
 
 
 @dataclass
@@ -100,6 +105,8 @@ def _trace_patches(patches: PatchSet, props) -> None:
     patches.apply(TRACE_GRAD, torch.autograd, "grad", fake_backward.grad)
     patches.apply(TRACE_PROPS, CudaInterface, "get_device_properties", get)
     patches.apply(TRACE_PROPS, CudaInterface.Worker, "get_device_properties", get)
+    patches.apply(TRACE_CAPABILITY, torch.cuda, "get_device_capability", lambda *a, **k: (props.major, props.minor))
+    patches.apply(TRACE_CAPABILITY, torch.cuda, "get_device_properties", lambda *a, **k: props)
     patches.apply(TRACE_TRITON, scheduler, "has_triton", lambda: True)
     patches.apply(TRACE_HASH, triton_utils, "triton_hash_with_backend", lambda: "amem-predict (no GPU)")
     patches.apply(TRACE_RNG, torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(16, dtype=torch.uint8))
@@ -176,7 +183,22 @@ def _codegen(gm, example_inputs, kw: dict) -> str:
                               get_decomp_fn=kw.get("get_decomp_fn"))
         with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
             graph.run(*example_inputs)
+            _report_output_strides(graph)
             return graph.codegen()[0].value
+
+
+def _report_output_strides(graph) -> None:
+    """The strides of the graph's outputs as inductor laid them out (padded, say), told to
+    AOTAutograd as compile_fx tells it: the backward is then lowered for the saved tensors'
+    real strides (graph_compile.py restrides its placeholders)."""
+    from torch._inductor.ir import IRNode
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None or context.output_strides:
+        return
+    for out in graph.graph_outputs or []:
+        known = isinstance(out, IRNode) and out.has_tensor_output()
+        context.output_strides.append(tuple(int(s) for s in out.get_layout().stride) if known else None)
 
 
 def _inner(trace: Trace, codegen: bool):
@@ -188,6 +210,7 @@ def _inner(trace: Trace, codegen: bool):
         if codegen:
             try:
                 graph.wrapper = _codegen(gm, example_inputs, kw)
+                graph.replay = inductor_replay.Replay(graph.wrapper, _wrapper_name(graph))
             except Exception as e:   # noted by the caller: the graph replays op by op
                 graph.wrapper_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         trace.graphs.append(graph)
@@ -203,12 +226,41 @@ def _inner(trace: Trace, codegen: bool):
     return inner
 
 
-def _backend(trace: Trace, options: dict | None, codegen: bool):
+# ============================================================================ what needs a GPU to decide
+AUTOTUNE_ESTIMATE = ("max-autotune: which GEMM/convolution kernel torch picks is decided by benchmarks on the "
+                     "GPU; ATen's kernel is assumed (torch's own pick when it does not benchmark), so a Triton "
+                     "template's fused epilogue and workspace are not modelled")
+
+
+def _autotunes(options: dict | None) -> bool:
+    from torch._inductor import config
+
+    options = options or {}
+    return any(options.get(k, getattr(config, k)) for k in ("max_autotune", "max_autotune_gemm"))
+
+
+def _without_benchmarks(options: dict | None) -> dict:
+    """inductor's config while tracing: no compile workers (nothing is compiled) and, where the
+    region autotunes, ATen's GEMM and convolution kernels only (the choice needs benchmarks)."""
+    if not _autotunes(options):
+        return {}
+    from .. import notes
+
+    notes.record(notes.ESTIMATE, AUTOTUNE_ESTIMATE)
+    return {"max_autotune_gemm_backends": "ATEN", "max_autotune_conv_backends": "ATEN"}
+
+
+def _wrapper_name(graph: Graph) -> str:
+    return "inductor_wrapper_" + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
+
+
+def _backend(trace: Trace, options: dict | None, codegen: bool, props):
     import torch._inductor.compile_fx as cfx
 
     def backend(gm, example_inputs):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
         return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
     return backend
 
@@ -221,13 +273,16 @@ def _example_of(node):
 def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict | None, codegen: bool = True) -> Trace:
     """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
     import torch._dynamo
+    import torch._inductor.config
 
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True,
+                                                              enable_autograd_cache=False), \
+            torch._inductor.config.patch(compile_threads=1, **_without_benchmarks(options)):
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
-        compiled = torch._dynamo.optimize(_backend(trace, options, codegen), dynamic=False)(call)
+        compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*global hooks on modules")
@@ -235,7 +290,17 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         finally:
             torch._dynamo.reset()
             _handlers().cache_clear()   # built from the functions as patched here
+            _card_caches_clear()
     return trace
+
+
+def _card_caches_clear() -> None:
+    """What inductor cached of the card told it here (a later prediction may choose another card)."""
+    from torch._inductor import utils
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    for cached in (utils.is_big_gpu, utils.get_max_num_sms, DeviceProperties.create.__func__):
+        getattr(cached, "cache_clear", lambda: None)()
 
 
 def _same(a, b) -> bool:

@@ -74,8 +74,9 @@ class _Region(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         plan = ctx.plan
-        tangents = [grads[i] for i in plan.tangent_outputs]   # (materialized: zeros where none came)
-        outs = ctx.runner.run(plan.backward, list(ctx.saved_tensors) + tangents)
+        args = [*ctx.saved_tensors, *(grads[i] for i in plan.tangent_outputs)]   # (zeros where none came)
+        ctx.maybe_clear_saved_tensors()   # as AOTAutograd's backward: the graph frees what was saved
+        outs = ctx.runner.run(plan.backward, args)   # as it goes (`args` is cleared by the graph's call)
         return (None, None, *outs[:len(plan.inputs)])
 
 
@@ -138,6 +139,10 @@ class CompiledRegion:
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
+    def plan_graph(self, trace, fakes: list):
+        """The plan of one graph of several (graph_breaks.py), made as a whole region's is."""
+        return _plan_of(trace, fakes)
+
     def note_fallback(self, why: str) -> None:
         """A part of the region runs as eager (one graph of several): said, never silent."""
         notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {self.name}: {why}; it runs as eager")
@@ -156,7 +161,7 @@ class CompiledRegion:
                     compile_inputs.guarded_trace(self.session, mode) as seen:
                 try:
                     trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
-                                                     compile_trace.props_of(self.session), self.options, codegen=False)
+                                                     compile_trace.props_of(self.session), self.options)
                 except Exception as e:   # after a graph: the eager code between graphs failed on fakes
                     if not seen.graphs or compile_inputs.refusal(e) is not None:   # (an .item() on one)
                         raise
@@ -186,18 +191,10 @@ class CompiledRegion:
         return tree_unflatten(leaves, plan.spec)
 
 
-AUTOTUNE_NOTE = ("max-autotune: inductor's autotuned choices (templates, their workspaces) cannot be timed "
-                 "without a GPU: its default choices are predicted")
-
-
 def _mode_notes(options: dict | None) -> str:
-    """What torch.compile's `mode` adds to a region's status (reduce-overhead, max-autotune)."""
-    notes = []
-    if cudagraph_pool.wants_cudagraphs(options):
-        notes.append(cudagraph_pool.NOTE)
-    if options and options.get("max_autotune"):
-        notes.append(AUTOTUNE_NOTE)
-    return "".join(f"; {n}" for n in notes)
+    """What torch.compile's `mode` adds to a region's status (reduce-overhead; max-autotune's
+    estimate is a note of its own, compile_trace.py)."""
+    return f"; {cudagraph_pool.NOTE}" if cudagraph_pool.wants_cudagraphs(options) else ""
 
 
 def _reads_now(plan, fn, args, kwargs) -> list | None:

@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from ...patching import PatchSet, declare
-from . import compile_inputs, compile_trace
+from . import compile_inputs, compile_sdpa, compile_trace
 from .compile_trace import amem_suspended
 
 MODE_STACK_GUARD = declare("torch._dynamo.guards.GuardBuilder", "TORCH_FUNCTION_STATE",
@@ -53,7 +53,7 @@ class _Conversion:
     def __call__(self, frame, cache_entry, frame_state):
         if _inside_amem(sys._getframe(1)):
             return self.inner(frame, cache_entry, frame_state)   # skipped: amem's dispatch mode is on
-        with amem_suspended(), _converting(self.region.session):
+        with amem_suspended(), _converting(self.region.session, self.region.options):
             return self.inner(frame, cache_entry, frame_state)
 
 
@@ -68,7 +68,7 @@ def _inside_amem(frame) -> bool:
 
 
 @contextlib.contextmanager
-def _converting(session):
+def _converting(session, options):
     from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
 
     build = CheckFunctionManager.__init__
@@ -79,8 +79,11 @@ def _converting(session):
                 torch._C._IncludeDispatchKeyGuard(keys.PythonTLSSnapshot):
             return build(self, *args, **kwargs)
 
+    import torch._inductor.config
+
     with PatchSet() as patches, compile_inputs.guarded_trace(session), \
-            torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            torch._functorch.config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False), \
+            torch._inductor.config.patch(compile_threads=1, **compile_trace._without_benchmarks(options)):
         compile_trace._trace_patches(patches, compile_trace.props_of(session))
         patches.apply(MODE_STACK_GUARD, GuardBuilder, "TORCH_FUNCTION_STATE", lambda self, guard: None)
         patches.apply(GUARDS_BUILT, CheckFunctionManager, "__init__", with_runtime_keys)
@@ -88,6 +91,7 @@ def _converting(session):
             yield
         finally:
             compile_trace._handlers().cache_clear()   # built from the functions as patched here
+            compile_trace._card_caches_clear()
 
 
 class GraphBreaks:
@@ -108,17 +112,17 @@ class GraphBreaks:
         """One graph dynamo captured: traced as compiled.py traces a region (AOTAutograd's partition),
         and replayed on the session's tensors dynamo passes it."""
         import torch._inductor.compile_fx as cfx
-        from . import compiled
 
         trace = compile_trace.Trace(dynamo_graphs=1)
         mode = torch._guards.TracingContext.get().fake_mode   # AOTAutograd's, as it fakes the inputs
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         trace.placeholders = fakes
-        run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, False),
+        gm = compile_sdpa.on_card(gm, compile_trace.props_of(self.region.session))   # as compile_trace's backend
+        run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True),
                              config_patches=self.region.options)
         with mode:   # the graph's factories make fakes too
             trace.result = run(*fakes)
-        plan = compiled._plan_of(trace, fakes)
+        plan = self.region.plan_graph(trace, fakes)
         self.statuses.append(plan if isinstance(plan, str) else plan.status)
         if isinstance(plan, str):   # this graph's ops run as eager, on the session's tensors
             self.region.note_fallback(f"one of its {len(self.statuses)}+ graphs {plan}")

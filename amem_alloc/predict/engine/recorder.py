@@ -52,7 +52,7 @@ class Recorder(TorchDispatchMode):
         if _fake_mode_active():   # DTensor's sharding propagation runs ops on global shapes under
             return func(*args, **kwargs)   # a FakeTensorMode of its own: shapes only, no allocation
         args_leaves = leaves(args, kwargs)
-        if kwargs.get("device") != META and not any(_is_meta(a) for a in args_leaves):
+        if not _asks_meta(args_leaves) and not any(_is_meta(a) for a in args_leaves):
             return func(*args, **kwargs)   # real CPU work: runs, nothing to record
         known = None if _decomposes(func) else self.session.known.inputs(func, args, kwargs, args_leaves)
         answer = self._from_values(func, args, kwargs, args_leaves, known)
@@ -96,7 +96,7 @@ class Recorder(TorchDispatchMode):
         if any(a.dim() > 0 for a in real):
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
-        device = self._device(func, args_leaves, asked=kwargs.get("device") == META)
+        device = self._device(func, args_leaves, asked=_asks_meta(args_leaves))
         temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
         if device == "cuda" and "cudnn" in func.__name__:   # cudnn_batch_norm, cuDNN attention: cuDNN starts
             self.session.uses("cudnn")
@@ -164,6 +164,12 @@ class Recorder(TorchDispatchMode):
         if torch._C._current_graph_task_id() != -1:   # made by the engine (zeros for a missing
             return "cuda"                              # gradient) on the graph's device
         return "cuda" if self.session.default_cuda() else "cpu"
+
+
+def _asks_meta(args_leaves) -> bool:
+    """The call names the fake device, as a keyword or by position (the dispatcher passes a
+    prim's device by position: inductor's `inductor_seeds(count, device)`)."""
+    return any(isinstance(a, torch.device) and a == META for a in args_leaves)
 
 
 def _is_meta(a) -> bool:

@@ -83,6 +83,12 @@ def _valid(q, k, v, mask, mode) -> bool:
     tensors = (q, k, v) + ((mask,) if mask is not None else ())
     if not all(isinstance(t, torch.Tensor) and mode.storages.device_of(t) == "cuda" for t in tensors):
         return False
+    return dense_inputs(q, k, v, mask)
+
+
+def dense_inputs(q, k, v, mask) -> bool:
+    """validate_sdpa_input's conditions (dense tensors, one dtype, at least 2-D, a mask of a dtype it takes)."""
+    tensors = (q, k, v) + ((mask,) if mask is not None else ())
     if any(t.is_nested for t in tensors) or not (q.dtype == k.dtype == v.dtype):
         return False
     if min(q.dim(), k.dim(), v.dim()) < 2:
@@ -143,6 +149,11 @@ def _math(p: Params, scale):
 
 
 _RUN = {"cudnn": _cudnn, "flash": _flash, "efficient": _efficient, "math": _math}
+
+
+def run_backend(backend: str, p: Params, scale):
+    """The kernel `backend` ("cudnn", "flash", "efficient") called as attention.cpp calls it."""
+    return _RUN[backend](p, scale)
 
 
 def _additive_mask(mask, dtype):

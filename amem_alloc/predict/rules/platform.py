@@ -40,7 +40,7 @@ class Platform:
 
 
 @lru_cache(maxsize=None)
-def _libraries() -> tuple[int, int, tuple[int, int]]:
+def libraries() -> tuple[int, int, tuple[int, int]]:
     try:
         cudnn = int(torch.backends.cudnn.version() or 0) if torch.backends.cudnn.is_available() else 0
     except Exception:   # a CPU-only build, or a cuDNN that cannot be loaded
@@ -71,6 +71,6 @@ def of(session) -> Platform:
     """The session's platform, gathered on first use."""
     found = _of_session.get(session)
     if found is None:
-        cudnn, cuda, release = _libraries()
+        cudnn, cuda, release = libraries()
         found = _of_session[session] = Platform(tuple(session.capability), sm_count(session), cudnn, cuda, release)
     return found
