@@ -138,6 +138,10 @@ class CompiledRegion:
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
+    def plan_graph(self, trace, fakes: list):
+        """The plan of one graph of several (graph_breaks.py), made as a whole region's is."""
+        return _plan_of(trace, fakes)
+
     def note_fallback(self, why: str) -> None:
         """A part of the region runs as eager (one graph of several): said, never silent."""
         notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {self.name}: {why}; it runs as eager")

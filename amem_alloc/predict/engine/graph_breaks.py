@@ -108,7 +108,6 @@ class GraphBreaks:
         """One graph dynamo captured: traced as compiled.py traces a region (AOTAutograd's partition),
         and replayed on the session's tensors dynamo passes it."""
         import torch._inductor.compile_fx as cfx
-        from . import compiled
 
         trace = compile_trace.Trace(dynamo_graphs=1)
         mode = torch._guards.TracingContext.get().fake_mode   # AOTAutograd's, as it fakes the inputs
@@ -118,7 +117,7 @@ class GraphBreaks:
                              config_patches=self.region.options)
         with mode:   # the graph's factories make fakes too
             trace.result = run(*fakes)
-        plan = compiled._plan_of(trace, fakes)
+        plan = self.region.plan_graph(trace, fakes)
         self.statuses.append(plan if isinstance(plan, str) else plan.status)
         if isinstance(plan, str):   # this graph's ops run as eager, on the session's tensors
             self.region.note_fallback(f"one of its {len(self.statuses)}+ graphs {plan}")
