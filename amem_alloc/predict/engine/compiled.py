@@ -11,20 +11,24 @@ Each graph runs as inductor's wrapper runs it (inductor_replay.py: fused kernels
 outputs, buffers are reused and deleted as its plan says); where the wrapper could not be
 generated, the partitioned graph runs op by op, and the output says so.
 
-A region that torch would not compile to one graph (a graph break), or that cannot be traced here,
-runs as eager, and the output names the region and why (never silently).
+A region that dynamo splits into several graphs (a graph break) is run by dynamo itself, its graphs
+replayed as compiled and eager between them (graph_breaks.py). A region that cannot be traced here,
+or must not be (compile_inputs.py), runs as eager, and the output names the region and why (never
+silently).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import notes as notes_mod
-from . import compile_trace
+from . import compile_inputs, compile_trace, compiled_optimizer, cudagraph_pool
 from .compile_trace import amem_suspended
+from .graph_breaks import GraphBreaks
 
 COMPILED = "predicted as compiled (inductor)"
 PARTITION_ONLY = ("predicted as compiled (inductor): AOTAutograd's partition as torch makes it; "
@@ -51,6 +55,7 @@ class Plan:
     leaves: list            # per leaf: ("out", k), ("in", i) or ("value", v)
     status: str             # COMPILED or OP_BY_OP's text
     saved_bytes: int = 0    # the forward's saved-for-backward tensors not among its inputs
+    lifted: list = field(default_factory=list)   # compile_inputs.Read per tensor read from outside (globals...)
 
 
 class _Region(torch.autograd.Function):
@@ -88,11 +93,16 @@ class CompiledRegion:
         tensors, params = self._tensors(args, kwargs)
         key = self._key(tensors)
         plan = self.plans.get(key)
-        if plan is None:
+        read = _reads_now(plan, self.fn, args, kwargs)
+        if plan is None or read is None:   # new inputs, or what it reads from outside changed
             plan = self.plans[key] = self._trace(tensors, params, args, kwargs)
-        if isinstance(plan, str):   # the reason it runs eager
-            return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
-        return self._run(plan, tensors)
+            read = _reads_now(plan, self.fn, args, kwargs)
+        if isinstance(plan, str):   # the reason it runs eager (an optimizer's step as inductor's)
+            with compiled_optimizer.as_compiled_steps():
+                return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
+        if isinstance(plan, GraphBreaks):
+            return plan(*args, **kwargs)
+        return self._run(plan, tensors + read)
 
     # ------------------------------------------------------------------ inputs
     def _tensors(self, args, kwargs) -> tuple[list, list]:
@@ -120,34 +130,58 @@ class CompiledRegion:
         where = notes_mod.call_site(3)
         try:
             plan = self._plan(tensors, params, args, kwargs)
-        except Exception as e:   # torch could not trace it here: eager, and said so
-            plan = f"runs as eager: {_describe(e)}"
-        status = plan if isinstance(plan, str) else plan.status
+        except Exception as e:   # torch could not trace it here, or must not: eager, and said so
+            plan = f"runs as eager: {compile_inputs.refusal(e) or _describe(e)}"
+        status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
         self.session.compile_regions.append({"region": self.name, "where": where, "status": status,
                                              "saved_bytes": getattr(plan, "saved_bytes", 0)})
         kind = notes_mod.NOT_MODELLED if isinstance(plan, str) else notes_mod.COMPILED
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
+    def plan_graph(self, trace, fakes: list):
+        """The plan of one graph of several (graph_breaks.py), made as a whole region's is."""
+        return _plan_of(trace, fakes)
+
+    def note_fallback(self, why: str) -> None:
+        """A part of the region runs as eager (one graph of several): said, never silent."""
+        notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {self.name}: {why}; it runs as eager")
+
     def _plan(self, tensors, params, args, kwargs) -> Plan | str:
         from torch._subclasses import FakeTensorMode
 
         with amem_suspended():
             torch._C._ensureCUDADeviceGuardSet()   # as FakeTensor does where torch.cuda has no device
-            mode = FakeTensorMode()                # (the shims answer that it has one)
+            mode = FakeTensorMode()   # (the shims answer that it has one)
             with mode:
                 fakes = [_fake_like(t) for t in tensors]
             by_id = {id(t): f for t, f in zip(tensors, fakes)}
             fake_args, fake_kwargs = _swap_leaves((args, kwargs), by_id)
-            with mode, _swapped(params, fakes[len(fakes) - len(params):]):
-                trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
-                                                 compile_trace.props_of(self.session), self.options)
-        return _plan_of(trace, fakes)
+            with mode, _swapped(params, fakes[len(fakes) - len(params):]), \
+                    compile_inputs.guarded_trace(self.session, mode) as seen:
+                try:
+                    trace = compile_trace.run_traced(self.fn, fake_args, fake_kwargs,
+                                                     compile_trace.props_of(self.session), self.options)
+                except Exception as e:   # after a graph: the eager code between graphs failed on fakes
+                    if not seen.graphs or compile_inputs.refusal(e) is not None:   # (an .item() on one)
+                        raise
+                    return GraphBreaks(self, None, _describe(e))
+        if trace.dynamo_graphs > 1:   # dynamo runs it: its graphs compiled, eager between them
+            return GraphBreaks(self, trace.dynamo_graphs)
+        read = _read_from_outside(trace, fakes)
+        plan = _plan_of(trace, fakes + read)
+        if isinstance(plan, Plan) and not all(_plain(v) for kind, v in plan.leaves if kind == "value"):
+            return "runs as eager: its result holds objects the trace made (they would hold its fake tensors)"
+        if isinstance(plan, Plan):
+            plan.lifted = [compile_inputs.Read(t, seen.sources.get(id(t))) for t in read]
+        return plan
 
     # ------------------------------------------------------------------ run
     def _run(self, plan: Plan, tensors):
         inputs = [tensors[i] for i in plan.inputs]
         runner = self.session.graph_runner
+        if cudagraph_pool.wants_cudagraphs(self.options):
+            runner = cudagraph_pool.PooledRunner(self.session, runner)
         if plan.backward is not None and torch.is_grad_enabled():
             outs = _Region.apply(plan, runner, *inputs)
         else:
@@ -155,6 +189,41 @@ class CompiledRegion:
                 outs = runner.run(plan.forward, inputs)[:plan.n_user]
         leaves = [outs[v] if kind == "out" else tensors[v] if kind == "in" else v for kind, v in plan.leaves]
         return tree_unflatten(leaves, plan.spec)
+
+
+def _mode_notes(options: dict | None) -> str:
+    """What torch.compile's `mode` adds to a region's status (reduce-overhead; max-autotune's
+    estimate is a note of its own, compile_trace.py)."""
+    return f"; {cudagraph_pool.NOTE}" if cudagraph_pool.wants_cudagraphs(options) else ""
+
+
+def _reads_now(plan, fn, args, kwargs) -> list | None:
+    """The tensors a traced region reads from outside its arguments at this call ([] for none or
+    for a region not replayed from a plan; None where one is gone or is not what was traced)."""
+    if not isinstance(plan, Plan):
+        return []
+    read = [r.now(fn, args, kwargs) for r in plan.lifted]
+    return None if any(t is None for t in read) else read
+
+
+def _plain(value) -> bool:
+    """A result leaf the replay may hand back as the trace made it (no tensors inside)."""
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                                               torch.Size))
+
+
+def _read_from_outside(trace, fakes: list) -> list:
+    """The program's tensors dynamo lifted as graph inputs from outside the region's arguments
+    (globals, closures, objects: their `grapharg.example` is the value it read)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ours = {id(f) for f in fakes}
+    out = []
+    for t in trace.placeholders:
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and id(t) not in ours:
+            ours.add(id(t))
+            out.append(t)
+    return out
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
@@ -253,3 +322,17 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
+
+
+def compiled_function(session, fn, options: dict | None):
+    """What torch.compile(fn) returns under prediction for a function (or a bound method): calls
+    go through its compiled region; the tensors it reads other than its arguments are the
+    session's (compile_inputs.py)."""
+    owner = getattr(fn, "__self__", None)   # Module.compile compiles its bound _call_impl: keyed by
+    module = owner if isinstance(owner, torch.nn.Module) else None   # its training flags, as a module's
+    region = CompiledRegion(session, fn, module, options)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return region(*args, **kwargs)
+    return run

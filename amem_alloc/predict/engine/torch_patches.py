@@ -75,8 +75,6 @@ DEFAULT_TENSOR_TYPE = declare("torch", "set_default_tensor_type",
 
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 _EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
-COMPILED_FUNCTION_NOTE = ("torch.compile of a function: runs as eager (only compiled modules are traced by "
-                          "torch here: a function reads its tensors, e.g. an optimizer's, through closures)")
 COMPILE_NOTE = ("torch.compile(backend={backend!r}): runs as eager (only inductor's compiled code is "
                 "predicted as compiled)")
 
@@ -155,12 +153,14 @@ def _host(patches: PatchSet) -> None:
 
 # ============================================================================ torch.compile
 def _compile(session: Any, patches: PatchSet) -> None:
-    """torch.compile: a module compiled by inductor (the default backend) is predicted as compiled
-    (compiled.py: torch's own dynamo and partition, on its fake CUDA tensors); a compiled function
-    runs as eager, noted (its tensors and side effects, such as an optimizer's state, come through
-    closures the trace cannot swap for fakes); the eager backends (eager, aot_eager) run as eager,
-    as they do; another backend runs as eager and the output says so. An optimizer step inside a compiled function gets `capturable=True`, as
-    dynamo sets it (torch/_dynamo/variables/optimizer.py `_set_capturable`; FakeCudaSession._opt_pre)."""
+    """torch.compile: a module or a function compiled by inductor (the default backend) is predicted
+    as compiled (compiled.py: torch's own dynamo and partition, on its fake CUDA tensors; a
+    function's tensors read from globals, closures and objects are the session's, compile_inputs.py);
+    a region the trace must not run (an optimizer step, side effects on Python objects) runs as
+    eager and says why; the eager backends (eager, aot_eager) run as eager, as they do; another
+    backend runs as eager and the output says so. An optimizer step inside a compiled function gets
+    `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py `_set_capturable`;
+    FakeCudaSession._opt_pre)."""
     def compile(model=None, **kwargs):
         if model is None:
             return lambda fn: compile(fn, **kwargs)
@@ -168,10 +168,10 @@ def _compile(session: Any, patches: PatchSet) -> None:
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
         if backend != "inductor":
             return _eager_region(session, model, backend)
-        if not isinstance(model, torch.nn.Module):   # a function: its tensors and side effects (an
-            if callable(model) and not _modelled_compiled(model):   # optimizer's state) reach the
-                notes_mod.record(notes_mod.NOT_MODELLED, COMPILED_FUNCTION_NOTE)   # trace through closures
-            return _eager_region(session, model, "inductor")
+        if not isinstance(model, torch.nn.Module):
+            if not callable(model) or _modelled_compiled(model):   # flex_attention: a rule of its own
+                return _eager_region(session, model, "inductor")
+            return compiled_mod.compiled_function(session, model, _inductor_options(kwargs))
         region = compiled_mod.CompiledRegion(session, model, model, _inductor_options(kwargs))
         return compiled_mod.CompiledModule(model, region)
 

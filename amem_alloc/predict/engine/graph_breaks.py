@@ -1,0 +1,135 @@
+"""A compiled region with graph breaks, run as torch runs it: dynamo itself runs the region over
+the session's fake tensors, each graph it captures is predicted as compiled, and the Python
+between the graphs (the break, and what dynamo could not put in a graph) runs eager on the
+session's tensors, inside the same recorded run.
+
+dynamo's frame conversion (its trace of the region's bytecode and each backend call) runs with
+amem's modes suspended, as compile_trace.py traces a whole region; dynamo then runs the frame it
+made with amem's modes in place: its guards see the session's tensors, each graph it calls is the
+replay of that graph (compiled.py's `Plan`), and the code between graphs runs as eager.
+
+What makes the session's tensors acceptable to dynamo, each a declared patch undone after the call:
+their fakes claim CUDA (compile_inputs.py); the guard on the torch-function mode stack is not
+installed (amem's modes are on it at run time, not while dynamo traces); a tensor's guard is
+built with the Python dispatch keys amem's modes put in thread-local state at run time.
+Frames that amem's code enters between graphs (its modes and module hooks) are left to dynamo as
+they are (it skips them: amem's dispatch mode is on the stack).
+
+A compiled module with graph breaks runs its `forward` under dynamo, not its `__call__`: dynamo
+would otherwise trace the session's global module hooks into the region. Hooks the program put on
+that module itself (not on its submodules) are therefore not run here; its submodules' are.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+
+import torch
+
+from ...patching import PatchSet, declare
+from . import compile_inputs, compile_sdpa, compile_trace
+from .compile_trace import amem_suspended
+
+MODE_STACK_GUARD = declare("torch._dynamo.guards.GuardBuilder", "TORCH_FUNCTION_STATE",
+                           "while dynamo runs a region with graph breaks: no guard on the torch-function mode stack "
+                           "(amem's modes are on it when the region runs, not while dynamo traces it)")
+GUARDS_BUILT = declare("torch._dynamo.guards.CheckFunctionManager", "__init__",
+                       "while dynamo runs a region with graph breaks: its guards are built with the Python dispatch "
+                       "keys amem's modes set in thread-local state when the region runs")
+
+_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Conversion:
+    """dynamo's callback for each frame it may convert: the region's own frames (and the resume
+    functions dynamo makes after each break) are converted with amem's modes suspended."""
+
+    def __init__(self, inner, region):
+        self._torchdynamo_orig_backend = inner
+        self.inner, self.region = inner, region
+
+    def __call__(self, frame, cache_entry, frame_state):
+        if _inside_amem(sys._getframe(1)):
+            return self.inner(frame, cache_entry, frame_state)   # skipped: amem's dispatch mode is on
+        with amem_suspended(), _converting(self.region.session, self.region.options):
+            return self.inner(frame, cache_entry, frame_state)
+
+
+def _inside_amem(frame) -> bool:
+    """Whether the frame about to run is called by amem's code (its modes and hooks, between
+    graphs) rather than by the region's (whose callers reach GraphBreaks.__call__ first)."""
+    while frame is not None and frame.f_code is not GraphBreaks.__call__.__code__:
+        if frame.f_code.co_filename.startswith(_AMEM_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def _converting(session, options):
+    from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
+
+    build = CheckFunctionManager.__init__
+
+    def with_runtime_keys(self, *args, **kwargs):
+        keys = torch._C.DispatchKey
+        with torch._C._IncludeDispatchKeyGuard(keys.Python), \
+                torch._C._IncludeDispatchKeyGuard(keys.PythonTLSSnapshot):
+            return build(self, *args, **kwargs)
+
+    import torch._inductor.config
+
+    with PatchSet() as patches, compile_inputs.guarded_trace(session), \
+            torch._functorch.config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False), \
+            torch._inductor.config.patch(compile_threads=1, **compile_trace._without_benchmarks(options)):
+        compile_trace._trace_patches(patches, compile_trace.props_of(session))
+        patches.apply(MODE_STACK_GUARD, GuardBuilder, "TORCH_FUNCTION_STATE", lambda self, guard: None)
+        patches.apply(GUARDS_BUILT, CheckFunctionManager, "__init__", with_runtime_keys)
+        try:
+            yield
+        finally:
+            compile_trace._handlers().cache_clear()   # built from the functions as patched here
+            compile_trace._card_caches_clear()
+
+
+class GraphBreaks:
+    """A region dynamo splits into several graphs: run by dynamo, each graph replayed as compiled."""
+
+    def __init__(self, region, n_graphs: int | None, stopped: str = ""):
+        self.region, self.statuses = region, []
+        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; eager between them (graph breaks)"
+                       if n_graphs else "predicted as compiled (inductor) graph by graph as dynamo runs it; eager "
+                       f"between them (graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
+        ctx = torch._dynamo.optimize(self._backend, dynamic=False)
+        ctx.callback = _Conversion(ctx.callback, region)
+        region.session.patches.callback(torch._dynamo.reset)   # its code and guards (which hold the
+        fn = region.fn                                          # session's objects) end with the session
+        self.run = ctx(fn.forward if isinstance(fn, torch.nn.Module) else fn)   # (see the note: hooks)
+
+    def _backend(self, gm, example_inputs):
+        """One graph dynamo captured: traced as compiled.py traces a region (AOTAutograd's partition),
+        and replayed on the session's tensors dynamo passes it."""
+        import torch._inductor.compile_fx as cfx
+
+        trace = compile_trace.Trace(dynamo_graphs=1)
+        mode = torch._guards.TracingContext.get().fake_mode   # AOTAutograd's, as it fakes the inputs
+        fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        trace.placeholders = fakes
+        gm = compile_sdpa.on_card(gm, compile_trace.props_of(self.region.session))   # as compile_trace's backend
+        run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True),
+                             config_patches=self.region.options)
+        with mode:   # the graph's factories make fakes too
+            trace.result = run(*fakes)
+        plan = self.region.plan_graph(trace, fakes)
+        self.statuses.append(plan if isinstance(plan, str) else plan.status)
+        if isinstance(plan, str):   # this graph's ops run as eager, on the session's tensors
+            self.region.note_fallback(f"one of its {len(self.statuses)}+ graphs {plan}")
+            return gm.forward
+        return lambda *args: self.region._run(plan, list(args))
+
+    def __call__(self, *args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*global hooks on modules")
+            return self.run(*args, **kwargs)
