@@ -3,7 +3,8 @@ every decision, on torch's own FakeTensorMode with fake CUDA tensors, amem's mod
 
 What torch decides here and the prediction then replays (compiled.py):
 
-* dynamo's graph of the region (one graph; a graph break is reported, and the region runs eager),
+* dynamo's graph of the region (where dynamo breaks it into several, graph_breaks.py runs it graph
+  by graph),
   its attention calls given the kernel the card would choose (compile_sdpa.py);
 * AOTAutograd's joint graph with inductor's decompositions, partitioned by inductor's partitioner
   (`min_cut_rematerialization_partition`, honouring `torch._functorch.config`, e.g.
