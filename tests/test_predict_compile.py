@@ -416,3 +416,25 @@ def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers
     script = Path(__file__).parent / "predict_models" / "dist_ddp.py"
     result = predict_ranks(Launch(3, 1, None), [str(script)], "H100", "torch", steps=1, workers=2, timeout=300)
     assert [r.rank for r in result.ranks] == [0, 1, 2]
+
+
+def test_module_compile_on_a_module_with_hooks_of_its_own_runs_eager_and_says_why():
+    """`module.compile()` before hooks are put on the module itself (torchtitan compiles each block,
+    then FSDP2's fully_shard adds its all-gather as a forward pre-hook): torch traces those hooks into
+    the region; the prediction runs the module as eager, noted once at the compile() line, and the
+    hook still runs. Without hooks the same call is predicted as compiled."""
+    seen = []
+    with FakeCudaSession(**H100) as s:
+        plain, hooked = torch.nn.Linear(64, 64).cuda(), torch.nn.Linear(64, 64).cuda()
+        plain.compile()
+        hooked.compile()
+        hooked.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
+        x = torch.randn(8, 64, device="cuda")
+        plain(x)
+        for _ in range(2):
+            hooked(x)
+    notes = [n for n in s.notes.items.values() if n.what.startswith("torch.compile region Linear")]
+    eager = [n for n in notes if "hooks of its own (forward pre hooks" in n.what]
+    assert len(eager) == 1 and eager[0].count == 1, [(n.what, n.count) for n in notes]
+    assert any("predicted as compiled (inductor)" in n.what for n in notes), [n.what for n in notes]
+    assert seen == [(8, 64)] * 2

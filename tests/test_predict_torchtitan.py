@@ -147,9 +147,9 @@ def _line_of(module, text: str) -> str:
 def test_compile_enable_keeps_the_model_state_and_names_each_compiled_regions_fallback(compiled_prediction):
     """`--compile.enable` (torchtitan 0.3: each TransformerBlock through `nn.Module.compile`, and the
     loss function): the same FSDP2 shards of parameters, gradients and AdamW state as uncompiled, and
-    no compiled region silently eager: each of the debug model's blocks and the loss are noted, at
-    torchtitan's own lines, with why they run as eager."""
-    import torchtitan.components.loss as loss
+    no compiled region silently eager: each of the debug model's blocks is noted at torchtitan's
+    `compile()` line with why it runs as eager (FSDP2's hooks on it, which torch traces into the
+    region), and the loss region at its call is noted as compiled or with its fallback."""
     import torchtitan.distributed.compile as compile_
     from torchtitan.models.llama3 import model_registry
 
@@ -158,11 +158,12 @@ def test_compile_enable_keeps_the_model_state_and_names_each_compiled_regions_fa
     with torch.device("meta"):
         layers = len(model_registry("debugmodel").model.build().layers)
     blocks = _line_of(compile_, "transformer_block.compile(")
-    loss_fn = _line_of(loss, "self.fn = torch.compile(")
     for r in data["ranks"]:
         notes = {n["where"]: n for n in r["notes"] if n["what"].startswith("torch.compile")}
         assert notes[blocks]["count"] == layers and "runs as eager" in notes[blocks]["what"], notes
-        assert notes[loss_fn]["count"] == 1 and "runs as eager" in notes[loss_fn]["what"], notes
+        assert "hooks of its own" in notes[blocks]["what"], notes
+        loss_notes = [n for n in notes.values() if "region cross_entropy_loss:" in n["what"]]
+        assert loss_notes and all(n["where"].startswith("torchtitan/components/loss.py:") for n in loss_notes), notes
         assert all(n["kind"] in ("compiled", "not-modelled") for n in notes.values()), notes
     assert "the script failed" not in text
 

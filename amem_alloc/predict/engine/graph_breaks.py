@@ -54,7 +54,24 @@ class _Conversion:
         if _inside_amem(sys._getframe(1)):
             return self.inner(frame, cache_entry, frame_state)   # skipped: amem's dispatch mode is on
         with amem_suspended(), _converting(self.region.session, self.region.options):
-            return self.inner(frame, cache_entry, frame_state)
+            try:
+                return self.inner(frame, cache_entry, frame_state)
+            except Exception as e:   # dynamo could not convert this frame here: it runs as eager
+                self.region.note_fallback(f"a frame dynamo could not convert here ({_describe(e)})")
+                return _as_eager()
+
+
+def _as_eager():
+    """dynamo's answer for a frame it does not convert: run it as it is (this time and after)."""
+    from torch._dynamo.types import ConvertFrameReturn
+
+    return ConvertFrameReturn()
+
+
+def _describe(e: BaseException) -> str:
+    e = getattr(e, "inner_exception", None) or e
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
 
 
 def _inside_amem(frame) -> bool:

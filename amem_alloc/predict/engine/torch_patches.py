@@ -176,10 +176,39 @@ def _compile(session: Any, patches: PatchSet) -> None:
         return compiled_mod.CompiledModule(model, region)
 
     def module_compile(module, *args, **kwargs):
-        module._compiled_call_impl = compile(module._call_impl, **kwargs)
+        where = notes_mod.call_site(2)
+        module._compiled_call_impl = _unless_own_hooks(session, module, compile(module._call_impl, **kwargs), where)
 
     patches.apply(COMPILE, torch, "compile", compile)
     patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
+
+
+OWN_HOOKS_NOTE = ("torch.compile region {name}: runs as eager: the module has hooks of its own ({hooks}; "
+                  "FSDP2's all-gather and reshard are such hooks), which torch traces into the region and "
+                  "the prediction does not")
+
+
+def _unless_own_hooks(session: Any, module: torch.nn.Module, region, where: str):
+    """`module.compile()`'s call: the compiled region, or, while the module has forward or backward
+    hooks of its own (FSDP2's `fully_shard`, applied after compiling, adds them), the module's call
+    as eager, noted once at the `compile()` line."""
+    eager = []
+
+    def call(*args, **kwargs):
+        hooks = _own_hooks(module)
+        if not hooks:
+            return region(*args, **kwargs)
+        if not eager:
+            notes_mod.record(notes_mod.NOT_MODELLED, OWN_HOOKS_NOTE.format(name=type(module).__name__,
+                                                                           hooks=", ".join(hooks)), where=where)
+            eager.append(session.compiled(module._call_impl, inductor=True))
+        return eager[0](*args, **kwargs)
+    return call
+
+
+def _own_hooks(module: torch.nn.Module) -> list[str]:
+    kinds = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    return [k.strip("_").replace("_", " ") for k in kinds if getattr(module, k, None)]
 
 
 def _modelled_compiled(fn: Any) -> bool:
