@@ -271,6 +271,22 @@ def _example_of(node):
     return getattr(arg, "example", None) if arg is not None else None
 
 
+@contextlib.contextmanager
+def quiet_guard_errors():
+    """torch logs each guard it could not build with a traceback before raising; the region (or
+    that frame) then runs as eager and its note says why, so the log would only repeat it, as if
+    an error of the user's run."""
+    import logging
+
+    log = logging.getLogger("torch._guards")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict | None, codegen: bool = True) -> Trace:
     """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
     import torch._dynamo
@@ -285,7 +301,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         _handlers().cache_clear()
         compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), quiet_guard_errors():
                 warnings.filterwarnings("ignore", message=".*global hooks on modules")
                 trace.result = compiled(*fake_args, **fake_kwargs)
         finally:

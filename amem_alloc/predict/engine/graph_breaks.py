@@ -53,7 +53,8 @@ class _Conversion:
     def __call__(self, frame, cache_entry, frame_state):
         if _inside_amem(sys._getframe(1)):
             return self.inner(frame, cache_entry, frame_state)   # skipped: amem's dispatch mode is on
-        with amem_suspended(), _converting(self.region.session, self.region.options):
+        with amem_suspended(), _converting(self.region.session, self.region.options), \
+                compile_trace.quiet_guard_errors():
             try:
                 return self.inner(frame, cache_entry, frame_state)
             except Exception as e:   # dynamo could not convert this frame here: it runs as eager
