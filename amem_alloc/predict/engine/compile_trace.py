@@ -271,6 +271,13 @@ def _example_of(node):
     return getattr(arg, "example", None) if arg is not None else None
 
 
+def describe_failure(e: BaseException) -> str:
+    """The failure's type and the first line of its message, as a region's note gives it."""
+    e = getattr(e, "inner_exception", None) or e   # dynamo's BackendCompilerFailed: the backend's error
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+
 @contextlib.contextmanager
 def quiet_guard_errors():
     """torch logs each guard it could not build with a traceback before raising; the region (or

@@ -36,12 +36,6 @@ PARTITION_ONLY = ("predicted as compiled (inductor): AOTAutograd's partition as 
 OP_BY_OP = "predicted as compiled (inductor's partition; its buffers op by op: {why})"
 
 
-def _describe(e: BaseException) -> str:
-    e = getattr(e, "inner_exception", None) or e   # dynamo's BackendCompilerFailed: the backend's error
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
-
-
 @dataclass
 class Plan:
     """What one trace decided: graph inputs (indices into the region's tensors), the graphs, and
@@ -131,7 +125,7 @@ class CompiledRegion:
         try:
             plan = self._plan(tensors, params, args, kwargs)
         except Exception as e:   # torch could not trace it here, or must not: eager, and said so
-            plan = f"runs as eager: {compile_inputs.refusal(e) or _describe(e)}"
+            plan = f"runs as eager: {compile_inputs.refusal(e) or compile_trace.describe_failure(e)}"
         status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
         self.session.compile_regions.append({"region": self.name, "where": where, "status": status,
                                              "saved_bytes": getattr(plan, "saved_bytes", 0)})
@@ -165,7 +159,7 @@ class CompiledRegion:
                 except Exception as e:   # after a graph: the eager code between graphs failed on fakes
                     if not seen.graphs or compile_inputs.refusal(e) is not None:   # (an .item() on one)
                         raise
-                    return GraphBreaks(self, None, _describe(e))
+                    return GraphBreaks(self, None, compile_trace.describe_failure(e))
         if trace.dynamo_graphs > 1:   # dynamo runs it: its graphs compiled, eager between them
             return GraphBreaks(self, trace.dynamo_graphs)
         read = _read_from_outside(trace, fakes)

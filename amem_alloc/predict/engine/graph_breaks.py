@@ -58,7 +58,8 @@ class _Conversion:
             try:
                 return self.inner(frame, cache_entry, frame_state)
             except Exception as e:   # dynamo could not convert this frame here: it runs as eager
-                self.region.note_fallback(f"a frame dynamo could not convert here ({_describe(e)})")
+                why = compile_trace.describe_failure(e)
+                self.region.note_fallback(f"a frame dynamo could not convert here ({why})")
                 return _as_eager()
 
 
@@ -67,12 +68,6 @@ def _as_eager():
     from torch._dynamo.types import ConvertFrameReturn
 
     return ConvertFrameReturn()
-
-
-def _describe(e: BaseException) -> str:
-    e = getattr(e, "inner_exception", None) or e
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
 
 
 def _inside_amem(frame) -> bool:
