@@ -175,6 +175,43 @@ def test_attention_in_a_compiled_region_is_the_cards_kernel():
     assert want < B * HEADS * T * T * 2   # less than one bf16 T x T per head (the math path saves several)
 
 
+N, D = 4096, 512
+
+
+def kv_views(x, w):
+    """A projection whose slices are returned as views (as a KV cache keeps keys and values) with a loss."""
+    qkv = torch.nn.functional.linear(x, w)
+    return qkv[:, :D].relu().sum(), qkv[:, D:2 * D], qkv[:, 2 * D:]
+
+
+def kv_inputs():
+    return (torch.randn(N, D, device="cuda", requires_grad=True),
+            [torch.nn.Parameter(torch.randn(3 * D, D, device="cuda"))], [])
+
+
+def test_a_region_returning_views_of_its_intermediate_is_predicted_as_compiled():
+    """AOTAutograd returns the projection once (as the views' base) and regenerates the two views
+    from it; the replay does the same: the region is compiled, not eager, it saves what torch's
+    partition saves, and after forward the views hold the one projection (not copies of it)."""
+    want = torch_saved_bytes(lambda x, w: kv_views(x, w)[0], ((N, D), torch.float32, True),
+                             ((3 * D, D), torch.float32, True))
+    s = FakeCudaSession(**H100)
+    with s:
+        x, weights, _ = kv_inputs()
+        run = torch.compile(Region(kv_views, *weights))
+        s.marker("forward")
+        loss, k, v = run(x)
+        s.marker("backward")
+        assert k.untyped_storage().nbytes() == v.untyped_storage().nbytes() == N * 3 * D * 4
+        assert (k.shape, k.stride(), k.storage_offset(), v.storage_offset()) == ((N, D), (3 * D, 1), D, 2 * D)
+        loss.backward()
+        s.marker("end")
+    region, = s.compile_regions
+    assert region["status"] == "predicted as compiled (inductor)", region
+    assert region["graphs"] == [{"status": region["status"], "saved_bytes": want}]
+    assert survivors(s, "forward", "backward") == want + N * 3 * D * 4 + 4   # and the loss
+
+
 def first_half(x, w1):
     return torch.nn.functional.gelu(torch.nn.functional.linear(x, w1))
 

@@ -76,6 +76,7 @@ class Trace:
     dynamo_graphs: int = 0
     placeholders: list = field(default_factory=list)   # dynamo graph's inputs: the fake tensors passed
     forward_outputs: list = field(default_factory=list)  # the forward's outputs as the fake run made them
+    tangents: list | None = None    # forward outputs (by index) the backward takes a gradient of (AOTAutograd's)
     result: Any = None
     error: str | None = None
 
@@ -188,6 +189,27 @@ def _codegen(gm, example_inputs, kw: dict) -> str:
             return graph.codegen()[0].value
 
 
+def _tangent_outputs() -> list | None:
+    """The forward graph's outputs the backward graph takes gradients of, in its order, as
+    AOTAutograd chose them (collect_metadata_analysis.py): mutated inputs' new values that need
+    a gradient, user outputs that are no alias (a view of an intermediate gets its gradient
+    through its base), then the intermediate bases it added. None where torch did not say."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return None
+    out = [k for k, i in enumerate(meta.mutated_inp_runtime_indices)
+           if meta.input_info[i].mutates_data and meta.input_info[i].requires_grad]
+    base = meta.num_mutated_inp_runtime_indices
+    own = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
+    out += [base + j for j, info in enumerate(meta.output_info)
+            if info.output_type in own and issubclass(info.raw_type, torch.Tensor) and info.requires_grad_for_backward]
+    base += len(meta.output_info)
+    return out + [base + j for j in range(meta.num_intermediate_bases)]
+
+
 def _report_output_strides(graph) -> None:
     """The strides of the graph's outputs as inductor laid them out (padded, say), told to
     AOTAutograd as compile_fx tells it: the backward is then lowered for the saved tensors'
@@ -208,12 +230,14 @@ def _inner(trace: Trace, codegen: bool):
     def inner(gm, example_inputs, **kw):
         import copy
         graph = Graph(copy.deepcopy(gm), bool(kw.get("is_backward")), bool(kw.get("is_inference")))
+        if not graph.is_backward:
+            trace.tangents = _tangent_outputs()
         if codegen:
             try:
                 graph.wrapper = _codegen(gm, example_inputs, kw)
                 graph.replay = inductor_replay.Replay(graph.wrapper, _wrapper_name(graph))
             except Exception as e:   # noted by the caller: the graph replays op by op
-                graph.wrapper_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                graph.wrapper_error = describe_failure(e)
         trace.graphs.append(graph)
         run_gm = graph.gm
 

@@ -46,7 +46,7 @@ class Plan:
     n_user: int             # forward outputs the user gets (the rest are saved for backward)
     tangent_outputs: list   # user outputs (by index) whose gradient the backward graph takes
     spec: Any               # the result's tree structure
-    leaves: list            # per leaf: ("out", k), ("in", i) or ("value", v)
+    leaves: list            # per leaf: ("out", k), ("in", i), ("value", v) or ("view", View)
     status: str             # COMPILED or OP_BY_OP's text
     saved_bytes: int = 0    # the forward's saved-for-backward tensors not among its inputs
     lifted: list = field(default_factory=list)   # compile_inputs.Read per tensor read from outside (globals...)
@@ -82,6 +82,7 @@ class CompiledRegion:
         self.options = options
         self.name = getattr(module, "__class__", type(fn)).__name__ if module is not None else getattr(fn, "__qualname__", "fn")
         self.plans: dict = {}
+        self.record: dict = {}   # the latest trace's entry in session.compile_regions
 
     def __call__(self, *args, **kwargs):
         tensors, params = self._tensors(args, kwargs)
@@ -127,15 +128,24 @@ class CompiledRegion:
         except Exception as e:   # torch could not trace it here, or must not: eager, and said so
             plan = f"runs as eager: {compile_inputs.refusal(e) or compile_trace.describe_failure(e)}"
         status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
-        self.session.compile_regions.append({"region": self.name, "where": where, "status": status,
-                                             "saved_bytes": getattr(plan, "saved_bytes", 0)})
+        self.record = {"region": self.name, "where": where, "status": status,
+                       "saved_bytes": getattr(plan, "saved_bytes", 0), "graphs": []}
+        if isinstance(plan, Plan):
+            self.record["graphs"].append(_graph_record(plan))
+        self.session.compile_regions.append(self.record)
         kind = notes_mod.NOT_MODELLED if isinstance(plan, str) else notes_mod.COMPILED
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
     def plan_graph(self, trace, fakes: list):
-        """The plan of one graph of several (graph_breaks.py), made as a whole region's is."""
-        return _plan_of(trace, fakes)
+        """The plan of one graph of several (graph_breaks.py), made as a whole region's is; the
+        region's record (the JSON's compiled_regions) gains the graph's figures."""
+        plan = _plan_of(trace, fakes)
+        graph = _graph_record(plan) if isinstance(plan, Plan) else {"status": plan, "saved_bytes": 0}
+        if self.record:
+            self.record["graphs"].append(graph)
+            self.record["saved_bytes"] += graph["saved_bytes"]
+        return plan
 
     def note_fallback(self, why: str) -> None:
         """A part of the region runs as eager (one graph of several): said, never silent."""
@@ -181,8 +191,39 @@ class CompiledRegion:
         else:
             with torch.no_grad():
                 outs = runner.run(plan.forward, inputs)[:plan.n_user]
-        leaves = [outs[v] if kind == "out" else tensors[v] if kind == "in" else v for kind, v in plan.leaves]
+        leaves = [_leaf(kind, v, outs, tensors) for kind, v in plan.leaves]
         return tree_unflatten(leaves, plan.spec)
+
+
+@dataclass(frozen=True)
+class View:
+    """A result leaf that AOTAutograd's runtime regenerates as a view of a graph output or input
+    (an output aliasing an intermediate, e.g. a KV cache's keys as views of the fused QKV
+    projection): the same size and strides, at the same offset from its base's."""
+    source: str       # "out" (a forward output) or "in" (a region's tensor)
+    index: int
+    size: tuple
+    stride: tuple
+    offset: int       # storage offset relative to the base's
+
+    def of(self, base: torch.Tensor) -> torch.Tensor:
+        return base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
+
+
+def _leaf(kind, v, outs, tensors):
+    if kind == "out":
+        return outs[v]
+    if kind == "in":
+        return tensors[v]
+    if kind == "view":
+        return v.of(outs[v.index] if v.source == "out" else tensors[v.index])
+    return v
+
+
+def _graph_record(plan: Plan) -> dict:
+    """One graph's figures as the output gives them: how it is predicted, and the bytes its
+    forward saves for backward (torch's partition; none for an inference graph)."""
+    return {"status": plan.status, "saved_bytes": plan.saved_bytes}
 
 
 def _mode_notes(options: dict | None) -> str:
@@ -263,6 +304,8 @@ def _plan_of(trace, fakes: list) -> Plan | str:
         return "runs as eager: the region reads tensors it is not passed (globals, closures)"
     n_saved = sum(1 for n in bw[0].gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")) if bw else 0
     n_user = len(trace.forward_outputs) - n_saved
+    tangents = trace.tangents if trace.tangents is not None and bw else \
+        [k for k, t in enumerate(trace.forward_outputs[:n_user]) if t.requires_grad]
     out_ids = {id(t): k for k, t in enumerate(trace.forward_outputs[:n_user])}
     leaves, spec = tree_flatten(trace.result)
     where = []
@@ -272,16 +315,38 @@ def _plan_of(trace, fakes: list) -> Plan | str:
         elif isinstance(x, torch.Tensor) and id(x) in index:
             where.append(("in", index[id(x)]))
         elif isinstance(x, torch.Tensor):
-            return "runs as eager: its result is not the graph's outputs (aliases or mutations)"
+            view = _view_of(x, trace.forward_outputs[:n_user], tangents, fakes)
+            if view is None:
+                return "runs as eager: its result holds a tensor that is neither a graph output nor a view of one"
+            where.append(("view", view))
         else:
             where.append(("value", x))
-    tangents = [k for k, t in enumerate(trace.forward_outputs[:n_user]) if t.requires_grad]
     saved_bytes = _saved_bytes(fw[0].gm, n_user)
     errors = [g.wrapper_error for g in trace.graphs if g.wrapper_error]
     replayed = all(g.wrapper is not None and getattr(g, "replay", None) is not None for g in trace.graphs)
     status = OP_BY_OP.format(why=errors[0]) if errors else COMPILED if replayed else PARTITION_ONLY
     return Plan([inputs[i] for i in range(len(inputs))], fw[0], bw[0] if bw else None, n_user, tangents,
                 spec, where, status, saved_bytes)
+
+
+def _view_of(x: torch.Tensor, outputs: list, tangents: list, inputs: list) -> View | None:
+    """`x` as a view of a forward output sharing its storage, one the backward takes a gradient
+    of first (the intermediate base AOTAutograd added), or else of a region's tensor. Made with
+    `as_strided` (torch replays the view's own ops: the same bytes, a different backward node)."""
+    storage = _storage_key(x)
+    order = [*tangents, *(k for k in range(len(outputs)) if k not in tangents)]
+    candidates = [("out", k, outputs[k]) for k in order] + [("in", i, t) for i, t in enumerate(inputs)]
+    for source, k, base in candidates:
+        if isinstance(base, torch.Tensor) and storage is not None and _storage_key(base) == storage:
+            return View(source, k, tuple(x.shape), tuple(x.stride()), x.storage_offset() - base.storage_offset())
+    return None
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:   # a tensor without storage (a subclass): no view of anything here
+        return None
 
 
 def _saved_bytes(gm, n_user: int) -> int:
