@@ -161,7 +161,8 @@ class predicting:  # noqa: N801 - used like a function in `with`
             notes = self.session.notes.as_list() if hasattr(self.session, "notes") else []
             self.recorded = self.recording.finish(self.target, notes, self.live_policy.conf,
                                                   getattr(self.session, "autocast_keys", ()), seconds,
-                                                  getattr(self.session, "libraries", None))
+                                                  getattr(self.session, "libraries", None),
+                                                  getattr(self.session, "compile_regions", None))
             if self.decode is not None:
                 self.recorded = self.decode.extend(self.recorded)   # decode steps not run (decode_loop.py)
             self.recorded = repeat.extend(self.recorded, self.written_out)   # steps not run (script.py)

@@ -46,6 +46,7 @@ class RecordedRun:
     autocast_keys: frozenset = frozenset()        # storages autocast's casts made (the verdict shows them)
     seconds: float = 0.0                          # recording, wall time
     libraries: dict = field(default_factory=dict)  # what it initialised: cuda, cublas, cudnn, backward, nccl (context.py)
+    compiled_regions: list = field(default_factory=list)   # per torch.compile region traced (engine/compiled.py)
 
     @property
     def program(self) -> replay.Program:
@@ -81,6 +82,8 @@ class RunRecorder:
         self.ops.append((_POOL_OPS[event], pool, 0, 0))
 
     def finish(self, target: str, notes: list[dict] | None = None, live_conf: str = "",
-               autocast_keys: Any = (), seconds: float = 0.0, libraries: dict | None = None) -> RecordedRun:
+               autocast_keys: Any = (), seconds: float = 0.0, libraries: dict | None = None,
+               compiled_regions: list | None = None) -> RecordedRun:
         return RecordedRun(target, self.ops, self.infos, list(self.markers), list(notes or []), live_conf,
-                           frozenset(autocast_keys), seconds, dict(libraries or {}))
+                           frozenset(autocast_keys), seconds, dict(libraries or {}),
+                           [dict(r, graphs=list(r.get("graphs", []))) for r in compiled_regions or []])

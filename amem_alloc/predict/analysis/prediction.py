@@ -126,6 +126,8 @@ class Prediction:
                         "steps": phases.steps(self.markers)},
             "seconds": self.seconds,
             "notes": self.notes,
+            "compiled_regions": [dict(r, where=displayed(r["where"], self.script_folder))
+                                 for r in self.run.compiled_regions],
             "stopped_after": self.stopped_after,
             **(self.what_if_json or {}),
             "verdict": verdict(self),
