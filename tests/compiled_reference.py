@@ -29,19 +29,35 @@ class CudaChoices(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.low is not None and func is F.linear:
+        if self.low is not None and func in (F.linear, torch.addmm):
             args = tuple(a.to(self.low) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
             kwargs = {k: v.to(self.low) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        elif self.low is not None and func in (F.layer_norm, F.cross_entropy):
+        elif self.low is not None and func in (F.layer_norm, F.cross_entropy, torch.pow):
             args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         elif func is F.scaled_dot_product_attention and self.attention == "flash":
             return _flash(*args, **kwargs)
+        elif func is F.scaled_dot_product_attention and self.attention == "efficient":
+            return _efficient(*args, **kwargs)
         return func(*args, **kwargs)
 
 
 def _flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     assert attn_mask is None and not enable_gqa
     return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+
+
+def _efficient(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """attention.cpp's memory-efficient case: a boolean mask made additive in the query's dtype
+    (convert_boolean_attn_mask: 0 where kept, -inf where masked), aligned already here (its
+    strides are multiples of 8: preprocess_mask pads nothing) and expanded to (B, H, L, S)."""
+    assert not enable_gqa
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), -float("inf"), torch.scalar_tensor(0.0, dtype=q.dtype))
+    if attn_mask is not None:
+        assert all(s % 8 == 0 for s in attn_mask.stride()[:-1]), attn_mask.stride()
+        attn_mask = attn_mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, True, dropout_p, is_causal,
+                                                        scale=scale)[0]
 
 
 def saved_storages(module: torch.nn.Module, inputs, low: torch.dtype | None, attention: str = "flash") -> list[int]:
@@ -123,3 +139,124 @@ def nanogpt_compiled(batch_size=64, block_size=256, n_layer=6, n_embd=384, n_hea
                           "with the logits, the loss and the batch")
     fig.notes = {"saved_for_backward": sum(saved)}
     return fig
+
+
+# ============================================================================ HF Trainer, compiled
+def dynamo_saved_per_graph(call, low: torch.dtype | None, attention: str) -> list[list[int]]:
+    """Each graph's storages its forward saves for backward (those it made itself, as `_saved`), in the
+    order dynamo compiles them, for `call()` run by dynamo with AOTAutograd, inductor's
+    decompositions and its partition function: torch.compile's own pipeline up to the partition,
+    on the CPU's fake tensors `call` makes, CUDA's autocast casts and the card's attention kernel
+    written out (`CudaChoices`)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
+
+    saved = []
+
+    def partition(joint, joint_inputs, **kwargs):
+        with V.set_fake_mode(torch._guards.detect_fake_mode(joint_inputs)):   # its random passes ask it
+            fw, bw = partition_fn(joint, joint_inputs, **kwargs)
+        saved.append(_saved(fw, bw))
+        return fw, bw
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=lambda gm, _: gm, partition_fn=partition,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    try:
+        with CudaChoices(low, attention):
+            call(backend)
+    finally:
+        torch._dynamo.reset()
+    return saved
+
+
+def hf_trainer_compiled_saved(layers=2, embd=128, heads=4, vocab=1000, seq=128, batch=4) -> list[list[int]]:
+    """tests/programs/hf_trainer.py --bf16 --torch-compile, its model's graphs as torch compiles
+    them: GPT-2 as that script configures it, called as the Trainer calls it (transformers'
+    trainer.py: `use_cache` from TrainingArguments, False; `model(**inputs)` with the labels and
+    `num_items_in_batch`), its forward wrapped as accelerate wraps it for bf16
+    (`convert_outputs_to_fp32` around CUDA autocast, whose casts CudaChoices writes out: GPT-2's
+    Conv1D is `torch.addmm`, in autocast's lower-precision list; its GELU's `torch.pow` is in the
+    fp32 list), then `torch.compile`d (accelerate compiles the wrapped model).
+
+    Attention: under dynamo transformers cannot read the position ids to rule out packed
+    sequences (masking_utils.find_packed_sequence_indices), so it builds a boolean mask; with a
+    mask flash is out (sdp_utils.cpp check_for_attn_mask), cuDNN takes no dropout of 0.1
+    (check_cudnn_dropout... as for nanoGPT), and the memory-efficient kernel runs (`_efficient`)."""
+    from accelerate.utils import convert_outputs_to_fp32
+    from torch._subclasses import FakeTensorMode
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=layers, n_embd=embd, n_head=heads, vocab_size=vocab, n_positions=seq,
+                        bos_token_id=vocab - 1, eos_token_id=vocab - 1, use_cache=False)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        model = GPT2LMHeadModel(config)
+        ids = torch.randint(0, vocab, (batch, seq))
+        items = torch.tensor(batch * (seq - 1))
+    model.train()
+    model.forward = convert_outputs_to_fp32(model.forward)
+
+    def call(backend):
+        torch.compile(model, backend=backend)(input_ids=ids, labels=ids, num_items_in_batch=items)
+    return dynamo_saved_per_graph(call, torch.bfloat16, "efficient")
+
+
+def hf_trainer_compiled(layers=2, embd=128, heads=4, vocab=1000, seq=128, batch=4, bf16=True):
+    """The Trainer's step with the model compiled: the model state as uncompiled
+    (program_figures.hf_trainer), and the activations at their largest (as a later step's backward
+    starts) as torch's partition of each graph decides them (`hf_trainer_compiled_saved`, each
+    storage rounded as the allocator rounds it), plus what the step holds besides:
+      the bf16 logits (graph 1's output, which the loss graph keeps for its backward);
+      the batch's input ids and labels (int64, moved to the GPU by the Trainer);
+      the first step's model output, its bf16 logits and the fp32 logits accelerate's
+      `convert_outputs_to_fp32` made: on the first call dynamo converts each frame after a graph
+      break while it runs, and the frame around that conversion holds the output in dynamo's own
+      records (SideEffects' UserDefinedDictVariable of the CausalLMOutput, a reference cycle), so
+      it lives until Python's next full collection, past these three steps. Later steps' fp32
+      logits die as the Trainer takes the loss from the output.
+    The loss, the item count and backward's first gradient (a few 512-byte blocks) are inside the
+    1% tolerance."""
+    import program_figures as pf
+
+    assert bf16, "the compiled figures are for --bf16"
+    saved = [n for graph in hf_trainer_compiled_saved(layers, embd, heads, vocab, seq, batch) for n in graph]
+    BT = batch * seq
+    logits_bf16, logits_fp32 = pf.round512(BT * vocab * 2), pf.round512(BT * vocab * 4)
+    held = logits_bf16 + 2 * pf.round512(BT * 8) + (logits_bf16 + logits_fp32)
+    fig = pf.hf_trainer(layers, embd, heads, vocab, seq, batch, bf16)
+    fig.program, fig.activation, fig.activation_tolerance = "hf_trainer_compiled", sum(map(pf.round512, saved)) + held, 0.01
+    fig.activation_why = ("torch's partition of each of the compiled GPT-2's graphs (bf16 autocast, memory-efficient "
+                          "attention with transformers' mask), with the logits, the batch and the first step's output")
+    fig.notes = {"saved_for_backward": sum(saved)}
+    return fig
+
+
+# ============================================================================ torchtitan's loss, compiled
+def torchtitan_loss_saved(batch: int, seq: int, vocab: int, dtype: torch.dtype) -> list[int]:
+    """What torch's partition saves for backward in torchtitan's compiled loss
+    (components/loss.py `cross_entropy_loss`, `--compile.enable` compiles it) on the model's output
+    of (batch, seq, vocab) in `dtype` (FSDP2's param dtype, bf16 by default) and int64 labels:
+    AOTAutograd run directly with inductor's decompositions and partition, on the CPU's fakes."""
+    from torchtitan.components.loss import cross_entropy_loss
+    from torch._functorch.aot_autograd import aot_function
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
+    from torch._subclasses import FakeTensorMode
+
+    seen = {}
+
+    def partition(joint, joint_inputs, **kwargs):
+        seen["fw"], seen["bw"] = partition_fn(joint, joint_inputs, **kwargs)
+        return seen["fw"], seen["bw"]
+
+    with FakeTensorMode() as mode, V.set_fake_mode(mode):
+        pred = torch.empty(batch, seq, vocab, dtype=dtype).requires_grad_()
+        labels = torch.randint(0, vocab, (batch, seq))
+        compiled = aot_function(lambda p, y: cross_entropy_loss(p, y), fw_compiler=lambda gm, _: gm,
+                                partition_fn=partition, decompositions=select_decomp_table())
+        compiled(pred, labels)
+    return _saved(seen["fw"], seen["bw"])

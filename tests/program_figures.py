@@ -597,12 +597,8 @@ PROGRAM_LIST = [
             stand_ins=["trainer.train()"], needs=("transformers", "accelerate")),
     Program("hf_trainer_compiled", "hf_trainer.py", ["--bf16", "--torch-compile"],
             ["--layers", "4", "--embd", "256", "--seq", "256", "--batch", "8", "--bf16", "--torch-compile"],
-            lambda a: _pick(hf_trainer, a, bf16=bool(a.get("bf16"))),
-            stand_ins=["trainer.train()"], not_modelled=lambda args: ["trainer.train()"],
-            needs=("transformers", "accelerate"),
-            known={"activation": "graph_breaks.py: GPT2LMHeadModel's 3 graphs are now predicted as compiled "
-                                 "(one op by op); the figure is eager's saved set, not torch's partition of "
-                                 "each graph (+15.6% at smoke size against 15%)"}),
+            lambda a: _pick(_compiled_figures().hf_trainer_compiled, a, bf16=bool(a.get("bf16"))),
+            stand_ins=["trainer.train()"], needs=("transformers", "accelerate")),
     Program("hf_llama_gqa", "hf_llama_gqa.py", ["--seq", "256"],
             ["--hidden", "2048", "--intermediate", "5632", "--layers", "4", "--seq", "1024", "--batch", "4"],
             lambda a: _pick(hf_llama_gqa, a), stand_ins=["loss.item()"], needs=("transformers",)),

@@ -291,6 +291,28 @@ def test_hf_trainers_compiled_model_names_its_graph_breaks(tmp_root):
     assert notes[0]["where"].startswith(f"hf_trainer.py:{line_of(PROGRAMS / 'hf_trainer.py', 'trainer.train()')}")
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_hf_trainers_compiled_graphs_save_what_torchs_partition_saves(size, tmp_root):
+    """Each of the compiled GPT-2's graphs saves for backward, to the byte, what torch's own
+    pipeline saves for it: dynamo, AOTAutograd with inductor's decompositions and partition, run
+    here on the CPU on the model called as the Trainer calls it (compiled_reference.py), against
+    the prediction's `compiled_regions`: every graph replayed as compiled, none op by op or eager
+    (graph 1 returns views of its own intermediates, which AOTAutograd regenerates from them)."""
+    import compiled_reference
+
+    program = BY_NAME["hf_trainer_compiled"]
+    p, _ = run_program(program, size, tmp_root)
+    regions = _completed(p)["compiled_regions"]
+    assert [r["region"] for r in regions] == ["GPT2LMHeadModel"], regions
+    args = pf.command_line(program.args(size))
+    want = compiled_reference.hf_trainer_compiled_saved(
+        **{k: v for k, v in args.items() if k in ("layers", "embd", "heads", "vocab", "seq", "batch")})
+    got = [g["saved_bytes"] for g in regions[0]["graphs"]]
+    assert got == [sum(w) for w in want], (got, want)
+    assert all(g["status"] == "predicted as compiled (inductor)" for g in regions[0]["graphs"]), regions
+    assert regions[0]["saved_bytes"] == sum(got) > 0
+
+
 @pytest.mark.parametrize("name, kernel", [("hf_trainer", "flash"), ("hf_llama_gqa", "cudnn")])
 def test_hugging_face_attention_is_causal_without_a_mask(name, kernel, tmp_root):
     """transformers decides between is_causal and an explicit mask by reading position ids and the
