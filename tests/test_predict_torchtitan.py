@@ -166,6 +166,40 @@ def test_compile_enable_keeps_the_model_state_and_names_each_compiled_regions_fa
         assert loss_notes and all(n["where"].startswith("torchtitan/components/loss.py:") for n in loss_notes), notes
         assert all(n["kind"] in ("compiled", "not-modelled") for n in notes.values()), notes
     assert "the script failed" not in text
+    _assert_loss_saves_what_torchs_partition_saves(data, "llama3_debugmodel")
+
+
+def _assert_loss_saves_what_torchs_partition_saves(data: dict, config: str) -> None:
+    """The compiled loss (`cross_entropy_loss`, called on each of the chunked loss's chunks of the
+    model's output: `num_chunks` along the sequence) is predicted as compiled on every rank and saves
+    for backward, to the byte, what torch's partition saves for one chunk (compiled_reference.py,
+    AOTAutograd with inductor's partition run directly on CPU fakes)."""
+    import compiled_reference
+    from torchtitan.models.llama3 import config_registry
+
+    cfg = getattr(config_registry, config)()
+    chunk = cfg.training.seq_len // cfg.loss.num_chunks
+    dtype = getattr(torch, cfg.training.mixed_precision_param)
+    want = sum(compiled_reference.torchtitan_loss_saved(cfg.training.local_batch_size, chunk,
+                                                        cfg.model_spec.model.vocab_size, dtype))
+    for r in data["ranks"]:
+        loss = [c for c in r["compiled_regions"] if c["region"] == "cross_entropy_loss"]
+        assert len(loss) == 1 and loss[0]["status"] == "predicted as compiled (inductor)", r["compiled_regions"]
+        assert loss[0]["saved_bytes"] == want > 0, (loss, want)
+
+
+@pytest.mark.slow
+def test_the_8b_config_compiled_on_8_ranks_saves_in_its_loss_what_torchs_partition_saves(assets):
+    """torchtitan's Llama 3.1 8B config with `--compile.enable` on 8 ranks: the model state as
+    uncompiled (each rank's FSDP2 shard), the blocks noted as eager (FSDP2's hooks on each), and the
+    compiled loss, on rank 0 and every rank, saving what torch's partition saves for each chunk of
+    the (1, 8192, 128,256) bf16 output."""
+    data, text = _predict(assets, 8, ["--config", "llama3_8b", "--hf_assets_path", "./tests/assets/tokenizer",
+                                      "--dataloader.dataset", "c4_test", "--training.steps", "2", "--compile.enable"])
+    assert [r["rank"] for r in data["ranks"] if r["recorded"]] == [0, 7]
+    _assert_model_state(data, "8B", 8)
+    _assert_loss_saves_what_torchs_partition_saves(data, "llama3_8b")
+    assert "the script failed" not in text
 
 
 @pytest.mark.slow

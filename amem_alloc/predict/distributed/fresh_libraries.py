@@ -119,6 +119,8 @@ class FreshLibraries:
         self.patches.keep_attributes(REPLACED, staying.patchable(), _is_code)
         _forget_sharding_decisions()
         self.patches.callback(_forget_sharding_decisions)
+        _forget_dynamos_imports()
+        self.patches.callback(_forget_dynamos_imports)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -147,6 +149,17 @@ def _forget_sharding_decisions() -> None:
         return
     propagator = DTensor._op_dispatcher.sharding_propagator
     propagator.propagate_op_sharding = LocalLRUCache(propagator.propagate_op_sharding_non_cached)
+
+
+def _forget_dynamos_imports() -> None:
+    """dynamo's cache of the modules it imports for guards (symbolic_convert._import_module, one
+    per process) starts empty for each rank: left from rank 0, rank 1's compiled code read its
+    guards through rank 0's modules (torchtitan's compiled loss: rank 0's empty spmd mesh stack,
+    "list index out of range", and the region fell back to eager on rank 1 only)."""
+    convert = sys.modules.get("torch._dynamo.symbolic_convert")
+    cached = getattr(convert, "_import_module", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 _CACHES: dict = {"modules": 0, "found": []}

@@ -68,10 +68,12 @@ class Lifted:
 
 
 def _on_cuda(fake) -> None:
-    """torch's fake of a session tensor (meta underneath) made to claim the CUDA device, as its
-    base does where it is a view."""
+    """torch's fake of a session tensor (meta underneath) made to claim the CUDA device the session's
+    tensors claim (a rank's own), as its base does where it is a view."""
+    from .devices import cuda_index
+
     while fake is not None:
-        fake.fake_device = torch.device("cuda", 0)
+        fake.fake_device = torch.device("cuda", cuda_index())
         fake = fake._base
 
 
