@@ -212,6 +212,44 @@ def test_a_region_returning_views_of_its_intermediate_is_predicted_as_compiled()
     assert survivors(s, "forward", "backward") == want + N * 3 * D * 4 + 4   # and the loss
 
 
+def conv_relu_conv(x, w1, w2):
+    return torch.nn.functional.conv2d(torch.nn.functional.conv2d(x, w1, padding=1).relu(), w2, padding=1).sum()
+
+
+def test_a_channels_last_convolution_is_laid_out_as_cudnn_lays_it_out(monkeypatch):
+    """With no GPU here torch's own choice of convolution backend, while inductor traces, finds no
+    cuDNN and takes its slow kernel, always contiguous; on the card cuDNN returns channels-last
+    for channels-last inputs, as the replay's convolution does (rules/convolution.py): inductor's
+    wrapper checked the replay's output against the contiguous layout it was traced with and the
+    prediction failed (torchvision's ResNet compiled in channels-last). The region is compiled,
+    its output channels-last, every buffer as inductor laid it out (its wrapper's own size and
+    stride checks, which the replay otherwise passes, run here), and it saves what torch's
+    partition saves."""
+    from amem_alloc.predict.engine import inductor_replay
+
+    checked = []
+
+    def check(t, size, stride, op_name=None):
+        checked.append(op_name)
+        torch._C._dynamo.guards.assert_size_stride(t, size, stride, op_name)
+    monkeypatch.setitem(inductor_replay._STAND_INS, "assert_size_stride", check)
+    monkeypatch.setitem(inductor_replay._STAND_INS, "assert_tensor_metadata",
+                        lambda t, size, stride, dtype, op_name=None: check(t, size, stride, op_name))
+    shapes = ((8, 32, 56, 56), (32, 32, 3, 3), (32, 32, 3, 3))
+    want = torch_saved_bytes(conv_relu_conv, *((shape, torch.bfloat16, True) for shape in shapes))
+    s = FakeCudaSession(**H100)
+    with s:
+        x, w1, w2 = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+                     .requires_grad_() for shape in shapes)
+        inner = torch.compile(lambda a, b: torch.nn.functional.conv2d(a, b, padding=1))
+        assert inner(x, w1).is_contiguous(memory_format=torch.channels_last)
+        run = torch.compile(conv_relu_conv)
+        run(x, w1, w2).backward()
+    assert [r["status"] for r in s.compile_regions] == ["predicted as compiled (inductor)"] * 2, s.compile_regions
+    assert s.compile_regions[1]["saved_bytes"] == want
+    assert "torch.ops.aten.convolution.default" in checked, checked
+
+
 def first_half(x, w1):
     return torch.nn.functional.gelu(torch.nn.functional.linear(x, w1))
 
@@ -475,3 +513,27 @@ def test_module_compile_on_a_module_with_hooks_of_its_own_runs_eager_and_says_wh
     assert len(eager) == 1 and eager[0].count == 1, [(n.what, n.count) for n in notes]
     assert any("predicted as compiled (inductor)" in n.what for n in notes), [n.what for n in notes]
     assert seen == [(8, 64)] * 2
+
+
+def test_torch_compile_of_a_module_is_torchs_optimized_module():
+    """torch.compile(module) gives torch's own OptimizedModule under prediction too (Lightning and
+    others check for it): the module as `_orig_mod`, its state_dict keys prefixed as torch's are,
+    its attributes the module's; calls run its compiled region, and its `dynamo_ctx` compiles
+    what it is given (Lightning compiles a module's `forward` and `training_step` with it). An
+    eager backend gives an OptimizedModule whose calls are the module's own."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    s = FakeCudaSession(**H100)
+    with s:
+        m = torch.nn.Linear(64, 64).cuda()
+        c = torch.compile(m)
+        assert isinstance(c, OptimizedModule) and c._orig_mod is m and c.weight is m.weight
+        assert list(c.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]
+        c(torch.randn(32, 64, device="cuda", requires_grad=True)).sum().backward()
+        forward = c.dynamo_ctx(m.forward)
+        forward(torch.randn(16, 64, device="cuda"))
+        eager = torch.compile(m, backend="eager")
+        assert isinstance(eager, OptimizedModule) and eager._orig_mod is m
+        eager(torch.randn(8, 64, device="cuda"))
+    statuses = [(r["region"], r["status"]) for r in s.compile_regions]
+    assert statuses == [("Linear", "predicted as compiled (inductor)")] * 2, statuses

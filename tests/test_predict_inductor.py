@@ -109,7 +109,7 @@ def predicted_region(fn, make_inputs, autocast: bool, grad: bool = True):
         if grad:
             out.backward()
         s.marker("end")
-    plan, = run.__dict__["_region"].plans.values()
+    plan, = run.dynamo_ctx.region.plans.values()   # (torch.compile gave an OptimizedModule)
     return s, plan
 
 
@@ -197,7 +197,7 @@ def test_max_autotune_assumes_atens_kernels_and_says_so():
         run = torch.compile(Region(biased_mlp, *weights), mode="max-autotune-no-cudagraphs")
         run(x).backward()
     assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
-    plan, = run.__dict__["_region"].plans.values()
+    plan, = run.dynamo_ctx.region.plans.values()   # (torch.compile gave an OptimizedModule)
     for graph in (plan.forward, plan.backward):
         assert "extern_kernels." in graph.wrapper and "triton_tem" not in graph.wrapper
     assert any(n.what == compile_trace.AUTOTUNE_ESTIMATE for n in s.notes.items.values())
@@ -249,7 +249,7 @@ def test_attention_in_a_compiled_region_runs_the_kernel_the_card_would_choose():
         out.backward(torch.ones_like(out))
         s.marker("end")
     assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
-    plan, = run.__dict__["_region"].plans.values()
+    plan, = run.dynamo_ctx.region.plans.values()   # (torch.compile gave an OptimizedModule)
     fused = re.search(r"_scaled_dot_product_(cudnn|flash)_attention\.default\(", plan.forward.wrapper)
     assert fused, "no fused attention kernel in the forward"
     assert f"_scaled_dot_product_{fused[1]}_attention_backward.default(" in plan.backward.wrapper
@@ -273,7 +273,7 @@ def test_a_saved_tensor_inductor_pads_reaches_backward_with_its_padded_strides()
         out.sum().backward()
         s.marker("end")
     assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
-    plan, = run.__dict__["_region"].plans.values()
+    plan, = run.dynamo_ctx.region.plans.values()   # (torch.compile gave an OptimizedModule)
     padded = [size for name, size in _returned_sizes(plan.forward.wrapper).items()
               if size > 32 * 64 * 222 * 222 and size % (32 * 64 * 222 * 222)]   # a padded buffer
     assert padded, "inductor padded nothing here"

@@ -44,6 +44,25 @@ def test_single_gpu_trainer_holds_params_grads_and_adamw_state(tmp_path):
     assert p.data["at_peak_phase"] in ("forward", "backward") and most["activation"] > 0
 
 
+def test_a_compiled_lightning_module_is_trained_as_compiled(tmp_path):
+    """`torch.compile(model)` before `Trainer.fit`: Lightning accepts only torch's OptimizedModule,
+    takes its module out and compiles the module's `forward` and `training_step` with the compiled
+    module's context (lightning/pytorch/utilities/compile.py `from_compiled`). Under prediction
+    that is what it gets: the steps run as compiled regions (noted as compiled, none eager), and
+    the model state is the uncompiled run's, to the byte."""
+    p = predict("lightning_trainer.py", ["--compile", "--precision", "bf16-mixed"], PROGRAMS, tmp_path)
+    assert p.returncode == 0, p.why()
+    notes = [n for n in p.data["notes"] if n["what"].startswith("torch.compile")]
+    assert notes and all(n["kind"] == "compiled" for n in notes), notes
+    assert any(n["what"].startswith("torch.compile region Classifier: predicted as compiled (inductor)")
+               for n in notes), notes
+    assert p.data["compiled_regions"] and all(r["saved_bytes"] > 0 for r in p.data["compiled_regions"]), \
+        p.data["compiled_regions"]
+    params = pf.storages(param_shapes())
+    most = category_maxima(p.trace)
+    assert (most["parameter"], most["gradient"], most["optimizer_state"]) == (params, params, 2 * params), most
+
+
 def test_ddp_strategy_under_torchrun_holds_each_ranks_model_state(monkeypatch):
     """strategy="ddp", 2 processes: each rank holds the parameters, .grad plus DDP's buckets (a
     second copy: Lightning keeps gradient_as_bucket_view off) and AdamW's state, to the byte; rank 1

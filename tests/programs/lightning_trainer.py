@@ -48,6 +48,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the LightningModule")
     args = parser.parse_args()
 
     g = torch.Generator().manual_seed(0)
@@ -55,6 +56,8 @@ def main():
     data = TensorDataset(torch.randint(0, args.vocab, (n, args.seq), generator=g),
                          torch.randint(0, 2, (n,), generator=g))
     model = Classifier(args.vocab, args.d_model, args.heads, args.layers, 2)
+    if args.compile:   # Lightning takes the compiled module apart and compiles its steps itself
+        model = torch.compile(model)
     strategy = args.strategy
     if strategy == "fsdp":
         from lightning.pytorch.strategies import FSDPStrategy

@@ -57,6 +57,10 @@ TRACE_FOLD = declare("torch._inductor.fx_passes.joint_graph.UniformValueConstant
                      "on the CPU (the same values; there is no GPU to compute them on)")
 TRACE_HASH = declare("torch.utils._triton", "triton_hash_with_backend",
                      "while a compiled region is traced: no GPU to name Triton's backend")
+TRACE_CONV = declare("torch._C", "_select_conv_backend",
+                     "while a compiled region is traced: a CUDA convolution cuDNN runs on the card takes cuDNN's "
+                     "backend (rules/convolution.py), so torch's fake kernel lays its output out as cuDNN does "
+                     "(with no GPU here torch picks its slow kernel, always contiguous)")
 
 
 @dataclass
@@ -126,6 +130,21 @@ def _trace_patches(patches: PatchSet, props) -> None:
         with _OnCpu():
             return deduce(self, node)
     patches.apply(TRACE_FOLD, folder, "_deduce_value", on_cpu)
+    patches.apply(TRACE_CONV, torch._C, "_select_conv_backend", _conv_backend_on_card(torch._C._select_conv_backend))
+
+
+def _conv_backend_on_card(select):
+    """torch's choice of convolution backend, with cuDNN's where the card runs cuDNN (as the eager
+    prediction lays out a convolution's output: rules/convolution.py)."""
+    from ..rules import convolution
+
+    def on_card(input, weight, *args, **kwargs):
+        backend = select(input, weight, *args, **kwargs)
+        transposed, groups = bool(kwargs.get("transposed", False)), int(kwargs.get("groups", 1))
+        if input.device.type == "cuda" and convolution.runs_on_cudnn(input, weight, groups, transposed):
+            return torch._C._ConvBackend.CudnnTranspose if transposed else torch._C._ConvBackend.Cudnn
+        return backend
+    return on_card
 
 
 class _OnCpu(TorchDispatchMode):

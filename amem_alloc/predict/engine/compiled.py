@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import notes as notes_mod
 from . import compile_inputs, compile_trace, compiled_optimizer, cudagraph_pool
 from .compile_trace import amem_suspended
+from .devices import cuda_index
 from .graph_breaks import GraphBreaks
 
 COMPILED = "predicted as compiled (inductor)"
@@ -262,7 +263,7 @@ def _read_from_outside(trace, fakes: list) -> list:
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
+    out = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=torch.device("cuda", cuda_index()))
     out.requires_grad_(t.requires_grad)
     if isinstance(t, torch.nn.Parameter):   # as nn.Parameter makes one of a tensor subclass (its
         out._is_param = True                # __new__ is the session's, which would make it meta)
@@ -363,24 +364,44 @@ def _saved_bytes(gm, n_user: int) -> int:
     return sum(storages.values())
 
 
-class CompiledModule(torch.nn.Module):
-    """What torch.compile(module) returns under prediction, as torch's OptimizedModule: the module
-    kept as `_orig_mod` (state_dict keys gain its prefix, as torch's do), calls going through its
-    compiled region, every other attribute read from the module."""
+class _RegionContext:
+    """OptimizedModule's `dynamo_ctx`, which torch applies to what it compiles: the module's own
+    call becomes the module's compiled region; any other function given to it (Lightning compiles
+    the module's `forward` and `training_step` with the compiled module's context) a compiled
+    function of its own, as dynamo's context would compile it."""
 
-    def __init__(self, mod: torch.nn.Module, region: CompiledRegion):
-        super().__init__()
-        self._orig_mod = mod
-        self.__dict__["_region"] = region
+    def __init__(self, session, mod: torch.nn.Module, options: dict | None, region: CompiledRegion | None = None):
+        self.session, self.mod, self.options = session, mod, options
+        self.region = region or CompiledRegion(session, mod, mod, options)
 
-    def forward(self, *args, **kwargs):
-        return self.__dict__["_region"](*args, **kwargs)
+    def __call__(self, fn):
+        if fn is self.mod or getattr(fn, "__wrapped__", None) is self.mod or (   # (torch's wrap_inline)
+                getattr(fn, "__self__", None) is self.mod and
+                getattr(fn, "__name__", "") in ("__call__", "_call_impl", "_wrapped_call_impl")):
+            region = self.region
 
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["_orig_mod"], name)
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                return region(*args, **kwargs)
+            return run
+        return compiled_function(self.session, fn, self.options)
+
+
+def eager_module(mod: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile(module) run as eager (an eager backend, or a region refused): torch's
+    OptimizedModule around the module, its calls the module's own."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return OptimizedModule(mod, lambda fn: fn)
+
+
+def compiled_module(session, mod: torch.nn.Module, options: dict | None) -> torch.nn.Module:
+    """What torch.compile(module) returns under prediction: torch's own OptimizedModule (libraries
+    check for it: Lightning refuses any other), the module kept as `_orig_mod` (state_dict keys gain
+    its prefix, attributes are the module's), its calls going through the module's compiled region."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return OptimizedModule(mod, _RegionContext(session, mod, options))
 
 
 def compiled_function(session, fn, options: dict | None):

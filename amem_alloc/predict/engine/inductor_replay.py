@@ -82,6 +82,7 @@ _STAND_INS = {
     "reinterpret_tensor": _reinterpret_tensor,
     "get_raw_stream": lambda index=0: 0,
     "assert_size_stride": _nothing,
+    "assert_tensor_metadata": _nothing,
     "assert_alignment": _nothing,
 }
 

@@ -172,8 +172,7 @@ def _compile(session: Any, patches: PatchSet) -> None:
             if not callable(model) or _modelled_compiled(model):   # flex_attention: a rule of its own
                 return _eager_region(session, model, "inductor")
             return compiled_mod.compiled_function(session, model, _inductor_options(kwargs))
-        region = compiled_mod.CompiledRegion(session, model, model, _inductor_options(kwargs))
-        return compiled_mod.CompiledModule(model, region)
+        return compiled_mod.compiled_module(session, model, _inductor_options(kwargs))
 
     def module_compile(module, *args, **kwargs):
         where = notes_mod.call_site(2)
@@ -221,7 +220,9 @@ def _modelled_compiled(fn: Any) -> bool:
 def _eager_region(session: Any, model, backend: str):
     if backend not in _EAGER_BACKENDS + ("inductor",):   # (the eager backends run as eager: nothing to note)
         notes_mod.record(notes_mod.NOT_MODELLED, COMPILE_NOTE.format(backend=backend))
-    if isinstance(model, torch.nn.Module) or not callable(model):
+    if isinstance(model, torch.nn.Module):
+        return compiled_mod.eager_module(model)
+    if not callable(model):
         return model
     return session.compiled(model, inductor=backend == "inductor")
 

@@ -70,7 +70,7 @@ _SEARCH_WHY = (f"estimated: the largest candidate plan's workspace, taken as {SE
 def forward(args, kwargs, s: Scratch, session) -> None:
     x, w = args[0], args[1]
     stride, padding, dilation, transposed, output_padding, groups = (_arg(args, kwargs, i, n) for i, n in _FWD)
-    if not _cudnn(x, w, groups, transposed):
+    if not runs_on_cudnn(x, w, groups, transposed):
         return
     session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
@@ -86,7 +86,7 @@ def backward(args, kwargs, s: Scratch, session) -> None:
     dy, x, w = args[0], args[1], args[2]
     transposed, groups = _arg(args, kwargs, 7, "transposed"), _arg(args, kwargs, 9, "groups")
     mask = _arg(args, kwargs, 10, "output_mask")
-    if not _cudnn(x, w, groups, transposed):
+    if not runs_on_cudnn(x, w, groups, transposed):
         return
     session.uses("cudnn")
     fmt = memory_format(x, w, groups, transposed)
@@ -111,7 +111,7 @@ def layout(args, kwargs, out):
     always contiguous): a fresh meta tensor of the same shape, restrided."""
     x, w = args[0], args[1]
     transposed, groups = _arg(args, kwargs, 6, "transposed"), _arg(args, kwargs, 8, "groups")
-    if not isinstance(out, torch.Tensor) or not _cudnn(x, w, groups, transposed):
+    if not isinstance(out, torch.Tensor) or not runs_on_cudnn(x, w, groups, transposed):
         return out
     fmt = memory_format(x, w, groups, transposed)
     if out.dim() not in (4, 5) or out.is_contiguous(memory_format=fmt):
@@ -166,7 +166,7 @@ def _arg(args, kwargs, i: int, name: str):
     return kwargs[name] if name in kwargs else args[i]
 
 
-def _cudnn(x, w, groups: int, transposed: bool) -> bool:
+def runs_on_cudnn(x, w, groups: int, transposed: bool) -> bool:
     """cuDNN runs it: cuDNN available and enabled, a floating input, and not a depthwise
     convolution (torch routes many of those to its own kernels)."""
     if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
