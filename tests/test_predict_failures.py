@@ -264,3 +264,27 @@ def test_what_is_the_type_and_the_first_sentence_of_the_first_line():
     assert what(ValueError()) == "ValueError"
     long = what(RuntimeError("x" * 500))
     assert len(long) < 200 and long.endswith("...")
+
+
+def test_a_failure_inside_a_compiled_graphs_replay_is_amems():
+    """Rule 6 (failures.py): torch's error raised while amem replays inductor's wrapper (here a
+    shape mismatch, which names nothing fake) is amem's: only the graph's ops run there, and
+    torch's trace of the graph succeeded. The same error from a frame of the library is the user's."""
+    import torch
+
+    from amem_alloc.predict.failures import AmemFailure, amems_failure
+
+    namespace = {"torch": torch}
+    exec(compile("def call(a, b):\n    return torch.mm(a, b)\n", "<inductor_wrapper_forward>", "exec"), namespace)
+    try:
+        namespace["call"](torch.zeros(2, 3), torch.zeros(2, 3))
+    except RuntimeError as e:
+        replayed = e
+    try:
+        torch.mm(torch.zeros(2, 3), torch.zeros(2, 3))
+    except RuntimeError as e:
+        direct = e
+    failure = amems_failure(replayed, None)
+    assert isinstance(failure, AmemFailure)
+    assert str(failure).startswith("cannot model RuntimeError: mat1 and mat2 shapes cannot be multiplied"), str(failure)
+    assert amems_failure(direct, None) is None

@@ -14,8 +14,8 @@ not broken, amem is. Which it is follows from the exception alone, by these rule
 1. The chain. The exception is amem's when any exception of its chain is (itself, then what it
    was raised from, `__cause__`, and what it was raised while handling, `__context__`): a library
    or a script that catches amem's failure and raises its own does not make it the user's. The
-   line names that one. An exception met only as a context counts by its signature (rule 6), not
-   for having been raised in amem's code (rule 4): amem raises and handles exceptions of its own as
+   line names that one. An exception met only as a context counts by its signature (rule 7), not
+   for where it was raised (rules 4 and 6): amem raises and handles exceptions of its own as
    control flow (meta_cache's _Unhashable), and the user's error raised inside such a handler
    (the meta kernel run there) carries one as its context.
 2. Only an `Exception` can be amem's: Ctrl-C (KeyboardInterrupt, wherever it lands), SystemExit and
@@ -31,7 +31,10 @@ not broken, amem is. Which it is follows from the exception alone, by these rule
    AttributeError there is amem's bug, whatever the script did.
 5. Raised by the user's own code (a frame of the user's files that raised it itself): the user's,
    whatever it says (`raise RuntimeError("... meta ...")` in train.py is theirs).
-6. Otherwise (torch or another library raised it, or torch's C++ below a user or amem frame): amem's
+6. Raised inside the replay of a compiled graph (below a frame of inductor's generated wrapper as
+   amem runs it, `<inductor_wrapper_...>`, or of engine/graph_runner.py): amem's. Nothing of the
+   user's runs there, only the graph's ops, and torch's own trace of that graph succeeded.
+7. Otherwise (torch or another library raised it, or torch's C++ below a user or amem frame): amem's
    when its message matches a signature of fake execution (SIGNATURES, below: each says why only
    fake execution produces it), else the user's. A shape mismatch, a TypeError in a torch call, a
    user's dict's KeyError match none. Two narrowings keep a user's own mistake theirs: a signature
@@ -153,7 +156,7 @@ def _chain(err: BaseException) -> list[tuple[BaseException, bool]]:
 
 
 def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool], implicit: bool = False) -> bool:
-    """Rules 2 to 6 of the module's note, for one exception of the chain (`implicit`: met only as
+    """Rules 2 to 7 of the module's note, for one exception of the chain (`implicit`: met only as
     a context, rule 1)."""
     if not isinstance(e, Exception) or isinstance(e, deliberate) or user_script.is_for_the_script(e):
         return False
@@ -164,10 +167,25 @@ def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool]
     by_callee = _raised_by_callee(tb.tb_frame.f_code, tb.tb_lasti)
     if not by_callee and owner in ("amem", "user"):
         return owner == "amem" and not implicit
+    if not implicit and _in_compiled_replay(e.__traceback__):
+        return True
     sig = _signature(e)
     if sig is None or (sig.amem_call and owner != "amem"):
         return False
     return not (sig.meta and user_meta())
+
+
+_GRAPH_RUNNER = os.path.join(_AMEM_DIR, "predict", "engine", "graph_runner.py")
+
+
+def _in_compiled_replay(tb) -> bool:
+    """Rule 6: a frame of a compiled graph's replay on the way to where it was raised."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name.startswith("<inductor_wrapper_") or name == _GRAPH_RUNNER:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _signature(e: BaseException) -> Signature | None:
