@@ -124,6 +124,16 @@ def _put_aside_back(mapping: MutableMapping, taken: dict, forget: Callable[[str,
     mapping.update(taken)
 
 
+def _remove_filter(entry) -> None:
+    import warnings
+
+    if entry in warnings.filters:
+        warnings.filters.remove(entry)
+        mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
+        if mutated is not None:   # the module's cache of decisions made under the old filters
+            mutated()
+
+
 class PatchSet:
     """Applies declared changes and undoes them, last first, on exit (or close())."""
 
@@ -180,6 +190,16 @@ class PatchSet:
         self._check(patch, "the attributes of")
         before = [(obj, {k: v for k, v in list(vars(obj).items()) if kept(v)}) for obj in objects]
         self._stack.callback(_put_back_rebound, before)
+
+    def ignore_warning(self, patch: Patch, message: str) -> None:
+        """One warning (its message, a regular expression matched at its start) not shown until
+        exit: a filter put first in warnings.filters, in place (the C module shares that list),
+        and removed on exit."""
+        import warnings
+
+        self._check(patch, "the warnings of")
+        warnings.filterwarnings("ignore", message=message)
+        self._stack.callback(_remove_filter, warnings.filters[0])
 
     def _check(self, patch: Patch, what: str) -> None:
         if patch not in CATALOGUE:

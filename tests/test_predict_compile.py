@@ -520,7 +520,10 @@ def test_torch_compile_of_a_module_is_torchs_optimized_module():
     others check for it): the module as `_orig_mod`, its state_dict keys prefixed as torch's are,
     its attributes the module's; calls run its compiled region, and its `dynamo_ctx` compiles
     what it is given (Lightning compiles a module's `forward` and `training_step` with it). An
-    eager backend gives an OptimizedModule whose calls are the module's own."""
+    eager backend gives an OptimizedModule whose calls are the module's own. Its warning about
+    global module hooks is not shown: the session's module tracking is the hook."""
+    import warnings
+
     from torch._dynamo.eval_frame import OptimizedModule
 
     s = FakeCudaSession(**H100)
@@ -529,7 +532,10 @@ def test_torch_compile_of_a_module_is_torchs_optimized_module():
         c = torch.compile(m)
         assert isinstance(c, OptimizedModule) and c._orig_mod is m and c.weight is m.weight
         assert list(c.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]
-        c(torch.randn(32, 64, device="cuda", requires_grad=True)).sum().backward()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always", append=True)   # after the session's own filters
+            c(torch.randn(32, 64, device="cuda", requires_grad=True)).sum().backward()
+        assert not [w for w in warned if "global hooks" in str(w.message)]   # the hooks are amem's own
         forward = c.dynamo_ctx(m.forward)
         forward(torch.randn(16, 64, device="cuda"))
         eager = torch.compile(m, backend="eager")

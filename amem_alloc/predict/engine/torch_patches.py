@@ -57,6 +57,9 @@ IS_PINNED = declare("torch.Tensor", "is_pinned", "answers for the copies pin_mem
 COMPILE = declare("torch", "compile", "inductor's regions predicted as compiled (torch traces them on its fake CUDA "
                   "tensors); other backends run as eager, noted")
 MODULE_COMPILE = declare("torch.nn.Module", "compile", "the module's call compiled as torch.compile's is")
+HOOKS_WARNING = declare("torch._dynamo.eval_frame.OptimizedModule", "its warning of global module hooks",
+                        "not shown: torch.compile(module)'s OptimizedModule warns at every call while any global "
+                        "module hook exists, and the session's module tracking is one (not the program's)")
 RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills storages outside any op: recorded")
 DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
 RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
@@ -180,6 +183,7 @@ def _compile(session: Any, patches: PatchSet) -> None:
 
     patches.apply(COMPILE, torch, "compile", compile)
     patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
+    patches.ignore_warning(HOOKS_WARNING, r"Using `torch\.compile\(module\)` when there are global hooks on modules")
 
 
 OWN_HOOKS_NOTE = ("torch.compile region {name}: runs as eager: the module has hooks of its own ({hooks}; "
