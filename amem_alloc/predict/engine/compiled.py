@@ -83,7 +83,6 @@ class CompiledRegion:
         self.options = options
         self.name = getattr(module, "__class__", type(fn)).__name__ if module is not None else getattr(fn, "__qualname__", "fn")
         self.plans: dict = {}
-        self.record: dict = {}   # the latest trace's entry in session.compile_regions
 
     def __call__(self, *args, **kwargs):
         tensors, params = self._tensors(args, kwargs)
@@ -129,23 +128,24 @@ class CompiledRegion:
         except Exception as e:   # torch could not trace it here, or must not: eager, and said so
             plan = f"runs as eager: {compile_inputs.refusal(e) or compile_trace.describe_failure(e)}"
         status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
-        self.record = {"region": self.name, "where": where, "status": status,
-                       "saved_bytes": getattr(plan, "saved_bytes", 0), "graphs": []}
+        record = {"region": self.name, "where": where, "status": status,
+                  "saved_bytes": getattr(plan, "saved_bytes", 0), "graphs": []}
         if isinstance(plan, Plan):
-            self.record["graphs"].append(_graph_record(plan))
-        self.session.compile_regions.append(self.record)
+            record["graphs"].append(_graph_record(plan))
+        if isinstance(plan, GraphBreaks):   # its graphs are planned as dynamo runs them, into this record
+            plan.record = record
+        self.session.compile_regions.append(record)
         kind = notes_mod.NOT_MODELLED if isinstance(plan, str) else notes_mod.COMPILED
         notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
-    def plan_graph(self, trace, fakes: list):
+    def plan_graph(self, trace, fakes: list, record: dict):
         """The plan of one graph of several (graph_breaks.py), made as a whole region's is; the
-        region's record (the JSON's compiled_regions) gains the graph's figures."""
+        region's record of that trace (the JSON's compiled_regions) gains the graph's figures."""
         plan = _plan_of(trace, fakes)
         graph = _graph_record(plan) if isinstance(plan, Plan) else {"status": plan, "saved_bytes": 0}
-        if self.record:
-            self.record["graphs"].append(graph)
-            self.record["saved_bytes"] += graph["saved_bytes"]
+        record.setdefault("graphs", []).append(graph)
+        record["saved_bytes"] = record.get("saved_bytes", 0) + graph["saved_bytes"]
         return plan
 
     def note_fallback(self, why: str) -> None:

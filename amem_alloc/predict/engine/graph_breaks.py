@@ -107,12 +107,25 @@ def _converting(session, options):
             compile_trace._card_caches_clear()
 
 
+def _why_split() -> str:
+    """Why dynamo made several graphs of the region: its DDP optimizer, inside a DDP module's
+    forward, splits the graph at DDP's gradient buckets (torch/_dynamo/backends/distributed.py),
+    with nothing between them; otherwise graph breaks, with the code between them run eager."""
+    from torch._dynamo.utils import get_optimize_ddp_mode
+    from torch.nn.parallel import DistributedDataParallel
+
+    if get_optimize_ddp_mode() == "ddp_optimizer" and DistributedDataParallel._get_active_ddp_module() is not None:
+        return "dynamo's DDP optimizer splits it at DDP's gradient buckets, as on the GPU"
+    return "eager between them (graph breaks)"
+
+
 class GraphBreaks:
     """A region dynamo splits into several graphs: run by dynamo, each graph replayed as compiled."""
 
     def __init__(self, region, n_graphs: int | None, stopped: str = ""):
         self.region, self.statuses = region, []
-        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; eager between them (graph breaks)"
+        self.record: dict = {}   # the region's entry in session.compile_regions for this trace (compiled.py)
+        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; {_why_split()}"
                        if n_graphs else "predicted as compiled (inductor) graph by graph as dynamo runs it; eager "
                        f"between them (graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
         ctx = torch._dynamo.optimize(self._backend, dynamic=False)
@@ -135,7 +148,7 @@ class GraphBreaks:
                              config_patches=self.region.options)
         with mode:   # the graph's factories make fakes too
             trace.result = run(*fakes)
-        plan = self.region.plan_graph(trace, fakes)
+        plan = self.region.plan_graph(trace, fakes, self.record)
         self.statuses.append(plan if isinstance(plan, str) else plan.status)
         if isinstance(plan, str):   # this graph's ops run as eager, on the session's tensors
             self.region.note_fallback(f"one of its {len(self.statuses)}+ graphs {plan}")
