@@ -125,6 +125,7 @@ class GraphBreaks:
     def __init__(self, region, n_graphs: int | None, stopped: str = ""):
         self.region, self.statuses = region, []
         self.record: dict = {}   # the region's entry in session.compile_regions for this trace (compiled.py)
+        self.n_graphs, self.calls = n_graphs, 0
         self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; {_why_split()}"
                        if n_graphs else "predicted as compiled (inductor) graph by graph as dynamo runs it; eager "
                        f"between them (graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
@@ -158,4 +159,18 @@ class GraphBreaks:
     def __call__(self, *args, **kwargs):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*global hooks on modules")
-            return self.run(*args, **kwargs)
+            out = self.run(*args, **kwargs)
+        self.calls += 1
+        if self.calls == 1:
+            self._note_graphs_not_compiled()
+        return out
+
+    def _note_graphs_not_compiled(self) -> None:
+        """After the first call: graphs torch's own trace found that dynamo did not hand the backend
+        when it ran the region here ran their ops as eager, which the output says (never silent)."""
+        missing = (self.n_graphs or 0) - len(self.statuses)
+        if missing > 0:
+            self.region.note_fallback(f"{missing} of its {self.n_graphs} graphs not compiled when dynamo ran it "
+                                      "here (their code ran as eager)")
+            self.record["status"] = self.record.get("status", self.status) + \
+                f"; {missing} of the {self.n_graphs} graphs ran as eager"
