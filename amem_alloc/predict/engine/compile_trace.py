@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,8 +350,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         _handlers().cache_clear()
         compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
         try:
-            with warnings.catch_warnings(), quiet_guard_errors():
-                warnings.filterwarnings("ignore", message=".*global hooks on modules")
+            with quiet_guard_errors():   # (torch's warning of global module hooks: torch_patches.HOOKS_WARNING)
                 trace.result = compiled(*fake_args, **fake_kwargs)
         finally:
             torch._dynamo.reset()

@@ -370,20 +370,15 @@ class _RegionContext:
     the module's `forward` and `training_step` with the compiled module's context) a compiled
     function of its own, as dynamo's context would compile it."""
 
-    def __init__(self, session, mod: torch.nn.Module, options: dict | None, region: CompiledRegion | None = None):
+    def __init__(self, session, mod: torch.nn.Module, options: dict | None):
         self.session, self.mod, self.options = session, mod, options
-        self.region = region or CompiledRegion(session, mod, mod, options)
+        self.region = CompiledRegion(session, mod, mod, options)
 
     def __call__(self, fn):
         if fn is self.mod or getattr(fn, "__wrapped__", None) is self.mod or (   # (torch's wrap_inline)
                 getattr(fn, "__self__", None) is self.mod and
                 getattr(fn, "__name__", "") in ("__call__", "_call_impl", "_wrapped_call_impl")):
-            region = self.region
-
-            @functools.wraps(fn)
-            def run(*args, **kwargs):
-                return region(*args, **kwargs)
-            return run
+            return _calling(self.region, fn)
         return compiled_function(self.session, fn, self.options)
 
 
@@ -410,8 +405,11 @@ def compiled_function(session, fn, options: dict | None):
     session's (compile_inputs.py)."""
     owner = getattr(fn, "__self__", None)   # Module.compile compiles its bound _call_impl: keyed by
     module = owner if isinstance(owner, torch.nn.Module) else None   # its training flags, as a module's
-    region = CompiledRegion(session, fn, module, options)
+    return _calling(CompiledRegion(session, fn, module, options), fn)
 
+
+def _calling(region: CompiledRegion, fn):
+    """`fn` as compiled: each call goes through `region`."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         return region(*args, **kwargs)
