@@ -260,3 +260,33 @@ def torchtitan_loss_saved(batch: int, seq: int, vocab: int, dtype: torch.dtype) 
                                 partition_fn=partition, decompositions=select_decomp_table())
         compiled(pred, labels)
     return _saved(seen["fw"], seen["bw"])
+
+
+# ============================================================================ DDP, compiled
+def _bucket_as_is(state, bucket):
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def ddp_compiled_saved(width: int, layers: int, batch: int, bucket_cap_mb: float) -> list[list[int]]:
+    """Each graph's saved storages for `DDP(torch.compile(Sequential of `layers` Linear(width,
+    width) and GELU), bucket_cap_mb=...)`, as nanoGPT wraps its compiled model: dynamo's DDP optimizer
+    splits the graph at DDP's gradient buckets (torch/_dynamo/backends/distributed.py) and each
+    split graph goes through AOTAutograd with inductor's decompositions and partition. Run on
+    the CPU under torch's fake process group (2 ranks; nothing is communicated)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def call(backend):
+        model = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.GELU())])
+        model = DDP(torch.compile(model, backend=backend), bucket_cap_mb=bucket_cap_mb)
+        model.register_comm_hook(None, _bucket_as_is)   # the fake group's all-reduce gives no tensor back
+        model(torch.randn(batch, width)).sum().backward()
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        return dynamo_saved_per_graph(call, None, "flash")
+    finally:
+        dist.destroy_process_group()

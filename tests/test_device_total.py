@@ -242,13 +242,17 @@ def test_a_resnets_device_total_with_cudnn_benchmark_on_and_off():
     assert any("cuDNN benchmark search workspace" in n["what"] for n in on.notes)
 
 
-def test_a_ddp_rank_holds_nccls_communicator():
+@pytest.mark.parametrize("destroyed", [False, True])
+def test_a_ddp_rank_holds_nccls_communicator(destroyed, monkeypatch):
+    """Also when the script destroys its process group itself before it ends (nanoGPT does): the
+    communicator was there while it trained."""
+    monkeypatch.setenv("DESTROY", "1" if destroyed else "0")
     from amem_alloc.predict.distributed import launch as launch_mod
     from amem_alloc.predict.distributed.ranks import predict_ranks
 
     script = str(Path(__file__).parent / "predict_models" / "dist_ddp.py")
-    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [script], "H200", "torch", steps=2, timeout=300, workers=1)
-    rank = result.ranks[0].prediction
+    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [script], "H200", "torch", steps=0, timeout=300, workers=1)
+    rank = result.ranks[0].prediction   # (steps=0: the script runs to its end, its destroy included)
     assert rank.run.libraries.get("nccl") == 1          # init_process_group's one group
     parts = {p["part"]: p["bytes"] for p in rank.to_dict()["device_total"]["parts"]}
     assert parts["NCCL: its kernels and first communicator"] == 262 * MiB

@@ -1,6 +1,7 @@
 """A DDP training script as torchrun runs it: 4 Linear(1024, 1024) layers, AdamW, 3 steps;
 GRAD_VIEW=1 sets gradient_as_bucket_view; HOOK=allreduce|fp16 registers torch's own comm hook
-(default_hooks.allreduce_hook / fp16_compress_hook). Predicted per rank by tests/test_predict_distributed.py."""
+(default_hooks.allreduce_hook / fp16_compress_hook); DESTROY=1 destroys the process group at
+the end, as nanoGPT's train.py does. Predicted per rank by tests/test_predict_distributed.py."""
 import os
 
 import torch
@@ -24,3 +25,5 @@ for _ in range(3):
     model(torch.randn(8, WIDTH, device="cuda")).sum().backward()
     opt.step()
     opt.zero_grad()
+if os.environ.get("DESTROY") == "1":
+    dist.destroy_process_group()

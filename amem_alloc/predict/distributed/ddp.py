@@ -92,6 +92,18 @@ def _reducer_class(original: type, session: Any, waited: Callable[[], None]) -> 
     return Reducer
 
 
+def _logger_class(original: type) -> type:
+    """torch's DDP logger, less its runtime stats: it times iterations with CUDA events on the
+    parameters' device, here not a CUDA one to its C++ ('Time stats are currently only collected
+    for CPU and CUDA devices', a warning a GPU run never prints)."""
+
+    class Logger(original):   # type: ignore[misc, valid-type]
+        def set_runtime_stats_and_log(self) -> None:
+            return None
+
+    return Logger
+
+
 class FakeGroupDDP:
     """Context manager: each DDP made while it is active allocates its buckets on the parameters'
     device and gets the in-place all-reduce hook."""
@@ -105,6 +117,7 @@ class FakeGroupDDP:
 
         self.patches = PatchSet()
         self.patches.apply(REDUCER, dist, "Reducer", _reducer_class(dist.Reducer, self.session, self.waited))
+        self.patches.apply(LOGGER, dist, "Logger", _logger_class(dist.Logger))
         _annotate()
         for name in ("register_comm_hook", "_register_builtin_comm_hook"):
             self.patches.apply(DDP_HOOKS[name], DDP, name, _noting_hook(getattr(DDP, name)))
@@ -116,6 +129,7 @@ class FakeGroupDDP:
 
 
 REDUCER = declare("torch.distributed", "Reducer", "DDP's buckets are allocated on the parameters' (fake CUDA) device")
+LOGGER = declare("torch.distributed", "Logger", "DDP's logger times no iteration (CUDA events on a fake device)")
 DDP_HOOKS = {**declare_many("torch.nn.parallel.DistributedDataParallel", ("register_comm_hook", "_register_builtin_comm_hook"),
                             "notes that the DDP has a comm hook of the script's"),
              "forward": declare("torch.nn.parallel.DistributedDataParallel", "forward",

@@ -19,7 +19,8 @@ DDP's `_verify_params_across_processes` (C++) all-gathers the parameters' shapes
 values; the fake group carries no values, so the check is skipped (every rank runs the same script).
 For the same reason the object collectives answer from the rank's own objects (object_collectives.py).
 At the end of the rank every process group is destroyed, so the next rank starts from none (and
-from fresh libraries: fresh_libraries.py).
+from fresh libraries: fresh_libraries.py). The communicators NCCL would hold are counted then, or
+when the script destroys its groups itself, whichever comes first.
 
 FSDP1 (`FullyShardedDataParallel`, flat parameters) runs its own code too: flat parameters made,
 sharded, all-gathered on its unshard stream (refilled with `resize_` through torch/distributed/
@@ -50,6 +51,8 @@ ACCELERATOR = declare("torch._C", "_get_accelerator", "the accelerator is CUDA (
 VERIFY_PARAMS = declare("torch.distributed", "_verify_params_across_processes",
                         "DDP's check of parameter shapes across ranks: nothing to compare with one rank at a time")
 TORCH_META = declare("torch", "meta", "torch.meta (what torch.get_device_module(\"meta\") finds) answers as torch.cuda")
+DESTROY_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d", "destroy_process_group",
+                                "the communicators NCCL would hold are counted before a script destroys its groups")
 FSDP1_INIT = declare("torch.distributed.fsdp.FullyShardedDataParallel", "__init__",
                      "FSDP1 with CPU offload is refused with one line (not modelled)")
 
@@ -110,9 +113,16 @@ class FakeWorld:
                 kwargs["timeout"] = timeout
             return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
 
+        destroy = c10d.destroy_process_group
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> None:
+            world._count_nccl_groups()   # (nanoGPT destroys its group itself, at the end)
+            return destroy(*args, **kwargs)
+
         objects = object_collectives.replacements({name: getattr(c10d, name) for name in object_collectives.FUNCTIONS})
         for module in (c10d, dist):
             self.patches.apply(INIT_PROCESS_GROUP, module, "init_process_group", init_process_group)
+            self.patches.apply(DESTROY_PROCESS_GROUP, module, "destroy_process_group", destroy_process_group)
             for name, function in objects.items():
                 self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
         self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))

@@ -118,6 +118,28 @@ def _why_split() -> str:
     return "eager between them (graph breaks)"
 
 
+def _fakify_first_call() -> bool:
+    """Whether dynamo's DDP optimizer compiles this graph: it runs each split graph once on
+    dynamo's fakes to make the next one's inputs, and AOTAutograd's first call then returns only
+    the outputs' fakes, with inductor's strides (runtime_wrappers.FakifiedOutWrapper)."""
+    return bool(getattr(torch._guards.TracingContext.try_get(), "fakify_first_call", False))
+
+
+class _FirstCallFakes:
+    """A split graph's replay for the DDP optimizer: its first call (dynamo's, on its fakes, while
+    it compiles the next graph) returns the outputs' fakes, as AOTAutograd's first call does
+    there; every later call (the region's run, on the session's tensors) is the replay."""
+
+    def __init__(self, fakes, replay):
+        self.fakes, self.replay = fakes, replay
+
+    def __call__(self, *args):
+        if self.fakes is not None:
+            fakes, self.fakes = self.fakes, None
+            return fakes
+        return self.replay(*args)
+
+
 class GraphBreaks:
     """A region dynamo splits into several graphs: run by dynamo, each graph replayed as compiled."""
 
@@ -146,14 +168,18 @@ class GraphBreaks:
         gm = compile_sdpa.on_card(gm, compile_trace.props_of(self.region.session))   # as compile_trace's backend
         run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True),
                              config_patches=self.region.options)
+        fakified = _fakify_first_call()
         with mode:   # the graph's factories make fakes too
             trace.result = run(*fakes)
+            if fakified:   # that call only gave the outputs' fakes; this one runs the graph
+                trace.result = run(*fakes)
         plan = self.region.plan_graph(trace, fakes, self.record)
         self.statuses.append(plan if isinstance(plan, str) else plan.status)
         if isinstance(plan, str):   # this graph's ops run as eager, on the session's tensors
             self.region.note_fallback(f"one of its {len(self.statuses)}+ graphs {plan}")
             return gm.forward
-        return lambda *args: self.region._run(plan, list(args))
+        replay = lambda *args: self.region._run(plan, list(args))
+        return _FirstCallFakes(trace.result, replay) if fakified else replay
 
     def __call__(self, *args, **kwargs):
         out = self.run(*args, **kwargs)   # (torch's warning of global module hooks: torch_patches.HOOKS_WARNING)
