@@ -290,3 +290,42 @@ def ddp_compiled_saved(width: int, layers: int, batch: int, bucket_cap_mb: float
         return dynamo_saved_per_graph(call, None, "flash")
     finally:
         dist.destroy_process_group()
+
+
+# ============================================================================ torchtitan's compiled blocks
+def torchtitan_block_saved(flavor: str, batch: int, seq: int) -> list[list[int]]:
+    """What torch's partition saves for backward in one of torchtitan's compiled TransformerBlocks
+    (`--compile.enable`: each block through `nn.Module.compile`, after torchtitan's own selective
+    activation checkpointing, `SelectiveAC`, its default): the block as torchtitan builds it for
+    `flavor`, its parameters in bf16 (FSDP2's param_dtype, torchtitan's default), called as the
+    model calls it with a (batch, seq, dim) bf16 input, the document-causal BlockMask torchtitan
+    makes from the batch's positions (one document per row) and those positions; dynamo,
+    AOTAutograd with inductor's decompositions and partition, on the CPU's fakes. FSDP2's hooks
+    are not on the block here: dynamo never traces them (they run eager around the graph)."""
+    from unittest import mock
+
+    import torchtitan.models.common.attention as attention
+    from torch._subclasses import FakeTensorMode
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+    from torchtitan.models.llama3 import model_registry
+
+    model = model_registry(flavor).model.build()
+    SelectiveAC(SelectiveAC.Config()).apply(model)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    positions = torch.arange(seq).repeat(batch, 1)
+    with mock.patch.object(attention, "_compiled_create_block_mask", create_block_mask):   # (eager: no C++ compiler)
+        masks = model.get_attention_masks(positions=positions)
+    block = next(iter(model.layers.values()))
+
+    def call(backend):
+        import torch.nn.attention.flex_attention as flex
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, \
+                mock.patch.object(flex, "_validate_device", lambda *args: None):   # (CPU: no flex backward)
+            x = torch.empty(batch, seq, model.config.dim, dtype=torch.bfloat16).requires_grad_()
+            fake_positions = mode.from_tensor(positions)
+            torch.compile(block, backend=backend)(x, masks, fake_positions).sum().backward()
+
+    return dynamo_saved_per_graph(call, None, "flash")

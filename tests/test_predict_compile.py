@@ -493,11 +493,12 @@ def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers
     assert [r.rank for r in result.ranks] == [0, 1, 2]
 
 
-def test_module_compile_on_a_module_with_hooks_of_its_own_runs_eager_and_says_why():
+def test_module_compile_with_hooks_of_its_own_runs_them_eager_around_its_compiled_forward():
     """`module.compile()` before hooks are put on the module itself (torchtitan compiles each block,
-    then FSDP2's fully_shard adds its all-gather as a forward pre-hook): torch traces those hooks into
-    the region; the prediction runs the module as eager, noted once at the compile() line, and the
-    hook still runs. Without hooks the same call is predicted as compiled."""
+    then FSDP2's fully_shard adds its all-gather as a forward pre-hook): the hooks run as eager
+    around the module's forward, which is predicted as compiled (the region of `forward`). FSDP2's
+    hooks are what torch runs that way (dynamo never traces them); hooks of another kind, which
+    torch traces into the region, are noted once at the compile() line. The hook runs each call."""
     seen = []
     with FakeCudaSession(**H100) as s:
         plain, hooked = torch.nn.Linear(64, 64).cuda(), torch.nn.Linear(64, 64).cuda()
@@ -508,11 +509,25 @@ def test_module_compile_on_a_module_with_hooks_of_its_own_runs_eager_and_says_wh
         plain(x)
         for _ in range(2):
             hooked(x)
-    notes = [n for n in s.notes.items.values() if n.what.startswith("torch.compile region Linear")]
-    eager = [n for n in notes if "hooks of its own (forward pre hooks" in n.what]
+        assert "forward" not in hooked.__dict__   # the compiled forward is the module's only while it runs
+    notes = [n for n in s.notes.items.values() if n.what.startswith("torch.compile region")]
+    eager = [n for n in notes if "own hooks (forward pre hooks) run as eager" in n.what]
     assert len(eager) == 1 and eager[0].count == 1, [(n.what, n.count) for n in notes]
-    assert any("predicted as compiled (inductor)" in n.what for n in notes), [n.what for n in notes]
+    assert not [n for n in notes if "runs as eager" in n.what], [n.what for n in notes]
+    regions = [r for r in s.compile_regions]
+    assert [r["status"] for r in regions] == ["predicted as compiled (inductor)"] * 2, regions
     assert seen == [(8, 64)] * 2
+
+
+def test_fsdp2_hooks_are_told_apart_from_hooks_torch_traces():
+    """FSDP2's hooks are dynamo-disabled bound methods of its state (torch.distributed.fsdp's
+    `_dynamo_disable` wrapper); a lambda is not."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    from amem_alloc.predict.engine import torch_patches
+
+    assert torch_patches._fsdp_hook(FSDPState()._pre_forward)
+    assert not torch_patches._fsdp_hook(lambda mod, args: None)
 
 
 def test_torch_compile_of_a_module_is_torchs_optimized_module():

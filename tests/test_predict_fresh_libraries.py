@@ -89,3 +89,23 @@ def test_what_stays_the_standard_library_torch_what_they_need_and_compiled_modul
     plain.__file__ = "/site-packages/somelib/__init__.py"
     assert staying.forgets_module("somelib", plain) and staying.forgets_module("somelib.sub", plain)
     assert staying.forgets_logger("DeepSpeed", None) and not staying.forgets_logger("torch.distributed", None)
+
+
+def test_a_module_dynamo_put_into_torchs_globals_neither_keeps_the_library_nor_outlives_its_rank(monkeypatch):
+    """dynamo puts the modules a compiled frame uses among that frame's module's globals, under
+    `__import_<name>`: torch's checkpoint_wrapper.py held torchtitan's once its blocks were
+    compiled. That alias does not make the library stay, and an alias to a module no longer
+    imported (set aside for the next rank) is removed, else the next rank's trace of the frame
+    would find the earlier rank's module there and dynamo refuse to convert it."""
+    import torch.utils.checkpoint as host
+
+    lib = type(sys)("somelib_traced")
+    lib.__file__ = "/site-packages/somelib_traced/__init__.py"
+    monkeypatch.setitem(sys.modules, "somelib_traced", lib)
+    monkeypatch.setitem(vars(host), "__import_somelib_traced", lib)
+    monkeypatch.setitem(vars(host), "__import_torch", torch)   # (a staying module's alias stays)
+    assert "somelib_traced" not in fresh_libraries.Staying().tops
+    with fresh_libraries.FreshLibraries():
+        assert "somelib_traced" not in sys.modules
+        assert "__import_somelib_traced" not in vars(host)
+        assert vars(host)["__import_torch"] is torch

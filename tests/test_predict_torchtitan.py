@@ -144,27 +144,37 @@ def _line_of(module, text: str) -> str:
     return f"torchtitan/{path.relative_to(Path(torchtitan.__file__).parent)}:{line}"
 
 
-def test_compile_enable_keeps_the_model_state_and_names_each_compiled_regions_fallback(compiled_prediction):
-    """`--compile.enable` (torchtitan 0.3: each TransformerBlock through `nn.Module.compile`, and the
-    loss function): the same FSDP2 shards of parameters, gradients and AdamW state as uncompiled, and
-    no compiled region silently eager: each of the debug model's blocks is noted at torchtitan's
-    `compile()` line with why it runs as eager (FSDP2's hooks on it, which torch traces into the
-    region), and the loss region at its call is noted as compiled or with its fallback."""
+def test_compile_enable_predicts_each_block_and_the_loss_as_compiled_as_torchs_partition_saves(compiled_prediction):
+    """`--compile.enable` (torchtitan 0.3: each TransformerBlock through `nn.Module.compile`, after
+    selective activation checkpointing and before FSDP2, and the loss function): the same FSDP2
+    shards of parameters, gradients and AdamW state as uncompiled; FSDP2's hooks on each block run
+    eager around its compiled forward, as torch runs them (dynamo never traces them), so each
+    block is predicted as compiled and saves for backward, to the byte, what torch's partition
+    saves for torchtitan's block (compiled_reference.py: SelectiveAC's policy, FlexAttention with
+    the document mask, bf16 parameters); the loss likewise. Only create_block_mask's region runs
+    eager, said at its call (its result is a BlockMask)."""
+    import compiled_reference
     import torchtitan.distributed.compile as compile_
-    from torchtitan.models.llama3 import model_registry
+    from torchtitan.models.llama3 import config_registry
 
     data, text = compiled_prediction
     _assert_model_state(data, "debugmodel", WORLD)
-    with torch.device("meta"):
-        layers = len(model_registry("debugmodel").model.build().layers)
-    blocks = _line_of(compile_, "transformer_block.compile(")
+    cfg = config_registry.llama3_debugmodel()
+    want = [sum(g) for g in compiled_reference.torchtitan_block_saved("debugmodel", cfg.training.local_batch_size,
+                                                                        cfg.training.seq_len)]
+    assert len(want) == 1 and want[0] > 0, want
+    layers = len(cfg.model_spec.model.layers)
+    blocks_line = _line_of(compile_, "transformer_block.compile(")
     for r in data["ranks"]:
-        notes = {n["where"]: n for n in r["notes"] if n["what"].startswith("torch.compile")}
-        assert notes[blocks]["count"] == layers and "runs as eager" in notes[blocks]["what"], notes
-        assert "hooks of its own" in notes[blocks]["what"], notes
-        loss_notes = [n for n in notes.values() if "region cross_entropy_loss:" in n["what"]]
-        assert loss_notes and all(n["where"].startswith("torchtitan/components/loss.py:") for n in loss_notes), notes
-        assert all(n["kind"] in ("compiled", "not-modelled") for n in notes.values()), notes
+        blocks = [c for c in r["compiled_regions"] if c["region"] == "FSDPCheckpointWrapper"]
+        assert len(blocks) == layers, r["compiled_regions"]
+        for block in blocks:
+            assert block["status"] == "predicted as compiled (inductor)", block
+            assert [g["saved_bytes"] for g in block["graphs"]] == want, (block, want)
+        notes = [n for n in r["notes"] if n["what"].startswith("torch.compile")]
+        assert not [n for n in notes if n["where"] == blocks_line], notes   # no fallback at compile()
+        eager = [n for n in notes if n["kind"] == "not-modelled"]
+        assert [n["what"].split(":")[0] for n in eager] == ["torch.compile region create_block_mask"], eager
     assert "the script failed" not in text
     _assert_loss_saves_what_torchs_partition_saves(data, "llama3_debugmodel")
 
@@ -191,14 +201,17 @@ def _assert_loss_saves_what_torchs_partition_saves(data: dict, config: str) -> N
 @pytest.mark.slow
 def test_the_8b_config_compiled_on_8_ranks_saves_in_its_loss_what_torchs_partition_saves(assets):
     """torchtitan's Llama 3.1 8B config with `--compile.enable` on 8 ranks: the model state as
-    uncompiled (each rank's FSDP2 shard), the blocks noted as eager (FSDP2's hooks on each), and the
-    compiled loss, on rank 0 and every rank, saving what torch's partition saves for each chunk of
-    the (1, 8192, 128,256) bf16 output."""
+    uncompiled (each rank's FSDP2 shard), every block predicted as compiled, and the compiled loss,
+    on rank 0 and every rank, saving what torch's partition saves for each chunk of the (1, 8192,
+    128,256) bf16 output."""
     data, text = _predict(assets, 8, ["--config", "llama3_8b", "--hf_assets_path", "./tests/assets/tokenizer",
                                       "--dataloader.dataset", "c4_test", "--training.steps", "2", "--compile.enable"])
     assert [r["rank"] for r in data["ranks"] if r["recorded"]] == [0, 7]
     _assert_model_state(data, "8B", 8)
     _assert_loss_saves_what_torchs_partition_saves(data, "llama3_8b")
+    for r in data["ranks"]:
+        blocks = [c for c in r["compiled_regions"] if c["region"] == "FSDPCheckpointWrapper"]
+        assert len(blocks) == 32 and all(b["status"] == "predicted as compiled (inductor)" for b in blocks), blocks
     assert "the script failed" not in text
 
 

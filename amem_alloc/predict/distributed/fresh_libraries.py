@@ -97,6 +97,7 @@ REPLACED = declare("torch and every package that stays (not the standard library
                    "torch.nn.functional.linear)")
 IMPORT_PATH = declare("sys", "path", "a copy while a rank runs: the folders its script added (its own) are its only")
 STAYING_DISTRIBUTIONS = ("torch", "amem_alloc", "amem-alloc")
+DYNAMO_IMPORT = "__import_"   # dynamo's name for a module it put among a compiled frame's globals
 MAIN = frozenset({"__main__", "__mp_main__"})   # the caller's program: stays, and what it holds is not kept for it
 
 
@@ -160,6 +161,23 @@ def _forget_dynamos_imports() -> None:
     cached = getattr(convert, "_import_module", None)
     if cached is not None and hasattr(cached, "cache_clear"):
         cached.cache_clear()
+    _forget_dynamos_aliases()
+
+
+def _forget_dynamos_aliases() -> None:
+    """The modules dynamo put among a compiled frame's globals (`__import_<module>`) that are no
+    longer imported as they were: a library set aside or dropped with a rank. Left there, the next
+    rank's trace of the same frame (torch's checkpoint_wrapper.py, around torchtitan's blocks)
+    finds the earlier rank's module under the alias and dynamo refuses to convert it ("expected
+    alias not in f_globals or f_globals[alias] is value")."""
+    for module in list(sys.modules.values()):
+        table = getattr(module, "__dict__", None)
+        if not isinstance(table, dict):
+            continue
+        for key, value in list(table.items()):
+            if str(key).startswith(DYNAMO_IMPORT) and isinstance(value, types.ModuleType) \
+                    and sys.modules.get(getattr(value, "__name__", "")) is not value:
+                del table[key]
 
 
 _CACHES: dict = {"modules": 0, "found": []}
@@ -286,10 +304,13 @@ def _held_tops(module: Any) -> set[str]:
     """The top-level packages of the modules among a module's globals (what it imported as a
     module). Functions and classes do not count: libraries put theirs into torch's modules (torch's
     `_disable_dynamo_if_unsupported` writes an optimizer's fallback into torch.optim.optimizer's
-    globals: DeepSpeed's, from zenflow_torch_adam), which would keep the library for every rank."""
+    globals: DeepSpeed's, from zenflow_torch_adam), which would keep the library for every rank.
+    Nor do the modules dynamo puts into the globals of a module whose frame it compiled (named
+    `__import_<module>`, symbolic_convert.py), which reference the code it traced into: torch's
+    checkpoint_wrapper.py held torchtitan once torchtitan's checkpointed blocks were compiled."""
     out = set()
-    for value in list(getattr(module, "__dict__", {}).values()):
-        if isinstance(value, types.ModuleType):
+    for key, value in list(getattr(module, "__dict__", {}).items()):
+        if isinstance(value, types.ModuleType) and not str(key).startswith(DYNAMO_IMPORT):
             name = getattr(value, "__name__", None)
             if isinstance(name, str):
                 out.add(_top(name))

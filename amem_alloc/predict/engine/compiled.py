@@ -413,4 +413,5 @@ def _calling(region: CompiledRegion, fn):
     @functools.wraps(fn)
     def run(*args, **kwargs):
         return region(*args, **kwargs)
+    run._torchdynamo_inline = fn   # called inside another region dynamo traces: `fn` is traced there, as torch does
     return run

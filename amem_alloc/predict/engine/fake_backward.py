@@ -7,8 +7,10 @@ device guard claims 8 devices while `hasPrimaryContext` finds none, and it throw
 engine's walk done in Python for that trace only: the same nodes called in the same order (ready
 nodes by sequence number, highest first, as the engine's CPU queue runs them), gradients summed
 per input slot and checked against each node's input metadata as `validate_outputs` does (summed
-to the input's shape, cast to its dtype). Hooks on tensors and nodes are not run (a compiled
-region that registers them is traced as eager instead).
+to the input's shape, cast to its dtype). A Python autograd.Function's node (a HOP's autograd op,
+FlexAttention's) runs through its `apply`, the gradients it got none of as zeros, as the engine's
+PyNode does. Hooks on tensors and nodes are not run (a compiled region that registers them is
+traced as eager instead).
 """
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ class _Walk:
         count = max(len(metas), max(buf, default=-1) + 1)
         grads = [buf.get(k) for k in range(count)]
         grads = [_validate(g, metas[k]) if g is not None and k < len(metas) else g for k, g in enumerate(grads)]
-        outs = node(*grads)
+        outs = node(*grads) if callable(node) else _python_function(node, grads, metas)
         for (nxt, nr), g in zip(node.next_functions, outs if isinstance(outs, tuple) else (outs,)):
             if nxt is None or not self.needed.get(nxt):
                 continue
@@ -101,6 +103,20 @@ class _Walk:
             self.deps[nxt] -= 1
             if self.deps[nxt] == 0:
                 heapq.heappush(ready, (-nxt._sequence_nr(), id(nxt), nxt))
+
+
+def _zeros(meta) -> torch.Tensor:
+    return torch.zeros(tuple(meta.shape), dtype=meta.dtype, device=meta.device)
+
+
+def _python_function(node, grads: list, metas) -> tuple:
+    """The backward of a Python autograd.Function (a HOP's autograd op, say FlexAttention's):
+    `node.apply`, with the gradients it was given none of as zeros, as the engine's PyNode
+    materializes them (ctx.set_materialize_grads, True by default)."""
+    if getattr(node, "materialize_grads", True):
+        grads = [_zeros(metas[k]) if g is None and k < len(metas) else g
+                 for k, g in enumerate(grads)]
+    return node.apply(*grads)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,

@@ -303,7 +303,9 @@ class FakeCudaSession:
     def compiled(self, fn, inductor: bool = True):
         """`fn` run as eager, marked as a compiled region while it runs (`inductor`: by inductor,
         whose kernels rules may model, not by the eager backend that torch's own wrappers use).
-        Warnings torch gives because the code is not compiled are for a run this is not."""
+        Warnings torch gives because the code is not compiled are for a run this is not. Called
+        inside another compiled region that dynamo traces, `fn` itself is traced into it (torch
+        inlines a torch.compile'd function called from a compiled one)."""
         @functools.wraps(fn)
         def run(*args, **kwargs):
             self._compiled_depth += 1
@@ -315,6 +317,7 @@ class FakeCudaSession:
             finally:
                 self._compiled_depth -= 1
                 self.inductor_depth -= inductor
+        run._torchdynamo_inline = fn   # inside a region dynamo traces, `fn` is traced, as torch.compile's wrapper is
         return run
 
     def _opt_pre(self, optimizer, args, kwargs):
