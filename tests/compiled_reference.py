@@ -13,6 +13,8 @@ sdp_utils.cpp check_cudnn_dropout; flash is next in torch's priority order).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -147,7 +149,7 @@ def dynamo_saved_per_graph(call, low: torch.dtype | None, attention: str) -> lis
     order dynamo compiles them, for `call()` run by dynamo with AOTAutograd, inductor's
     decompositions and its partition function: torch.compile's own pipeline up to the partition,
     on the CPU's fake tensors `call` makes, CUDA's autocast casts and the card's attention kernel
-    written out (`CudaChoices`)."""
+    written out (`CudaChoices`; `attention` None: none, no autocast or attention to choose for)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
@@ -164,8 +166,8 @@ def dynamo_saved_per_graph(call, low: torch.dtype | None, attention: str) -> lis
     backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=lambda gm, _: gm, partition_fn=partition,
                            decompositions=select_decomp_table())
     torch._dynamo.reset()
-    try:
-        with CudaChoices(low, attention):
+    try:   # (no choices to write out: no mode on the stack, which changes which frames dynamo compiles)
+        with CudaChoices(low, attention) if attention else contextlib.nullcontext():
             call(backend)
     finally:
         torch._dynamo.reset()
@@ -287,7 +289,7 @@ def ddp_compiled_saved(width: int, layers: int, batch: int, bucket_cap_mb: float
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        return dynamo_saved_per_graph(call, None, "flash")
+        return dynamo_saved_per_graph(call, None, None)
     finally:
         dist.destroy_process_group()
 
@@ -328,4 +330,45 @@ def torchtitan_block_saved(flavor: str, batch: int, seq: int) -> list[list[int]]
             fake_positions = mode.from_tensor(positions)
             torch.compile(block, backend=backend)(x, masks, fake_positions).sum().backward()
 
-    return dynamo_saved_per_graph(call, None, "flash")
+    return dynamo_saved_per_graph(call, None, None)
+
+
+# ============================================================================ FSDP2, compiled
+FSDP_BLOCK = """
+class Block(torch.nn.Module):   # a module class of the program's own
+    def __init__(self, width):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+"""
+
+
+def fsdp_compiled_saved(kind: str, width: int, batch: int) -> list[list[int]]:
+    """Each graph's saved storages, in the order dynamo makes them, for `torch.compile(model)`
+    after FSDP2's `fully_shard(model)`: `kind` "block" (FSDP_BLOCK, a class of the program's) or
+    "sequential" (torch's Sequential of the same layers). FSDP2's hooks are dynamo-disabled; torch
+    compiles the block's forward as one graph and nothing of the Sequential (dynamo skips torch's
+    own forward as a frame). On the CPU under torch's fake process group (2 ranks)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    scope: dict = {"torch": torch}
+    exec(FSDP_BLOCK, scope)
+
+    def call(backend):
+        if kind == "block":
+            model = scope["Block"](width)
+        else:
+            model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                        torch.nn.Linear(2 * width, width))
+        fully_shard(model)
+        torch.compile(model, backend=backend)(torch.randn(batch, width)).sum().backward()
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        return dynamo_saved_per_graph(call, None, None)
+    finally:
+        dist.destroy_process_group()

@@ -524,10 +524,10 @@ def test_fsdp2_hooks_are_told_apart_from_hooks_torch_traces():
     `_dynamo_disable` wrapper); a lambda is not."""
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
-    from amem_alloc.predict.engine import torch_patches
+    from amem_alloc.predict.engine import module_hooks
 
-    assert torch_patches._fsdp_hook(FSDPState()._pre_forward)
-    assert not torch_patches._fsdp_hook(lambda mod, args: None)
+    assert module_hooks.fsdp_hook(FSDPState()._pre_forward)
+    assert not module_hooks.fsdp_hook(lambda mod, args: None)
 
 
 def test_torch_compile_of_a_module_is_torchs_optimized_module():

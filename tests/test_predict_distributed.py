@@ -696,3 +696,52 @@ def test_a_compiled_model_under_ddp_is_predicted_graph_by_graph_as_dynamos_ddp_o
         assert [g["saved_bytes"] for g in region["graphs"]] == expected, region
         assert not [n for n in r.prediction.notes if n["kind"] == "not-modelled" and "Sequential" in n["what"]]
     assert "Time stats are currently only collected" not in capfd.readouterr().err
+
+
+COMPILED_FSDP = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+{block}
+dist.init_process_group("nccl")
+torch.cuda.set_device(dist.get_rank())
+if sys.argv[1] == "block":
+    model = Block(512).cuda()
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).cuda()
+fully_shard(model)
+model = torch.compile(model)
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(64, 512, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("kind", ["block", "sequential"])
+def test_a_model_compiled_after_fully_shard_compiles_what_torch_compiles(kind, tmp_path, capfd):
+    """`fully_shard(model)` then `torch.compile(model)`: FSDP2's hooks are dynamo-disabled, so torch
+    runs them eager and compiles the forward of a module class of the program's as one graph, and
+    nothing of torch's own Sequential (dynamo skips its forward as a frame). The prediction does
+    the same: the block's graph saves what torch's partition of it saves (compiled_reference.py,
+    on the CPU under torch's fake process group), the Sequential runs eager and says why. The
+    region never runs on torch's fakes first: FSDP2's hooks there would gather into its own state
+    with fake tensors (the script failed in FSDP's all-gather: "'FSDPParam' object has no
+    attribute 'param_dtype'"). Each rank holds its half of the parameters and twice that of AdamW."""
+    script = tmp_path / "compiled_fsdp.py"
+    script.write_text(COMPILED_FSDP.format(block=compiled_reference.FSDP_BLOCK))
+    result = predict_ranks(launch_mod.Launch(2, 1, None), [str(script), kind], "H100", "torch", steps=2,
+                           timeout=300, workers=1)
+    expected = [sum(g) for g in compiled_reference.fsdp_compiled_saved(kind, 512, 64)]
+    assert (len(expected), kind) in ((1, "block"), (0, "sequential")) and all(expected), expected
+    params = (512 * 1024 + 1024 + 1024 * 512 + 512) * 4 // 2   # fp32, halved by the shard
+    for r in result.ranks:
+        region, = r.prediction.run.compiled_regions
+        assert [g["saved_bytes"] for g in region["graphs"]] == expected, region
+        if kind == "block":
+            assert region["status"].startswith("predicted as compiled (inductor)"), region
+        else:
+            assert "runs as eager, as torch runs it" in region["status"] and "Sequential.forward" in region["status"]
+        held = r.prediction.to_dict()["at_peak"]
+        assert abs(held["parameter"] - params) < 4096 and abs(held["optimizer_state"] - 2 * params) < 8192, held
+    assert "the script failed" not in capfd.readouterr().out

@@ -26,12 +26,15 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import notes as notes_mod
-from . import compile_inputs, compile_trace, compiled_optimizer, cudagraph_pool
+from . import compile_inputs, compile_trace, compiled_optimizer, cudagraph_pool, module_hooks
 from .compile_trace import amem_suspended
 from .devices import cuda_index
 from .graph_breaks import GraphBreaks
 
 COMPILED = "predicted as compiled (inductor)"
+FSDP_HOOKS = "FSDP2's hooks run eager between its graphs, as on the GPU (dynamo never traces them)"
+FORWARD_SKIPPED = ("runs as eager, as torch runs it: its hooks break the graph and dynamo skips {forward}, "
+                   "torch's own module code, as a frame of its own")
 PARTITION_ONLY = ("predicted as compiled (inductor): AOTAutograd's partition as torch makes it; "
                   "inside each graph, buffers op by op (inductor's fusion and reuse not modelled)")
 OP_BY_OP = "predicted as compiled (inductor's partition; its buffers op by op: {why})"
@@ -155,6 +158,10 @@ class CompiledRegion:
     def _plan(self, tensors, params, args, kwargs) -> Plan | str:
         from torch._subclasses import FakeTensorMode
 
+        if module_hooks.fsdp_inside(self.module, self.fn):   # not on torch's fakes first (module_hooks.py)
+            if isinstance(self.fn, torch.nn.Module) and module_hooks.torch_compiles_nothing(self.fn):
+                return FORWARD_SKIPPED.format(forward=type(self.fn).forward.__qualname__)
+            return GraphBreaks(self, None, why=FSDP_HOOKS)
         with amem_suspended():
             torch._C._ensureCUDADeviceGuardSet()   # as FakeTensor does where torch.cuda has no device
             mode = FakeTensorMode()   # (the shims answer that it has one)

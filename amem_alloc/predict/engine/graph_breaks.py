@@ -17,7 +17,8 @@ they are (it skips them: amem's dispatch mode is on the stack).
 
 A compiled module with graph breaks runs its `forward` under dynamo, not its `__call__`: dynamo
 would otherwise trace the session's global module hooks into the region. Hooks the program put on
-that module itself (not on its submodules) are therefore not run here; its submodules' are.
+that module itself (not on its submodules) run eager around that forward (module_hooks.py), as
+torch runs FSDP2's; its submodules' run as dynamo runs them.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import sys
 import torch
 
 from ...patching import PatchSet, declare
-from . import compile_inputs, compile_sdpa, compile_trace
+from . import compile_inputs, compile_sdpa, compile_trace, module_hooks
 from .compile_trace import amem_suspended
 
 MODE_STACK_GUARD = declare("torch._dynamo.guards.GuardBuilder", "TORCH_FUNCTION_STATE",
@@ -143,13 +144,14 @@ class _FirstCallFakes:
 class GraphBreaks:
     """A region dynamo splits into several graphs: run by dynamo, each graph replayed as compiled."""
 
-    def __init__(self, region, n_graphs: int | None, stopped: str = ""):
+    def __init__(self, region, n_graphs: int | None, stopped: str = "", why: str = ""):
         self.region, self.statuses = region, []
         self.record: dict = {}   # the region's entry in session.compile_regions for this trace (compiled.py)
         self.n_graphs, self.calls = n_graphs, 0
-        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; {_why_split()}"
-                       if n_graphs else "predicted as compiled (inductor) graph by graph as dynamo runs it; eager "
-                       f"between them (graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
+        self.status = (f"predicted as compiled (inductor) in {n_graphs} graphs; {_why_split()}" if n_graphs else
+                       f"predicted as compiled (inductor) graph by graph as dynamo runs it; {why}" if why else
+                       "predicted as compiled (inductor) graph by graph as dynamo runs it; eager between them "
+                       f"(graph breaks: the trace on torch's fakes stopped after a graph, {stopped})")
         ctx = torch._dynamo.optimize(self._backend, dynamic=False)
         ctx.callback = _Conversion(ctx.callback, region)
         region.session.patches.callback(torch._dynamo.reset)   # its code and guards (which hold the
@@ -182,7 +184,12 @@ class GraphBreaks:
         return _FirstCallFakes(trace.result, replay) if fakified else replay
 
     def __call__(self, *args, **kwargs):
-        out = self.run(*args, **kwargs)   # (torch's warning of global module hooks: torch_patches.HOOKS_WARNING)
+        fn = self.region.fn
+        if isinstance(fn, torch.nn.Module) and module_hooks.own(fn):   # eager around its forward (module_hooks.py)
+            with module_hooks.forward_as(fn, self.run):
+                out = fn._call_impl(*args, **kwargs)
+        else:
+            out = self.run(*args, **kwargs)   # (torch's warning of global module hooks: torch_patches.HOOKS_WARNING)
         self.calls += 1
         if self.calls == 1:
             self._note_graphs_not_compiled()
@@ -191,6 +198,11 @@ class GraphBreaks:
     def _note_graphs_not_compiled(self) -> None:
         """After the first call: graphs torch's own trace found that dynamo did not hand the backend
         when it ran the region here ran their ops as eager, which the output says (never silent)."""
+        if not self.statuses:   # nothing of it compiled: said as the region's fallback
+            self.region.note_fallback("dynamo handed amem no graph of it when it ran it here (every frame it met "
+                                      "was skipped or broken up: its code ran as eager, as dynamo ran it)")
+            self.record["status"] = "runs as eager: dynamo compiled no graph of it"
+            return
         missing = (self.n_graphs or 0) - len(self.statuses)
         if missing > 0:
             self.region.note_fallback(f"{missing} of its {self.n_graphs} graphs not compiled when dynamo ran it "

@@ -29,7 +29,6 @@ The changes, and why:
 """
 from __future__ import annotations
 
-import contextlib
 
 import functools
 import sys
@@ -43,7 +42,7 @@ from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
 from . import compiled as compiled_mod
-from . import legacy_types
+from . import legacy_types, module_hooks
 from .device_mode import DeviceMode
 from .values import is_fake
 
@@ -181,7 +180,7 @@ def _compile(session: Any, patches: PatchSet) -> None:
 
     def module_compile(module, *args, **kwargs):
         where = notes_mod.call_site(2)
-        module._compiled_call_impl = _hooks_around(module, compile(module._call_impl, **kwargs),
+        module._compiled_call_impl = _hooks_around(session, module, compile(module._call_impl, **kwargs),
                                                    lambda: compile(module.forward, **kwargs), where)
 
     patches.apply(COMPILE, torch, "compile", compile)
@@ -193,61 +192,35 @@ OWN_HOOKS_NOTE = ("torch.compile region {name}: the module's own hooks ({hooks})
                   "compiled forward; torch traces hooks it can trace into the region")
 
 
-def _hooks_around(module: torch.nn.Module, region, compile_forward, where: str):
+def _hooks_around(session: Any, module: torch.nn.Module, region, compile_forward, where: str):
     """`module.compile()`'s call: the compiled region, or, while the module has forward or backward
     hooks of its own (FSDP2's `fully_shard`, applied after compiling, adds them), the module's call
     run as eager around its forward compiled, as torch runs FSDP2's hooks: dynamo never traces them
     (torch.distributed.fsdp's `_dynamo_disable`), so they run eager between the region's graphs.
     Hooks of another kind, which torch would trace into the region, are noted once at the
     `compile()` line (the region's memory is then the forward's; what the hooks allocate is eager)."""
-    forward = []
+    forward, skipped = [], []
+    eager = session.compiled(module._call_impl, inductor=True)
 
     def call(*args, **kwargs):
-        hooks = _own_hooks(module)
+        hooks = module_hooks.own(module)
         if not hooks:
             return region(*args, **kwargs)
+        if module_hooks.torch_compiles_nothing(module):   # (module_hooks.py)
+            if not skipped:
+                skipped.append(True)
+                notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {type(module).__name__}: " +
+                                 compiled_mod.FORWARD_SKIPPED.format(forward=type(module).forward.__qualname__), where=where)
+            return eager(*args, **kwargs)
         if not forward:
             forward.append(compile_forward())
-            traced = [h for h in hooks if not _dynamo_skips(module, h)]
+            traced = [h for h in hooks if not module_hooks.dynamo_skips(module, h)]
             if traced:
                 notes_mod.record(notes_mod.NOT_MODELLED, OWN_HOOKS_NOTE.format(name=type(module).__name__,
                                                                                hooks=", ".join(traced)), where=where)
-        with _forward_as(module, forward[0]):
+        with module_hooks.forward_as(module, forward[0]):
             return module._call_impl(*args, **kwargs)
     return call
-
-
-@contextlib.contextmanager
-def _forward_as(module: torch.nn.Module, forward):
-    """The module's `forward`, for one call, is `forward` (its compiled form)."""
-    had, own = "forward" in module.__dict__, module.__dict__.get("forward")
-    module.forward = forward
-    try:
-        yield
-    finally:
-        if had:
-            module.forward = own
-        else:
-            del module.forward
-
-
-def _dynamo_skips(module: torch.nn.Module, kind: str) -> bool:
-    """Whether every hook of this kind on the module is one dynamo does not trace (FSDP2's)."""
-    table = getattr(module, "_" + kind.replace(" ", "_"), {}) or {}
-    return all(_fsdp_hook(h) for h in table.values())
-
-
-def _fsdp_hook(hook) -> bool:
-    import inspect
-
-    fn = getattr(hook, "func", hook)   # (functools.partial)
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))   # (a bound method, under FSDP's dynamo-disabling wrapper)
-    return "torch/distributed/fsdp/" in getattr(getattr(fn, "__code__", None), "co_filename", "").replace("\\", "/")
-
-
-def _own_hooks(module: torch.nn.Module) -> list[str]:
-    kinds = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-    return [k.strip("_").replace("_", " ") for k in kinds if getattr(module, k, None)]
 
 
 def _modelled_compiled(fn: Any) -> bool:
