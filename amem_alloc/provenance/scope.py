@@ -45,6 +45,15 @@ def tensors_in(values):
             yield from (x for x in v.values() if isinstance(x, torch.Tensor))
 
 
+_MACHINERY = ("torch._dynamo.backends.distributed",)   # dynamo's DDP optimizer wraps each split graph in a module
+
+
+def _machinery(module) -> bool:
+    """A module torch's machinery made to run a compiled graph, not one of the program's: it takes no
+    place in the module path (its ops belong to the module that called it)."""
+    return type(module).__module__ in _MACHINERY
+
+
 class ModuleScope:
     """The module stack (qualified paths, innermost last) and autocast state, kept by forward hooks:
     of one model's modules, or of every module (every_module())."""
@@ -93,6 +102,8 @@ class ModuleScope:
         return self.names[module]
 
     def _pre(self, module, args, kwargs=None):
+        if _machinery(module):
+            return
         name = self._path(module)
         if name == "" and not self.stack and self._on_inputs is not None:  # the model, called from outside
             self._on_inputs(list(tensors_in(args)) + list(tensors_in((kwargs or {}).values())))
@@ -103,7 +114,7 @@ class ModuleScope:
         self.autocast.append(_autocast_on())
 
     def _post(self, module, args, output):
-        if self.stack:
+        if self.stack and not _machinery(module):
             self.stack.pop()
             self.autocast.pop()
             if not self.stack:
