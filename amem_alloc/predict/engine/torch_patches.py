@@ -29,7 +29,6 @@ The changes, and why:
 """
 from __future__ import annotations
 
-
 import functools
 import sys
 import weakref
