@@ -711,8 +711,12 @@ if sys.argv[1] == "block":
     model = Block(512).cuda()
 else:
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).cuda()
-fully_shard(model)
-model = torch.compile(model)
+if sys.argv[1] == "sequential-compiled-first":   # torchtitan's order: module.compile(), then fully_shard
+    model.compile()
+    fully_shard(model)
+else:
+    fully_shard(model)
+    model = torch.compile(model)
 opt = torch.optim.AdamW(model.parameters())
 for _ in range(2):
     model(torch.randn(64, 512, device="cuda")).sum().backward()
@@ -721,9 +725,10 @@ for _ in range(2):
 """
 
 
-@pytest.mark.parametrize("kind", ["block", "sequential"])
+@pytest.mark.parametrize("kind", ["block", "sequential", "sequential-compiled-first"])
 def test_a_model_compiled_after_fully_shard_compiles_what_torch_compiles(kind, tmp_path, capfd):
-    """`fully_shard(model)` then `torch.compile(model)`: FSDP2's hooks are dynamo-disabled, so torch
+    """`fully_shard(model)` then `torch.compile(model)` (or `model.compile()` then `fully_shard`,
+    the same call compiled): FSDP2's hooks are dynamo-disabled, so torch
     runs them eager and compiles the forward of a module class of the program's as one graph, and
     nothing of torch's own Sequential (dynamo skips its forward as a frame). The prediction does
     the same: the block's graph saves what torch's partition of it saves (compiled_reference.py,
@@ -735,8 +740,8 @@ def test_a_model_compiled_after_fully_shard_compiles_what_torch_compiles(kind, t
     script.write_text(COMPILED_FSDP.format(block=compiled_reference.FSDP_BLOCK))
     result = predict_ranks(launch_mod.Launch(2, 1, None), [str(script), kind], "H100", "torch", steps=2,
                            timeout=300, workers=1)
-    expected = [sum(g) for g in compiled_reference.fsdp_compiled_saved(kind, 512, 64)]
-    assert (len(expected), kind) in ((1, "block"), (0, "sequential")) and all(expected), expected
+    expected = [sum(g) for g in compiled_reference.fsdp_compiled_saved(kind.split("-")[0], 512, 64)]
+    assert (len(expected), kind.split("-")[0]) in ((1, "block"), (0, "sequential")) and all(expected), expected
     params = (512 * 1024 + 1024 + 1024 * 512 + 512) * 4 // 2   # fp32, halved by the shard
     for r in result.ranks:
         region, = r.prediction.run.compiled_regions

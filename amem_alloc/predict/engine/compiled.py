@@ -131,15 +131,12 @@ class CompiledRegion:
         except Exception as e:   # torch could not trace it here, or must not: eager, and said so
             plan = f"runs as eager: {compile_inputs.refusal(e) or compile_trace.describe_failure(e)}"
         status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
-        record = {"region": self.name, "where": where, "status": status,
-                  "saved_bytes": getattr(plan, "saved_bytes", 0), "graphs": []}
+        record = region_record(self.session, self.name, where, status, getattr(plan, "saved_bytes", 0),
+                               compiled=not isinstance(plan, str))
         if isinstance(plan, Plan):
             record["graphs"].append(_graph_record(plan))
         if isinstance(plan, GraphBreaks):   # its graphs are planned as dynamo runs them, into this record
             plan.record = record
-        self.session.compile_regions.append(record)
-        kind = notes_mod.NOT_MODELLED if isinstance(plan, str) else notes_mod.COMPILED
-        notes_mod.record(kind, f"torch.compile region {self.name}: {status}")
         return plan
 
     def plan_graph(self, trace, fakes: list, record: dict):
@@ -226,6 +223,16 @@ def _leaf(kind, v, outs, tensors):
     if kind == "view":
         return v.of(outs[v.index] if v.source == "out" else tensors[v.index])
     return v
+
+
+def region_record(session, name: str, where: str, status: str, saved_bytes: int = 0, compiled: bool = False) -> dict:
+    """A traced region's entry in the output (the JSON's compiled_regions), and its note: how it is
+    predicted (`compiled`), or why it runs as eager."""
+    record = {"region": name, "where": where, "status": status, "saved_bytes": saved_bytes, "graphs": []}
+    session.compile_regions.append(record)
+    kind = notes_mod.COMPILED if compiled else notes_mod.NOT_MODELLED
+    notes_mod.record(kind, f"torch.compile region {name}: {status}", where=where)
+    return record
 
 
 def _graph_record(plan: Plan) -> dict:

@@ -208,8 +208,8 @@ def _hooks_around(session: Any, module: torch.nn.Module, region, compile_forward
         if module_hooks.torch_compiles_nothing(module):   # (module_hooks.py)
             if not skipped:
                 skipped.append(True)
-                notes_mod.record(notes_mod.NOT_MODELLED, f"torch.compile region {type(module).__name__}: " +
-                                 compiled_mod.FORWARD_SKIPPED.format(forward=type(module).forward.__qualname__), where=where)
+                compiled_mod.region_record(session, type(module).__name__, where, compiled_mod.FORWARD_SKIPPED.format(
+                    forward=type(module).forward.__qualname__))
             return eager(*args, **kwargs)
         if not forward:
             forward.append(compile_forward())
