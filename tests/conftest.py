@@ -33,3 +33,12 @@ def _no_calibration_of_this_machine(monkeypatch, tmp_path_factory):
     ~/.cache/amem_alloc/calibration.json); a developer's own must not change what the tests see."""
     if "AMEM_CALIBRATION" not in os.environ:
         monkeypatch.setenv("AMEM_CALIBRATION", str(tmp_path_factory.getbasetemp() / "no-calibration.json"))
+
+
+@pytest.fixture(autouse=True)
+def _wrapper_cache_of_the_session(monkeypatch, tmp_path_factory):
+    """Compiled predictions keep inductor's wrappers ($AMEM_COMPILE_CACHE, else ~/.cache/amem_alloc/
+    inductor): the tests keep theirs in the session's own folder, never a developer's, and a graph
+    predicted twice in the session is read back as a user's second prediction reads it."""
+    if "AMEM_COMPILE_CACHE" not in os.environ:
+        monkeypatch.setenv("AMEM_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "wrapper-cache"))

@@ -110,3 +110,6 @@ def test_compile_benchmark_runs_small(tmp_path):
     assert [w.split(":")[0] for w in row["compiled"]["compiled"]] == ["torch.compile region Sequential"], row
     assert "predicted as compiled (inductor)" in row["compiled"]["compiled"][0], row
     assert row["wall_ratio"] > 0 and row["cpu_ratio"] > 0 and "| mlp |" in proc.stdout, proc.stdout
+    again = row["compiled_again"]   # the second compiled run, with the wrappers the first kept
+    assert again["exit"] == 0 and again["peak_allocated"] == row["compiled"]["peak_allocated"], row
+    assert "predicted as compiled (inductor)" in again["compiled"][0] and row["wall_ratio_again"] > 0, row

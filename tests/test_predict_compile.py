@@ -208,7 +208,7 @@ def test_a_region_returning_views_of_its_intermediate_is_predicted_as_compiled()
         s.marker("end")
     region, = s.compile_regions
     assert region["status"] == "predicted as compiled (inductor)", region
-    assert region["graphs"] == [{"status": region["status"], "saved_bytes": want}]
+    assert [(g["status"], g["saved_bytes"]) for g in region["graphs"]] == [(region["status"], want)]
     assert survivors(s, "forward", "backward") == want + N * 3 * D * 4 + 4   # and the loss
 
 

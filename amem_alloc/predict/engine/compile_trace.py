@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from . import compile_sdpa, fake_backward, inductor_replay
+from . import compile_sdpa, fake_backward, inductor_replay, wrapper_cache
 
 TRACE_GRAD = declare("torch.autograd", "grad", "while a compiled region is traced: the backward walk in Python "
                      "(torch's engine cannot run fake CUDA tensors without a GPU)")
@@ -71,6 +71,7 @@ class Graph:
     wrapper: str | None = None      # inductor's generated Python wrapper (None: codegen failed)
     wrapper_error: str | None = None
     replay: Any = None              # the wrapper loaded for replay (inductor_replay.Replay)
+    kept: bool = False              # the wrapper was kept from an earlier prediction (wrapper_cache.py)
 
 
 @dataclass
@@ -183,7 +184,19 @@ def amem_suspended():
 
 
 # ============================================================================ inductor, codegen only
-def _codegen(gm, example_inputs, kw: dict) -> str:
+def _codegen(gm, example_inputs, kw: dict, props) -> tuple[str, bool]:
+    """The graph's wrapper source: kept from an earlier prediction of the same graph for the same
+    card (wrapper_cache.py), else inductor's (below), then kept; and whether it was kept before."""
+    graph_key = wrapper_cache.key(gm, example_inputs, kw, props)
+    entry = kept = wrapper_cache.load(graph_key)
+    if entry is None:
+        entry = _lowered(gm, example_inputs, kw)
+        wrapper_cache.store(graph_key, entry)
+    _report_output_strides(entry.output_strides)
+    return entry.wrapper, kept is not None
+
+
+def _lowered(gm, example_inputs, kw: dict) -> wrapper_cache.Entry:
     """Inductor's post-grad passes, lowering, scheduler and wrapper codegen (compile_fx.py's
     fx_codegen_and_compile up to `graph.codegen()`): the wrapper's source, no kernel compiled."""
     import torch._inductor.compile_fx as cfx
@@ -203,8 +216,8 @@ def _codegen(gm, example_inputs, kw: dict) -> str:
                               get_decomp_fn=kw.get("get_decomp_fn"))
         with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
             graph.run(*example_inputs)
-            _report_output_strides(graph)
-            return graph.codegen()[0].value
+            strides = _output_strides(graph)
+            return wrapper_cache.Entry(graph.codegen()[0].value, strides)
 
 
 def _tangent_outputs() -> list | None:
@@ -228,21 +241,25 @@ def _tangent_outputs() -> list | None:
     return out + [base + j for j in range(meta.num_intermediate_bases)]
 
 
-def _report_output_strides(graph) -> None:
-    """The strides of the graph's outputs as inductor laid them out (padded, say), told to
-    AOTAutograd as compile_fx tells it: the backward is then lowered for the saved tensors'
-    real strides (graph_compile.py restrides its placeholders)."""
+def _output_strides(graph) -> list:
+    """The strides of the graph's outputs as inductor laid them out (padded, say); None for an
+    output that is no tensor."""
     from torch._inductor.ir import IRNode
 
+    return [[int(s) for s in out.get_layout().stride] if isinstance(out, IRNode) and out.has_tensor_output()
+            else None for out in graph.graph_outputs or []]
+
+
+def _report_output_strides(strides: list | None) -> None:
+    """The outputs' strides told to AOTAutograd as compile_fx tells it: the backward is then
+    lowered for the saved tensors' real strides (graph_compile.py restrides its placeholders)."""
     context = torch._guards.TracingContext.try_get()
-    if context is None or context.output_strides is None or context.output_strides:
+    if strides is None or context is None or context.output_strides is None or context.output_strides:
         return
-    for out in graph.graph_outputs or []:
-        known = isinstance(out, IRNode) and out.has_tensor_output()
-        context.output_strides.append(tuple(int(s) for s in out.get_layout().stride) if known else None)
+    context.output_strides.extend(tuple(s) if s is not None else None for s in strides)
 
 
-def _inner(trace: Trace, codegen: bool):
+def _inner(trace: Trace, codegen: bool, props):
     """inductor's inner compile, replaced: the partitioned graph is kept (and its wrapper code
     generated); the fake run goes on by running the graph on the fake tensors."""
     def inner(gm, example_inputs, **kw):
@@ -252,7 +269,7 @@ def _inner(trace: Trace, codegen: bool):
             trace.tangents = _tangent_outputs()
         if codegen:
             try:
-                graph.wrapper = _codegen(gm, example_inputs, kw)
+                graph.wrapper, graph.kept = _codegen(gm, example_inputs, kw, props)
                 graph.replay = inductor_replay.Replay(graph.wrapper, _wrapper_name(graph))
             except Exception as e:   # noted by the caller: the graph replays op by op
                 graph.wrapper_error = describe_failure(e)
@@ -304,7 +321,7 @@ def _backend(trace: Trace, options: dict | None, codegen: bool, props):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
         gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
-        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen), config_patches=options)
+        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen, props), config_patches=options)
     return backend
 
 

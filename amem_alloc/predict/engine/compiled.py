@@ -236,9 +236,11 @@ def region_record(session, name: str, where: str, status: str, saved_bytes: int 
 
 
 def _graph_record(plan: Plan) -> dict:
-    """One graph's figures as the output gives them: how it is predicted, and the bytes its
-    forward saves for backward (torch's partition; none for an inference graph)."""
-    return {"status": plan.status, "saved_bytes": plan.saved_bytes}
+    """One graph's figures as the output gives them: how it is predicted, the bytes its forward
+    saves for backward (torch's partition; none for an inference graph), and how many of its
+    wrappers (forward, backward) an earlier prediction kept (wrapper_cache.py)."""
+    kept = sum(1 for g in (plan.forward, plan.backward) if g is not None and g.kept)
+    return {"status": plan.status, "saved_bytes": plan.saved_bytes, "wrappers_kept": kept}
 
 
 def _mode_notes(options: dict | None) -> str:

@@ -167,8 +167,9 @@ class GraphBreaks:
         mode = torch._guards.TracingContext.get().fake_mode   # AOTAutograd's, as it fakes the inputs
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         trace.placeholders = fakes
-        gm = compile_sdpa.on_card(gm, compile_trace.props_of(self.region.session))   # as compile_trace's backend
-        run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True),
+        props = compile_trace.props_of(self.region.session)
+        gm = compile_sdpa.on_card(gm, props)   # as compile_trace's backend
+        run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True, props),
                              config_patches=self.region.options)
         fakified = _fakify_first_call()
         with mode:   # the graph's factories make fakes too
