@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -311,7 +312,7 @@ def _without_benchmarks(options: dict | None) -> dict:
 
 
 def _wrapper_name(graph: Graph) -> str:
-    return "inductor_wrapper_" + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
+    return inductor_replay.WRAPPER_PREFIX + ("backward" if graph.is_backward else "inference" if graph.is_inference else "forward")
 
 
 def _backend(trace: Trace, options: dict | None, codegen: bool, props):
@@ -353,6 +354,38 @@ def quiet_guard_errors():
         log.setLevel(level)
 
 
+AMEM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def amems_code(frame) -> bool:
+    """Whether the frame dynamo is offered runs amem's own code (a compiled region's wrapper,
+    called from code dynamo skips, or an inductor wrapper's replay): dynamo must not convert it,
+    as it never converts torch.compile's own wrapper, whose file it skips, or inductor's compiled
+    code; the region behind it is compiled on its own."""
+    name = frame.f_code.co_filename
+    return name.startswith(AMEM_DIR) or name.startswith("<" + inductor_replay.WRAPPER_PREFIX)
+
+
+class SkipAmemsFrames:
+    """dynamo's frame callback, offered no frame of amem's own code (`amems_code`)."""
+
+    def __init__(self, inner):
+        self._torchdynamo_orig_backend = inner
+        self.inner = inner
+
+    def __call__(self, frame, cache_entry, frame_state):
+        if amems_code(frame):
+            return as_eager()
+        return self.inner(frame, cache_entry, frame_state)
+
+
+def as_eager():
+    """dynamo's answer for a frame it does not convert: run it as it is (this time and after)."""
+    from torch._dynamo.types import ConvertFrameReturn
+
+    return ConvertFrameReturn()
+
+
 def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict | None, codegen: bool = True) -> Trace:
     """`call(*fake_args, **fake_kwargs)` under dynamo with inductor's partition and codegen (above)."""
     import torch._dynamo
@@ -365,7 +398,9 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
         _trace_patches(patches, props)
         torch._dynamo.reset()
         _handlers().cache_clear()
-        compiled = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)(call)
+        ctx = torch._dynamo.optimize(_backend(trace, options, codegen, props), dynamic=False)
+        ctx.callback = SkipAmemsFrames(ctx.callback)
+        compiled = ctx(call)
         try:
             with quiet_guard_errors():   # (torch's warning of global module hooks: torch_patches.HOOKS_WARNING)
                 trace.result = compiled(*fake_args, **fake_kwargs)

@@ -23,7 +23,6 @@ torch runs FSDP2's; its submodules' run as dynamo runs them.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 import torch
@@ -39,8 +38,6 @@ GUARDS_BUILT = declare("torch._dynamo.guards.CheckFunctionManager", "__init__",
                        "while dynamo runs a region with graph breaks: its guards are built with the Python dispatch "
                        "keys amem's modes set in thread-local state when the region runs")
 
-_AMEM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 class _Conversion:
     """dynamo's callback for each frame it may convert: the region's own frames (and the resume
@@ -51,6 +48,8 @@ class _Conversion:
         self.inner, self.region = inner, region
 
     def __call__(self, frame, cache_entry, frame_state):
+        if compile_trace.amems_code(frame):
+            return compile_trace.as_eager()
         if _inside_amem(sys._getframe(1)):
             return self.inner(frame, cache_entry, frame_state)   # skipped: amem's dispatch mode is on
         with amem_suspended(), _converting(self.region.session, self.region.options), \
@@ -60,21 +59,14 @@ class _Conversion:
             except Exception as e:   # dynamo could not convert this frame here: it runs as eager
                 why = compile_trace.describe_failure(e)
                 self.region.note_fallback(f"a frame dynamo could not convert here ({why})")
-                return _as_eager()
-
-
-def _as_eager():
-    """dynamo's answer for a frame it does not convert: run it as it is (this time and after)."""
-    from torch._dynamo.types import ConvertFrameReturn
-
-    return ConvertFrameReturn()
+                return compile_trace.as_eager()
 
 
 def _inside_amem(frame) -> bool:
     """Whether the frame about to run is called by amem's code (its modes and hooks, between
     graphs) rather than by the region's (whose callers reach GraphBreaks.__call__ first)."""
     while frame is not None and frame.f_code is not GraphBreaks.__call__.__code__:
-        if frame.f_code.co_filename.startswith(_AMEM_DIR):
+        if frame.f_code.co_filename.startswith(compile_trace.AMEM_DIR):
             return True
         frame = frame.f_back
     return False

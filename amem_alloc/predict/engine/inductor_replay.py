@@ -25,6 +25,8 @@ import torch
 
 from ...patching import PatchSet, declare
 
+WRAPPER_PREFIX = "inductor_wrapper_"   # a loaded wrapper's code is named "<inductor_wrapper_forward>" and alike
+
 LOAD_COMPILE = declare("torch._inductor.async_compile", "AsyncCompile",
                        "while an inductor wrapper is loaded for the replay: kernels are named, none compiled "
                        "(their launches do nothing; the replay keeps only the wrapper's allocations)")
@@ -104,7 +106,7 @@ class _NoDeviceGuard:
 class Replay:
     """A wrapper module, loaded once (no kernel compiled); called per run of its graph."""
 
-    def __init__(self, source: str, name: str = "inductor_wrapper"):
+    def __init__(self, source: str, name: str = WRAPPER_PREFIX + "graph"):
         self.source = source
         self.scope: dict[str, Any] = {"__name__": name}
         code = compile(source, f"<{name}>", "exec")
