@@ -558,3 +558,69 @@ def test_torch_compile_of_a_module_is_torchs_optimized_module():
         eager(torch.randn(8, 64, device="cuda"))
     statuses = [(r["region"], r["status"]) for r in s.compile_regions]
     assert statuses == [("Linear", "predicted as compiled (inductor)")] * 2, statuses
+
+
+class KVCache:
+    """A cache object a compiled step updates in place and hands back (transformers' StaticCache
+    passed as `past_key_values` and returned in the model's output)."""
+
+    def __init__(self, rows: int):
+        self.keys = torch.zeros(rows, 64, device="cuda")
+
+
+def cached_step(x, cache):
+    cache.keys.add_(x)
+    return x * 2, cache
+
+
+def test_a_compiled_step_handing_back_its_cache_argument_is_compiled_and_returns_this_calls_cache():
+    """The result holds an object the call was given (not one the trace made): the region is
+    predicted as compiled, and each call gets its own argument back, the plan being shared."""
+    with FakeCudaSession(**H100) as s:
+        step = torch.compile(cached_step)
+        x = torch.randn(8, 64, device="cuda")
+        first, second = KVCache(8), KVCache(8)
+        out, got = step(x, first)
+        assert got is first and out.shape == (8, 64)
+        out, got = step(x, second)
+        assert got is second
+    region, = s.compile_regions   # one trace: the second call's inputs have the first's shapes
+    assert region["status"].startswith("predicted as compiled (inductor)"), region
+
+
+def torchs_own_nested_compile() -> tuple[int, int]:
+    """Graphs torch compiles for `torch.compile(model.__call__)` over a module whose forward is
+    itself compiled, on the CPU: (outer's, inner's)."""
+    counts = {"outer": 0, "inner": 0}
+
+    def counting(name):
+        def backend(gm, example_inputs):
+            counts[name] += 1
+            return gm.forward
+        return backend
+
+    torch._dynamo.reset()
+    model = torch.nn.Linear(64, 64)
+    model.forward = torch.compile(model.forward, backend=counting("inner"))
+    torch.compile(model.__call__, backend=counting("outer"))(torch.randn(8, 64))
+    torch._dynamo.reset()
+    return counts["outer"], counts["inner"]
+
+
+def test_a_compiled_call_over_a_compiled_forward_compiles_what_torch_compiles(capfd):
+    """torch compiles nothing of the outer region (its frames are torch's module code, which dynamo
+    skips) and compiles the inner forward on its own. The prediction does the same: dynamo is never
+    offered amem's own frames (the inner region's wrapper, inductor's replayed wrapper), which it
+    traced before, printing its warnings about amem's code and splitting the outer in 6 graphs."""
+    assert torchs_own_nested_compile() == (0, 1)
+    with FakeCudaSession(**H100) as s:
+        model = torch.nn.Linear(64, 64).cuda()
+        model.forward = torch.compile(model.forward)
+        outer = torch.compile(model.__call__)
+        with torch.no_grad():
+            for _ in range(2):
+                outer(torch.randn(8, 64, device="cuda"))
+    inner, outer = s.compile_regions
+    assert inner["status"] == "predicted as compiled (inductor)" and len(inner["graphs"]) == 1, inner
+    assert outer["status"] == "runs as eager: nothing for inductor to compile", outer
+    assert "Dynamo does not know how to trace" not in capfd.readouterr().err

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from amem_alloc import replay  # noqa: E402
 from amem_alloc.predict import api, repeat  # noqa: E402
 from amem_alloc.predict import script as script_mod  # noqa: E402
 
@@ -56,8 +57,12 @@ def _run(tmp_path, source, args, write_decode=True, gpu="H100"):
 
 
 def _normalised(ops):
+    """Blocks and CUDA graph pools named in order of appearance (their numbers count across the
+    process's predictions)."""
     names: dict[int, int] = {}
-    return [(kind, names.setdefault(key, len(names)) if kind <= 1 else key, size, stream)
+    pools: dict[int, int] = {}
+    return [(kind, names.setdefault(key, len(names)) if kind <= 1 else
+             pools.setdefault(key, len(pools)) if kind >= replay.POOL_BEGIN else key, size, stream)
             for kind, key, size, stream in ops]
 
 
@@ -215,3 +220,20 @@ def test_fit_over_two_arguments_prints_the_frontier_consistent_with_single_predi
 
     page = write(tmp_path / "frontier.html", front.to_dict()).read_text()
     assert page.count("<polyline") == 2 and "<svg" in page and ">198<" in page and "<script" not in page
+
+
+def test_a_static_cache_generate_is_predicted_as_compiled_as_transformers_compiles_it(tmp_path):
+    """generate() with a static cache compiles the model's call itself (transformers' compile
+    config, mode="reduce-overhead") and passes the StaticCache in and gets it back in the output:
+    the decode step is predicted as compiled (it ran as eager: "its result holds objects the
+    trace made"), and the cache is what a static cache holds: per layer keys and values of the
+    whole length, B x KV heads x (prompt + new tokens - 1: the last token is never fed back)
+    x head_dim in bf16."""
+    b, p, n = 2, 16, 20
+    run = _run(tmp_path, GENERATE, (b, p, n, "static"))
+    regions = run.recorded.compiled_regions
+    assert regions and all(r["status"].startswith("predicted as compiled (inductor)") for r in regions), regions
+    assert any('mode="reduce-overhead"' in r["status"] for r in regions), regions
+    kv = b * KV_HEADS * (p + n - 1) * HEAD_DIM * BF16
+    made = [size for kind, key, size, _ in run.recorded.ops if kind == replay.ALLOC and size == kv]
+    assert len(made) == 2 * LAYERS, (kv, len(made))

@@ -50,7 +50,7 @@ class Plan:
     n_user: int             # forward outputs the user gets (the rest are saved for backward)
     tangent_outputs: list   # user outputs (by index) whose gradient the backward graph takes
     spec: Any               # the result's tree structure
-    leaves: list            # per leaf: ("out", k), ("in", i), ("value", v) or ("view", View)
+    leaves: list            # per leaf: ("out", k), ("in", i), ("passed", j), ("value", v) or ("view", View)
     status: str             # COMPILED or OP_BY_OP's text
     saved_bytes: int = 0    # the forward's saved-for-backward tensors not among its inputs
     lifted: list = field(default_factory=list)   # compile_inputs.Read per tensor read from outside (globals...)
@@ -100,7 +100,7 @@ class CompiledRegion:
                 return self.session.compiled(self.fn, inductor=True)(*args, **kwargs)
         if isinstance(plan, GraphBreaks):
             return plan(*args, **kwargs)
-        return self._run(plan, tensors + read)
+        return self._run(plan, tensors + read, _objects(args, kwargs))
 
     # ------------------------------------------------------------------ inputs
     def _tensors(self, args, kwargs) -> tuple[list, list]:
@@ -178,7 +178,7 @@ class CompiledRegion:
         if trace.dynamo_graphs > 1:   # dynamo runs it: its graphs compiled, eager between them
             return GraphBreaks(self, trace.dynamo_graphs)
         read = _read_from_outside(trace, fakes)
-        plan = _plan_of(trace, fakes + read)
+        plan = _plan_of(trace, fakes + read, _objects(args, kwargs))
         if isinstance(plan, Plan) and not all(_plain(v) for kind, v in plan.leaves if kind == "value"):
             return "runs as eager: its result holds objects the trace made (they would hold its fake tensors)"
         if isinstance(plan, Plan):
@@ -186,7 +186,7 @@ class CompiledRegion:
         return plan
 
     # ------------------------------------------------------------------ run
-    def _run(self, plan: Plan, tensors):
+    def _run(self, plan: Plan, tensors, objects: list = ()):
         inputs = [tensors[i] for i in plan.inputs]
         runner = self.session.graph_runner
         if cudagraph_pool.wants_cudagraphs(self.options):
@@ -196,7 +196,7 @@ class CompiledRegion:
         else:
             with torch.no_grad():
                 outs = runner.run(plan.forward, inputs)[:plan.n_user]
-        leaves = [_leaf(kind, v, outs, tensors) for kind, v in plan.leaves]
+        leaves = [_leaf(kind, v, outs, tensors, objects) for kind, v in plan.leaves]
         return tree_unflatten(leaves, plan.spec)
 
 
@@ -215,11 +215,13 @@ class View:
         return base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
 
 
-def _leaf(kind, v, outs, tensors):
+def _leaf(kind, v, outs, tensors, objects):
     if kind == "out":
         return outs[v]
     if kind == "in":
         return tensors[v]
+    if kind == "passed":
+        return objects[v]
     if kind == "view":
         return v.of(outs[v.index] if v.source == "out" else tensors[v.index])
     return v
@@ -309,7 +311,13 @@ class _swapped:
             table[name] = value
 
 
-def _plan_of(trace, fakes: list) -> Plan | str:
+def _objects(args, kwargs) -> list:
+    """The call's arguments that are not tensors, in order (a result may hand one back: a KV
+    cache object the region updated in place)."""
+    return [x for x in tree_flatten((args, kwargs))[0] if not isinstance(x, torch.Tensor)]
+
+
+def _plan_of(trace, fakes: list, objects: list = ()) -> Plan | str:
     if trace.dynamo_graphs != 1:
         return (f"runs as eager: dynamo made {trace.dynamo_graphs} graphs (graph breaks)" if trace.dynamo_graphs
                 else "runs as eager: nothing for inductor to compile")
@@ -324,6 +332,7 @@ def _plan_of(trace, fakes: list) -> Plan | str:
     tangents = trace.tangents if trace.tangents is not None and bw else \
         [k for k, t in enumerate(trace.forward_outputs[:n_user]) if t.requires_grad]
     out_ids = {id(t): k for k, t in enumerate(trace.forward_outputs[:n_user])}
+    passed = {id(x): k for k, x in enumerate(objects) if not _plain(x)}
     leaves, spec = tree_flatten(trace.result)
     where = []
     for x in leaves:
@@ -336,6 +345,8 @@ def _plan_of(trace, fakes: list) -> Plan | str:
             if view is None:
                 return "runs as eager: its result holds a tensor that is neither a graph output nor a view of one"
             where.append(("view", view))
+        elif id(x) in passed:   # an argument handed back: the call's own, not the trace's
+            where.append(("passed", passed[id(x)]))
         else:
             where.append(("value", x))
     saved_bytes = _saved_bytes(fw[0].gm, n_user)
