@@ -13,7 +13,8 @@ What is kept per graph: the wrapper's source and the strides inductor gave the g
 (AOTAutograd lowers the backward for them). Where torch will not key a graph (it bypasses its own
 cache for it, or this torch's key functions differ), the graph is lowered as before; where an entry
 cannot be read, it is as if absent. Entries are written whole (a temporary file, then renamed) and
-the oldest are dropped past `MAX_ENTRIES`.
+the oldest are dropped past `MAX_ENTRIES`. A kept wrapper is Python that the replay executes, as
+torch executes its own cached code: the folder is the user's own (never a shared one).
 
     $AMEM_COMPILE_CACHE   a folder, or "off" (default: $XDG_CACHE_HOME/amem_alloc/inductor,
                           ~/.cache by default)
@@ -44,7 +45,10 @@ def folder() -> Path | None:
         return None
     if chosen:
         return Path(chosen)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amem_alloc" / "inductor"
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amem_alloc" / "inductor"
+    except RuntimeError:   # no home folder to be found: nothing is kept
+        return None
 
 
 def key(gm, example_inputs, kw: dict, props) -> str | None:
