@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...code_files import _AMEM_DIR
 from ...patching import PatchSet, declare
 from . import compile_sdpa, fake_backward, inductor_replay, wrapper_cache
 
@@ -354,16 +354,13 @@ def quiet_guard_errors():
         log.setLevel(level)
 
 
-AMEM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def amems_code(frame) -> bool:
     """Whether the frame dynamo is offered runs amem's own code (a compiled region's wrapper,
     called from code dynamo skips, or an inductor wrapper's replay): dynamo must not convert it,
     as it never converts torch.compile's own wrapper, whose file it skips, or inductor's compiled
     code; the region behind it is compiled on its own."""
     name = frame.f_code.co_filename
-    return name.startswith(AMEM_DIR) or name.startswith("<" + inductor_replay.WRAPPER_PREFIX)
+    return name.startswith(_AMEM_DIR) or name.startswith("<" + inductor_replay.WRAPPER_PREFIX)
 
 
 class SkipAmemsFrames:

@@ -27,6 +27,7 @@ import sys
 
 import torch
 
+from ...code_files import _AMEM_DIR
 from ...patching import PatchSet, declare
 from . import compile_inputs, compile_sdpa, compile_trace, module_hooks
 from .compile_trace import amem_suspended
@@ -66,7 +67,7 @@ def _inside_amem(frame) -> bool:
     """Whether the frame about to run is called by amem's code (its modes and hooks, between
     graphs) rather than by the region's (whose callers reach GraphBreaks.__call__ first)."""
     while frame is not None and frame.f_code is not GraphBreaks.__call__.__code__:
-        if frame.f_code.co_filename.startswith(compile_trace.AMEM_DIR):
+        if frame.f_code.co_filename.startswith(_AMEM_DIR):
             return True
         frame = frame.f_back
     return False
