@@ -83,7 +83,7 @@ def test_entries_are_written_whole_and_the_oldest_dropped(cache, monkeypatch):
     for n in range(5):
         wrapper_cache.store(f"{n:064x}", wrapper_cache.Entry(f"# wrapper {n}", [[4, 1], None]))
     names = sorted(p.name for p in cache.iterdir())
-    assert len(names) == 3 and not [n for n in names if n.endswith(".tmp")]
+    assert len(names) == 3 and not [n for n in names if n.startswith(".")]   # no temporaries left
     assert wrapper_cache.load(f"{4:064x}") == wrapper_cache.Entry("# wrapper 4", [[4, 1], None])
     assert wrapper_cache.load(f"{9:064x}") is None
 

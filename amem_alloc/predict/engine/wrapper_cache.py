@@ -12,7 +12,7 @@ for (its name, capability and properties as inductor was told them) and amem's o
 What is kept per graph: the wrapper's source and the strides inductor gave the graph's outputs
 (AOTAutograd lowers the backward for them). Where torch will not key a graph (it bypasses its own
 cache for it, or this torch's key functions differ), the graph is lowered as before; where an entry
-cannot be read, it is as if absent. Entries are written whole (a temporary file, then renamed) and
+cannot be read, it is as if absent. Entries are written whole (atomic_write.py) and
 the oldest are dropped past `MAX_ENTRIES`. A kept wrapper is Python that the replay executes, as
 torch executes its own cached code: the folder is the user's own (never a shared one).
 
@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ... import atomic_write
+from ...version import __version__
 
 FORMAT = 1
 MAX_ENTRIES = 512
@@ -58,8 +60,6 @@ def key(gm, example_inputs, kw: dict, props) -> str | None:
     torch_key = _torch_key(gm, example_inputs, kw)
     if torch_key is None:
         return None
-    from ... import __version__
-
     ours = {"torch": torch_key, "amem": __version__, "format": FORMAT,
             "card": {k: v for k, v in sorted(vars(props).items())}}
     return hashlib.sha256(json.dumps(ours, sort_keys=True, default=str).encode()).hexdigest()
@@ -102,14 +102,7 @@ def store(graph_key: str | None, entry: Entry) -> None:
     data = json.dumps({"format": FORMAT, "wrapper": entry.wrapper, "output_strides": entry.output_strides})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write.write_text(path, data)
         _prune(path.parent)
     except OSError:
         return
