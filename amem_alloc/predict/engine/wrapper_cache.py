@@ -61,7 +61,7 @@ def key(gm, example_inputs, kw: dict, props) -> str | None:
     if torch_key is None:
         return None
     ours = {"torch": torch_key, "amem": __version__, "format": FORMAT,
-            "card": {k: v for k, v in sorted(vars(props).items())}}
+            "card": vars(props)}
     return hashlib.sha256(json.dumps(ours, sort_keys=True, default=str).encode()).hexdigest()
 
 
