@@ -217,8 +217,12 @@ def hf_trainer_compiled(layers=2, embd=128, heads=4, vocab=1000, seq=128, batch=
       `convert_outputs_to_fp32` made: on the first call dynamo converts each frame after a graph
       break while it runs, and the frame around that conversion holds the output in dynamo's own
       records (SideEffects' UserDefinedDictVariable of the CausalLMOutput, a reference cycle), so
-      it lives until Python's next full collection, past these three steps. Later steps' fp32
-      logits die as the Trainer takes the loss from the output.
+      it lives until Python's next full collection. Later steps' fp32 logits die as the Trainer
+      takes the loss from the output.
+    When that collection comes depends on every Python object the process made (amem's own
+    among them), not on torch: after the second step's backward began, the largest total is a
+    later step's (the figure); before, it is the first step's own backward start, where the held
+    output is that step's and the later step's bf16 logits are not yet made (`activation_also`).
     The loss, the item count and backward's first gradient (a few 512-byte blocks) are inside the
     1% tolerance."""
     import program_figures as pf
@@ -232,6 +236,8 @@ def hf_trainer_compiled(layers=2, embd=128, heads=4, vocab=1000, seq=128, batch=
     fig.program, fig.activation, fig.activation_tolerance = "hf_trainer_compiled", sum(map(pf.round512, saved)) + held, 0.01
     fig.activation_why = ("torch's partition of each of the compiled GPT-2's graphs (bf16 autocast, memory-efficient "
                           "attention with transformers' mask), with the logits, the batch and the first step's output")
+    fig.activation_also = {"the first step's output collected before the second step's backward":
+                           fig.activation - logits_bf16}
     fig.notes = {"saved_for_backward": sum(saved)}
     return fig
 

@@ -31,17 +31,24 @@ torch.use_deterministic_algorithms(True)
 """
 
 
+def environment_without_amem() -> dict[str, str]:
+    """This process's environment less amem's settings (a child starts as a user's would), but for
+    $AMEM_COMPILE_CACHE: a compiled prediction keeps inductor's wrappers in the test session's folder
+    (conftest), never in the developer's own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AMEM_") or k == "AMEM_COMPILE_CACHE"}
+
+
 def run_python(code: str, env: dict[str, str] | None = None, args: list[str] | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `code` in a new interpreter; returns the completed process (text output)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    full_env = environment_without_amem()
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *(args or [])], env=full_env,
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    full_env = environment_without_amem()
     full_env.update(env or {})
     return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 

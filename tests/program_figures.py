@@ -59,6 +59,7 @@ class Figures:
     activation_tolerance: float     # relative
     activation_why: str
     workspace: int = 2 * CUBLAS_WORKSPACE_H100
+    activation_also: dict = field(default_factory=dict)   # why -> bytes: another outcome torch leaves open
     notes: dict = field(default_factory=dict)   # anything else worth printing
 
     def exact(self) -> dict:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, environment_without_amem
 
 pytest.importorskip("torch")
 BOUND_S = 240  # the longest any wait below may take before the test fails (a hang, not a slow machine)
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 

@@ -3,7 +3,6 @@ AMEM_ENABLE and AMEM_TRACE act in any process, `import amem_alloc` says when AME
 but the hook did not run, and `amem doctor` reports what is installed, which torch, whether the
 hook is active, and whether a GPU and its virtual memory management are usable."""
 import io
-import os
 import subprocess
 import sys
 import zipfile
@@ -12,7 +11,7 @@ import pytest
 
 from amem_alloc import __version__, doctor
 
-from helpers import ROOT, run_python
+from helpers import ROOT, environment_without_amem, run_python
 
 
 def run_doctor():
@@ -53,7 +52,7 @@ def test_doctor_flags_bad_trace_and_conf_settings(monkeypatch):
 
 def test_doctor_is_a_verb_of_amem():
     proc = subprocess.run([sys.executable, "-m", "amem_alloc", "doctor"], capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("AMEM_")},
+                          timeout=120, env=environment_without_amem(),
                           cwd=ROOT)
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr
     assert f"amem_alloc {__version__} from" in proc.stdout and "found" in proc.stdout

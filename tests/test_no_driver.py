@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import environment_without_amem
 
 pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
@@ -49,7 +50,7 @@ def _calls(log: Path) -> list[tuple[str, str, str]]:
 
 
 def _run(argv: list[str], driver: Path, log: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     env.update(LD_LIBRARY_PATH=f"{driver}:{env.get('LD_LIBRARY_PATH', '')}", AMEM_LOUD_DRIVER_LOG=str(log),
                PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p))
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_command
+from helpers import environment_without_amem, run_command
 
 pytest.importorskip("torch")
 MiB = 1 << 20
@@ -256,7 +256,6 @@ def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp
     it, sys.argv as the module sees it, and the package's lines named as the user's in the notes.
     Run through the `amem` console script, whose own folder, not the working one, is first on its
     path: finding the module must not depend on it, nor run the package's __init__ outside the run."""
-    import os
     import subprocess
 
     pkg = tmp_path / "pkg"
@@ -268,7 +267,7 @@ def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp
         x = torch.zeros(1024, 1024, device="cuda")
         print("argv", sys.argv[1:], "loss", x.sum().item())
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     proc = subprocess.run([str(Path(sys.executable).parent / "amem"), "predict", "--gpu", "H100", "--", "python",
                            "-m", "pkg.train", "--lr", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)

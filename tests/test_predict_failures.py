@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from helpers import ROOT, run_command
+from helpers import ROOT, environment_without_amem, run_command
 
 pytest.importorskip("torch")
 pytest.importorskip("amem_alloc.predict.engine.session")
@@ -120,7 +120,7 @@ def test_a_modules_failure_names_its_file_from_the_working_folder(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     _script(tmp_path / "pkg", AMEMS[0][1], name="train.py")   # pickling a CUDA tensor
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--", "python", "-m", "pkg.train"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 import program_figures as pf
+from helpers import environment_without_amem
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -78,7 +79,7 @@ def predict(script: str, args: list, cwd: Path, out: Path, gpu: str = "H100", sh
     argv = [sys.executable, "-m", "amem_alloc", "predict", "--gpu", gpu, "--json", str(json_path),
             "--trace", str(trace_path), *(["--shapes", shapes] if shapes else []),
             "--", "python", script, *map(str, args)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (amem_path(), os.environ.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"   # nothing may come from the network
@@ -213,10 +214,12 @@ def test_activations_within_tolerance(name, size, tmp_root, request):
     p, fig = run_program(BY_NAME[name], size, tmp_root)
     _completed(p)
     most = category_maxima(p.trace).get("activation", 0)
-    error = (most - fig.activation) / fig.activation
+    outcomes = {fig.activation_why: fig.activation, **fig.activation_also}
+    why, want = min(outcomes.items(), key=lambda o: abs(most - o[1]))
+    error = (most - want) / want
     assert abs(error) <= fig.activation_tolerance, (
-        f"{name}: activations peak at {most:,} B, first principles {fig.activation:,} B "
-        f"({fig.activation_why}): {error:+.1%}, tolerance {fig.activation_tolerance:.0%}")
+        f"{name}: activations peak at {most:,} B, first principles {want:,} B "
+        f"({why}): {error:+.1%}, tolerance {fig.activation_tolerance:.0%}")
     assert p.data["at_peak"].get("activation", 0) <= most
 
 
@@ -547,7 +550,7 @@ def test_the_benchmark_times_a_program(tmp_path):
     """benchmarks/bench_predict_programs.py runs (one program, small) and reports its figures; it
     judges no speed here (a loaded CI machine proves nothing about speed)."""
     rows = tmp_path / "rows.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    env = environment_without_amem()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (amem_path(), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "bench_predict_programs.py"), "--quick",
                            "dataloader_workers", "--json", str(rows)], env=env, capture_output=True, text=True,

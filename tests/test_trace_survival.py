@@ -2,7 +2,6 @@
 Kubernetes send) and SIGINT dump the trace, then end the process with the signal's own status, or
 hand over to the user's own handler; SIGKILL and os._exit run nothing, so AMEM_TRACE_FLUSH keeps
 a loadable trace on disk. The CUDA registry runs on the host backend, as on a CPU-only machine."""
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from amem_alloc import Allocator, load_snapshot, recording
 
-from helpers import ROOT
+from helpers import ROOT, environment_without_amem
 
 pytestmark = pytest.mark.skipif(not hasattr(__import__("amem_alloc")._C, "registry_use_backend"),
                                 reason="this build has no registry_use_backend")
@@ -41,7 +40,7 @@ print("ready", flush=True)
 def start(tmp_path, env=None, before="", then="time.sleep(60)"):
     path = tmp_path / "trace.pickle"
     code = textwrap.dedent(JOB).format(before=textwrap.dedent(before), then=then)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMEM_")}
+    full_env = environment_without_amem()
     full_env.update({"PYTHONPATH": str(ROOT), "AMEM_TRACE": str(path), **(env or {})})
     proc = subprocess.Popen([sys.executable, "-c", code], env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
