@@ -53,6 +53,21 @@ def call_site(skip: int = 1) -> str:
     return user or library or "?"
 
 
+def frames_site(frames: tuple) -> str:
+    """call_site()'s text for frames recorded earlier (engine/storages.py's user_frames: (file,
+    line, function), innermost first): the innermost user frame, by the innermost library one."""
+    user, library = None, None
+    for filename, line, _ in frames:
+        if is_user_file(filename):
+            user = f"{filename}:{line}"
+            break
+        if library is None:
+            library = f"{short_path(filename)}:{line}"
+    if user and library:
+        return f"{user} (via {library})"
+    return user or library or "?"
+
+
 def displayed(where: str, base: str | None) -> str:
     """call_site()'s text with its user's file as code_files.display_path shows it (relative to
     `base`, the script's folder); the library line is already short."""

@@ -54,6 +54,7 @@ from .device_mode import DeviceMode
 from .graph_runner import GraphRunner
 from .recorder import Recorder
 from .values import DataDependentError
+from .collector import CollectorWatch
 from .storages import Storages, user_frames
 from .known import KnownValues
 
@@ -127,6 +128,8 @@ class FakeCudaSession:
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
+        self.collector = CollectorWatch(self.notes, lambda key: self.records[key].nbytes,
+                                        lambda key: self.recording.infos[key].frames)
         self.libraries: dict[str, int] = {}   # what the run initialised: cuda, cublas, cudnn, backward, nccl (context.py)
         self.cudnn_searched: set = set()   # convolution configurations cudnn.benchmark searched (rules/convolution.py)
 
@@ -179,6 +182,7 @@ class FakeCudaSession:
             self.patches.callback(self.meta_kernels.__exit__)
             torch_patches.apply(self, self.patches)
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
+            self.collector.install(self.patches)   # what Python's collector frees, noted (collector.py)
         except BaseException:
             self._leave()
             raise
@@ -267,6 +271,7 @@ class FakeCudaSession:
         rec = self.records.get(key)
         if rec is not None:
             rec.freed_seq = next_seq()
+            self.collector.on_free(key)
         for lst in self.listeners:
             lst.on_free(key)
 

@@ -1,0 +1,70 @@
+"""Python's garbage collector as it frees CUDA memory: a note wherever reference cycles held it.
+
+Design note
+-----------
+A tensor in a reference cycle (an exception's traceback holding its frames, an object pointing back
+at its owner, dynamo's records of a frame it converted) dies when Python's cyclic collector next
+runs, not when the program drops it. When that is depends on how many objects the process has made
+since the collector last ran, amem's own among them, so a prediction cannot place it where the real
+run will: there the memory may be freed earlier or later, and a peak it is part of move by as much.
+
+`CollectorWatch` follows the collector through `gc.callbacks`. A CUDA storage freed inside a
+collection Python started by itself is counted; each such collection that freed CUDA memory adds a
+NOT_MODELLED note at the allocation site of the largest storage it freed, with the bytes that
+collection freed (a note's bytes: the most one collection freed there). A collection the program
+asks for (`gc.collect()`, before `torch.cuda.empty_cache()` say) frees at a known point: `gc.collect`
+is wrapped for the session so that those are told apart and not noted.
+"""
+from __future__ import annotations
+
+import gc
+
+from ...patching import declare
+from ..notes import NOT_MODELLED, Notes, frames_site
+
+GC_COLLECT = declare("gc", "collect", "while a prediction runs: a collection the program asks for is told "
+                     "from one Python starts by itself, whose timing a prediction cannot know (engine/collector.py)")
+
+RAN = ("CUDA memory that reference cycles held, freed when Python's garbage collector ran by itself: "
+       "when it runs depends on every Python object the process makes (amem's own among them), so in "
+       "the real run this memory may be freed earlier or later, and a peak it is part of differ by as much")
+
+
+class CollectorWatch:
+    """Counts the CUDA storages each automatic collection frees; notes them as it ends."""
+
+    def __init__(self, notes: Notes, size_of, frames_of) -> None:
+        self.notes, self.size_of, self.frames_of = notes, size_of, frames_of   # key -> bytes, key -> frames
+        self.collect = gc.collect
+        self.asked = 0               # > 0 inside a gc.collect() the program (or amem) called
+        self.counting = False        # inside a collection Python started by itself
+        self.freed: list[int] = []   # keys the counted collection freed
+
+    def install(self, patches) -> None:
+        gc.callbacks.append(self._phase)
+        patches.callback(self._remove)
+
+        def asked_for(*args, **kwargs):
+            self.asked += 1
+            try:
+                return self.collect(*args, **kwargs)
+            finally:
+                self.asked -= 1
+        patches.apply(GC_COLLECT, gc, "collect", asked_for)
+
+    def _remove(self) -> None:
+        if self._phase in gc.callbacks:
+            gc.callbacks.remove(self._phase)
+
+    def on_free(self, key: int) -> None:
+        if self.counting:
+            self.freed.append(key)
+
+    def _phase(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.counting, self.freed = self.asked == 0, []
+            return
+        freed, self.counting, self.freed = self.freed, False, []
+        if freed:
+            largest = max(freed, key=self.size_of)
+            self.notes.add(NOT_MODELLED, RAN, frames_site(self.frames_of(largest)), sum(map(self.size_of, freed)))
