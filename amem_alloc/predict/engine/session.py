@@ -128,8 +128,8 @@ class FakeCudaSession:
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
-        self.collector = CollectorWatch(self.notes, lambda key: self.records[key].nbytes,
-                                        lambda key: self.recording.infos[key].frames)
+        self.collector = CollectorWatch(self.notes, lambda key: getattr(self.records.get(key), "nbytes", 0),
+                                        lambda key: getattr(self.recording.infos.get(key), "frames", ()))
         self.libraries: dict[str, int] = {}   # what the run initialised: cuda, cublas, cudnn, backward, nccl (context.py)
         self.cudnn_searched: set = set()   # convolution configurations cudnn.benchmark searched (rules/convolution.py)
 
