@@ -27,18 +27,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _no_calibration_of_this_machine(monkeypatch, tmp_path_factory):
+@pytest.fixture(autouse=True, scope="session")
+def _amems_files_of_the_session(tmp_path_factory):
     """Predictions read amem doctor --calibrate's file where it exists ($AMEM_CALIBRATION, else
-    ~/.cache/amem_alloc/calibration.json); a developer's own must not change what the tests see."""
-    if "AMEM_CALIBRATION" not in os.environ:
-        monkeypatch.setenv("AMEM_CALIBRATION", str(tmp_path_factory.getbasetemp() / "no-calibration.json"))
-
-
-@pytest.fixture(autouse=True)
-def _wrapper_cache_of_the_session(monkeypatch, tmp_path_factory):
-    """Compiled predictions keep inductor's wrappers ($AMEM_COMPILE_CACHE, else ~/.cache/amem_alloc/
-    inductor): the tests keep theirs in the session's own folder, never a developer's, and a graph
-    predicted twice in the session is read back as a user's second prediction reads it."""
-    if "AMEM_COMPILE_CACHE" not in os.environ:
-        monkeypatch.setenv("AMEM_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "wrapper-cache"))
+    ~/.cache/amem_alloc/calibration.json), and compiled predictions keep inductor's wrappers
+    ($AMEM_COMPILE_CACHE, else ~/.cache/amem_alloc/inductor): the tests use the session's own
+    folder for both, never a developer's, so that a developer's calibration does not change what
+    they see and a graph predicted twice in the session is read back as a user's second prediction
+    reads it. Session-wide, before any other fixture: a module's fixture that runs a program
+    (torchtitan's) sees them too, as do the children the tests start (helpers.environment_without_amem)."""
+    base = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as patch:
+        if "AMEM_CALIBRATION" not in os.environ:
+            patch.setenv("AMEM_CALIBRATION", str(base / "no-calibration.json"))
+        if "AMEM_COMPILE_CACHE" not in os.environ:
+            patch.setenv("AMEM_COMPILE_CACHE", str(base / "wrapper-cache"))
+        yield

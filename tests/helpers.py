@@ -31,11 +31,14 @@ torch.use_deterministic_algorithms(True)
 """
 
 
+SESSION_FILES = ("AMEM_CALIBRATION", "AMEM_COMPILE_CACHE")   # the test session's own (conftest)
+
+
 def environment_without_amem() -> dict[str, str]:
     """This process's environment less amem's settings (a child starts as a user's would), but for
-    $AMEM_COMPILE_CACHE: a compiled prediction keeps inductor's wrappers in the test session's folder
-    (conftest), never in the developer's own."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("AMEM_") or k == "AMEM_COMPILE_CACHE"}
+    the files the test session gives amem (conftest): the calibration a prediction reads and the
+    folder a compiled prediction keeps inductor's wrappers in, never the developer's own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AMEM_") or k in SESSION_FILES}
 
 
 def run_python(code: str, env: dict[str, str] | None = None, args: list[str] | None = None,
