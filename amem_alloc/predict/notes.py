@@ -37,32 +37,30 @@ KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED, WRITT
 def call_site(skip: int = 1) -> str:
     """"user.py:12" or "user.py:12 (via package/file.py:34)" for the code running now; a library
     line alone when no user frame is on the stack."""
-    user, library = None, None
-    f = sys._getframe(skip)
-    while f is not None and user is None:
-        name = f.f_code.co_filename
-        if is_script_runner(name):   # beyond it: amem's command line, never the user's code
-            break
-        if is_user_file(name):
-            user = f"{name}:{f.f_lineno}"
-        elif library is None and not name.startswith((_AMEM_DIR, *_STDLIB, *_PLUMBING, "<")):
-            library = f"{short_path(name)}:{f.f_lineno}"
-        f = f.f_back
-    if user and library:
-        return f"{user} (via {library})"
-    return user or library or "?"
+    def running():
+        f = sys._getframe(skip + 1)
+        while f is not None and not is_script_runner(f.f_code.co_filename):   # beyond it: amem's command line
+            yield f.f_code.co_filename, f.f_lineno
+            f = f.f_back
+    return _site(running())
 
 
 def frames_site(frames: tuple) -> str:
     """call_site()'s text for frames recorded earlier (engine/storages.py's user_frames: (file,
-    line, function), innermost first): the innermost user frame, by the innermost library one."""
+    line, function), innermost first)."""
+    return _site((filename, line) for filename, line, _ in frames)
+
+
+def _site(frames) -> str:
+    """The innermost user frame of (file, line)s, innermost first, by the innermost library frame
+    below it (never amem's, the standard library's or Python's plumbing)."""
     user, library = None, None
-    for filename, line, _ in frames:
-        if is_user_file(filename):
-            user = f"{filename}:{line}"
+    for name, line in frames:
+        if is_user_file(name):
+            user = f"{name}:{line}"
             break
-        if library is None:
-            library = f"{short_path(filename)}:{line}"
+        if library is None and not name.startswith((_AMEM_DIR, *_STDLIB, *_PLUMBING, "<")):
+            library = f"{short_path(name)}:{line}"
     if user and library:
         return f"{user} (via {library})"
     return user or library or "?"

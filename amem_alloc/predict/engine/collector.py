@@ -8,9 +8,11 @@ runs, not when the program drops it. When that is depends on how many objects th
 since the collector last ran, amem's own among them, so a prediction cannot place it where the real
 run will: there the memory may be freed earlier or later, and a peak it is part of move by as much.
 
-`CollectorWatch` follows the collector through `gc.callbacks`. A CUDA storage freed inside a
+`CollectorWatch`, one of the session's listeners (run.py), follows the collector through
+`gc.callbacks`. A CUDA storage freed inside a
 collection Python started by itself is counted; each such collection that freed CUDA memory adds a
-NOT_MODELLED note at the allocation site of the largest storage it freed, with the bytes that
+NOT_MODELLED note at the allocation site of the largest storage it freed (as the run's recorder
+has it), with the bytes that
 collection freed (a note's bytes: the most one collection freed there). A collection the program
 asks for (`gc.collect()`, before `torch.cuda.empty_cache()` say) frees at a known point: `gc.collect`
 is wrapped for the session so that those are told apart and not noted.
@@ -31,14 +33,15 @@ RAN = ("CUDA memory that reference cycles held, freed when Python's garbage coll
 
 
 class CollectorWatch:
-    """Counts the CUDA storages each automatic collection frees; notes them as it ends."""
+    """The listener that counts the CUDA storages each automatic collection frees, and notes them
+    as it ends, from what the run's recorder (run.py's RunRecorder) wrote of each."""
 
-    def __init__(self, notes: Notes, size_of, frames_of) -> None:
-        self.notes, self.size_of, self.frames_of = notes, size_of, frames_of   # key -> bytes, key -> frames
+    def __init__(self, notes: Notes, recording) -> None:
+        self.notes, self.recording = notes, recording
         self.collect = gc.collect
         self.asked = 0               # > 0 inside a gc.collect() the program (or amem) called
         self.counting = False        # inside a collection Python started by itself
-        self.freed: list[int] = []   # keys the counted collection freed
+        self.freed: list = []        # AllocInfos of the storages the counted collection freed
 
     def install(self, patches) -> None:
         gc.callbacks.append(self._phase)
@@ -56,9 +59,16 @@ class CollectorWatch:
         if self._phase in gc.callbacks:
             gc.callbacks.remove(self._phase)
 
+    def on_alloc(self, key: int, stream: int, info) -> None:
+        pass
+
     def on_free(self, key: int) -> None:
-        if self.counting:
-            self.freed.append(key)
+        info = self.recording.infos.get(key) if self.counting else None
+        if info is not None:
+            self.freed.append(info)
+
+    def on_marker(self, name: str) -> None:
+        pass
 
     def _phase(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -66,5 +76,5 @@ class CollectorWatch:
             return
         freed, self.counting, self.freed = self.freed, False, []
         if freed:
-            largest = max(freed, key=self.size_of)
-            self.notes.add(NOT_MODELLED, RAN, frames_site(self.frames_of(largest)), sum(map(self.size_of, freed)))
+            largest = max(freed, key=lambda info: info.requested)
+            self.notes.add(NOT_MODELLED, RAN, frames_site(largest.frames), sum(info.requested for info in freed))

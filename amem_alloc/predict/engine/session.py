@@ -128,8 +128,8 @@ class FakeCudaSession:
         self._phase_override: str | None = None
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
-        self.collector = CollectorWatch(self.notes, lambda key: getattr(self.records.get(key), "nbytes", 0),
-                                        lambda key: getattr(self.recording.infos.get(key), "frames", ()))
+        self.collector = CollectorWatch(self.notes, self.recording)   # what Python's collector frees (collector.py)
+        self.add_listener(self.collector)
         self.libraries: dict[str, int] = {}   # what the run initialised: cuda, cublas, cudnn, backward, nccl (context.py)
         self.cudnn_searched: set = set()   # convolution configurations cudnn.benchmark searched (rules/convolution.py)
 
@@ -182,7 +182,7 @@ class FakeCudaSession:
             self.patches.callback(self.meta_kernels.__exit__)
             torch_patches.apply(self, self.patches)
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
-            self.collector.install(self.patches)   # what Python's collector frees, noted (collector.py)
+            self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
         except BaseException:
             self._leave()
             raise
@@ -271,7 +271,6 @@ class FakeCudaSession:
         rec = self.records.get(key)
         if rec is not None:
             rec.freed_seq = next_seq()
-            self.collector.on_free(key)
         for lst in self.listeners:
             lst.on_free(key)
 
