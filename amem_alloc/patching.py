@@ -228,8 +228,11 @@ def still_patched(applied: list[tuple[Patch, Any, str, Any]]) -> list[str]:
         first.setdefault((id(entry[1]), entry[2]), entry)
     out = []
     for patch, obj, name, before in first.values():
-        now = os.environ.get(name, _MISSING) if obj is os.environ else _own_value(obj, name)
-        if now is not before:
+        if obj is os.environ:   # a variable's value is a new string on each read: compared by value
+            changed = os.environ.get(name, _MISSING) != before
+        else:
+            changed = _own_value(obj, name) is not before
+        if changed:
             out.append(f"{patch.owner}.{name} (declared by {patch.by})")
     return out
 

@@ -28,7 +28,9 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
 * CUDA graphs: a capture's allocations go to its private pool, replays allocate nothing
   (graphs.py); make_graphed_callables is not modelled;
 * manual_seed / manual_seed_all / seed / seed_all: no-ops (fake tensors hold no values);
-  set_per_process_memory_fraction is checked as torch checks it, then only noted.
+  set_per_process_memory_fraction is checked as torch checks it, then only noted;
+* the `nvidia-smi` program, where the machine has none: a stand-in for the chosen cards
+  (nvidia_smi.py).
 
 A `device` argument is accepted everywhere torch takes one; an index outside device_count raises
 like torch does. The core is unlimited, so a script never sees an out-of-memory error while it
@@ -47,6 +49,7 @@ from ..engine import stream_uses
 from ..gpus import Gpu
 from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
                       current_device, current_stream, default_stream, set_current_device, set_stream)
+from . import nvidia_smi
 from .graphs import CapturePools, graph_class, graph_context
 from .live import LiveAllocator
 from ...replay.traced import describe_infos, traced_snapshot
@@ -278,6 +281,7 @@ class CudaShims:
             self.patches.apply_all(CUDA, torch.cuda, table)
             self.patches.apply_all(CUDA_MEMORY, torch.cuda.memory, table, existing_only=True)
             self.patches.apply_all(ACCELERATOR, torch.accelerator, self._accelerator_table(), existing_only=True)
+            nvidia_smi.install(self.patches, self.gpu, self.device_count)
         except BaseException:
             self.patches.close()
             raise
