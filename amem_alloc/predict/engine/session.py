@@ -46,6 +46,7 @@ from ..run import RunRecorder
 from . import children
 from . import stream_uses
 from . import torch_patches
+from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
 # (torch/nn/attention/flex_attention.py: flex_attention outside torch.compile)
@@ -183,6 +184,7 @@ class FakeCudaSession:
             torch_patches.apply(self, self.patches)
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
+            triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
         except BaseException:
             self._leave()
             raise
