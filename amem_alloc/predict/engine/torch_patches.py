@@ -25,7 +25,9 @@ The changes, and why:
 * `torch.cuda.FloatTensor` and the nine other legacy CUDA types, and `torch.set_default_tensor_type`:
   the legacy typed-tensor API makes fake CUDA tensors (legacy_types.py) where torch's C++ would
   initialise CUDA. The default dtype and default device a script sets (`set_default_tensor_type`,
-  `set_default_device("cuda")`, which DeviceMode follows) are put back when the session ends.
+  `set_default_device("cuda")`, which DeviceMode follows) are put back when the session ends;
+* `torch._C._scatter` and `_gather`: torch.nn.DataParallel's split and join on the one device
+  predicted, in ops the modes record (data_parallel.py).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
 from . import autocast as autocast_rules
 from . import compiled as compiled_mod
-from . import legacy_types, module_hooks
+from . import data_parallel, legacy_types, module_hooks
 from .device_mode import DeviceMode
 from .values import is_fake
 
@@ -92,6 +94,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _backward(session, patches)
     _grouping(session, patches)
     _legacy_types(session, patches)
+    data_parallel.install(patches)
 
 
 # ============================================================================ autocast

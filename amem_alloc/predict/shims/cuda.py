@@ -16,7 +16,8 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
   get_device_properties / get_device_name / get_device_capability (of the chosen card),
   mem_get_info (total less the context less what is reserved), is_bf16_supported,
   is_initialized / init;
-* execution: synchronize, Stream / Event / stream(...) / current_stream / default_stream /
+* execution: synchronize, Stream / Event (torch.cuda's, and torch's generic ones made for CUDA) /
+  stream(...) / current_stream / default_stream /
   set_stream are no-ops that keep stream identity (a Stream has a stable id, `with stream(s)`
   makes it current); Event.elapsed_time is 0.0 (nothing runs);
 * memory: memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
@@ -48,7 +49,7 @@ from .. import notes, state
 from ..engine import stream_uses
 from ..gpus import Gpu
 from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
-                      current_device, current_stream, default_stream, set_current_device, set_stream)
+                      current_device, generic, current_stream, default_stream, set_current_device, set_stream)
 from . import nvidia_smi
 from .graphs import CapturePools, graph_class, graph_context
 from .live import LiveAllocator
@@ -74,6 +75,8 @@ ACCELERATOR_NAMES = ("current_stream", "set_stream", "synchronize", "device_coun
 _WHY = "torch.cuda answers from the chosen card and the predicted run (shims/cuda.py)"
 CUDA = declare_many("torch.cuda", CUDA_NAMES, _WHY)
 CUDA_MEMORY = declare_many("torch.cuda.memory", CUDA_NAMES, _WHY + "; where scripts reach them by that path")
+GENERIC = declare_many("torch", ["Stream", "Event"], "a stream or event made for CUDA (or the accelerator's, by "
+                       "default) is the fake one: torch's would ask the driver (DataParallel's scatter makes one)")
 ACCELERATOR = declare_many("torch.accelerator", ACCELERATOR_NAMES,
                            "torch.accelerator asks the C++ runtime for devices and streams: answered by the shims too")
 
@@ -281,6 +284,8 @@ class CudaShims:
             self.patches.apply_all(CUDA, torch.cuda, table)
             self.patches.apply_all(CUDA_MEMORY, torch.cuda.memory, table, existing_only=True)
             self.patches.apply_all(ACCELERATOR, torch.accelerator, self._accelerator_table(), existing_only=True)
+            self.patches.apply_all(GENERIC, torch, {"Stream": generic("Stream", torch.Stream, FakeStream),
+                                                    "Event": generic("Event", torch.Event, FakeEvent)})
             nvidia_smi.install(self.patches, self.gpu, self.device_count)
         except BaseException:
             self.patches.close()

@@ -168,6 +168,41 @@ def set_stream(stream: Any) -> None:
     _set_current_stream_object(stream if isinstance(stream, FakeStream) else None)
 
 
+class _Generic(type):
+    """torch.Stream / torch.Event (the accelerator-generic kinds) under prediction: one made for a
+    CUDA device, or for the accelerator's by default (CUDA, as the shims say), is the fake one;
+    for another device, torch's own. isinstance and issubclass accept both."""
+
+    def __call__(cls, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not _names_cuda(device):
+            return cls.real(device, *args, **kwargs)
+        if cls.fake is FakeEvent:
+            return FakeEvent(*args, **kwargs)
+        return FakeStream(device, *args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, (cls.fake, cls.real))
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, (cls.fake, cls.real))
+
+
+def generic(name: str, real: type, fake: type) -> type:
+    """The stand-in for torch.Stream or torch.Event (`real`): CUDA's made as `fake`."""
+    return _Generic(name, (), {"real": real, "fake": fake, "__module__": "torch"})
+
+
+def _names_cuda(device: Any) -> bool:
+    if device is None or isinstance(device, int):
+        return True
+    import torch
+
+    try:
+        return torch.device(device).type == "cuda"
+    except (TypeError, RuntimeError):
+        return False
+
+
 class FakeStreamContext:
     """`with torch.cuda.stream(s):` makes s current for the block; None leaves the stream as it is."""
 
