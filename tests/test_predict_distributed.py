@@ -579,6 +579,32 @@ def test_sequence_parallel_runs_and_shards_like_tensor_parallel():
     assert state.get("parameter") == tp_param_bytes(2) and state.get("optimizer_state") == 2 * tp_param_bytes(2)
 
 
+def test_tensor_parallel_attention_on_dtensors_runs_the_kernel_the_rank_shard_takes():
+    """pytorch/examples' fsdp_tp_example pattern (tests/predict_models/dist_tp_attention.py, 2 ranks):
+    the mesh from init_device_mesh alone reaches the fake process group (DeviceMesh calls
+    init_process_group by its own name), and scaled_dot_product_attention on DTensors (heads
+    sharded) takes a fused kernel the card picks for this rank's shard (bf16 causal on an H100:
+    cuDNN's with torch 2.14, flash's with older releases), whose output is the shard's [B, H/2, T, D]
+    bf16 and its log-sum-exp [B, H/2, T] fp32 (it stopped with "mixed torch.Tensor and DTensor" on
+    the math path a meta tensor takes)."""
+    prediction = _predict("dist_tp_attention.py", 2).rank(0).prediction
+    fused = ("_scaled_dot_product_flash_attention.", "_scaled_dot_product_cudnn_attention.")
+    forward = sorted(size for kind, key, size, _ in prediction.ops
+                     if kind == ALLOC and prediction.infos[key].op.startswith(fused) and size > 8)
+    batch, tokens, heads, head_dim = 2, 256, 8 // 2, 64
+    assert forward == [batch * heads * tokens * 4, batch * heads * tokens * head_dim * 2], forward
+
+
+def test_a_rank_failing_while_a_worker_records_another_ends_with_its_error_not_a_hang():
+    """With no ranks named, rank 0 is recorded here while a forked worker records the last
+    (symmetry.py). Rank 0's failure used to leave the worker waiting at its exit for its answer to
+    be read, and this process waiting for the worker: `amem predict` never returned."""
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--", "torchrun",
+                        "--nproc_per_node=4", str(MODELS / "dist_rank0_fails.py")], timeout=240)
+    assert proc.returncode != 0
+    assert "rank 0 stops here" in proc.stderr
+
+
 def test_object_collectives_answer_from_the_ranks_own_objects():
     """broadcast_object_list, all_gather_object and gather_object (tests/predict_models/dist_objects.py,
     2 ranks): the fake group carries no values, so each rank answers from its own objects (a

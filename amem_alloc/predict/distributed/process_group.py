@@ -43,7 +43,8 @@ from . import barrier, object_collectives
 from .launch import Launch
 
 FAKE = "fake"
-INIT_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d", "init_process_group",
+INIT_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d, torch.distributed.device_mesh",
+                             "init_process_group",
                              "every process group is torch's fake one (no network), for this rank of the launch")
 OBJECT_COLLECTIVES = declare_many("torch.distributed, torch.distributed.distributed_c10d", object_collectives.FUNCTIONS,
                                   "object collectives answer from the rank's own objects (object_collectives.py)")
@@ -69,6 +70,19 @@ def _refusing_cpu_offload(init: Any) -> Any:
             raise notes.NotModelledError(FSDP1_OFFLOAD_REFUSED)
         init(fsdp, *args, **kwargs)
     return __init__
+
+
+def _binding(function: Any, name: str, done: tuple) -> list:
+    """torch.distributed's modules, other than `done`, that bound `function` under `name` when they
+    were imported (torch.distributed.device_mesh calls init_process_group by its own name: a
+    script that makes its mesh with init_device_mesh and no init_process_group reaches it there)."""
+    import importlib
+    import sys
+
+    importlib.import_module("torch.distributed.device_mesh")
+    return [m for key, m in list(sys.modules.items())
+            if key.startswith("torch.distributed") and m is not None and m not in done
+            and getattr(m, name, None) is function]
 
 
 def nccl_groups(backend: Any) -> int:
@@ -125,6 +139,8 @@ class FakeWorld:
             self.patches.apply(DESTROY_PROCESS_GROUP, module, "destroy_process_group", destroy_process_group)
             for name, function in objects.items():
                 self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
+        for module in _binding(original, "init_process_group", (c10d, dist)):   # init_device_mesh's own name
+            self.patches.apply(INIT_PROCESS_GROUP, module, "init_process_group", init_process_group)
         self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))
         barrier.install(self.patches, (dist, c10d), lambda ids: ids is not None or self.backend in (None, "nccl"))
         self.patches.apply(VERIFY_PARAMS, dist, "_verify_params_across_processes", lambda *args, **kwargs: None)

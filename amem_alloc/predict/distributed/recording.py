@@ -92,8 +92,11 @@ def record_all(ranks: list[int], record: Callable[[int], Recording], workers: in
         return
     if together:
         pool = _Pool(ranks[1:], record, min(workers - 1, len(ranks) - 1))
-        yield record(ranks[0])
-        yield from pool.results()
+        try:   # rank 0 failing here, or the caller stopping early, stops the workers: left running,
+            yield record(ranks[0])   # each would wait at exit for its answer to be read, and this
+            yield from pool.results()   # process for them (a hang instead of the failure's line)
+        finally:
+            pool._stop()
         return
     yield record(ranks[0])   # here: what every rank shares is built once, and the workers inherit it
     if not _can_fork():   # rank 0 started threads a forked child cannot have (a compiled model's backward)

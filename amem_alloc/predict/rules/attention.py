@@ -70,12 +70,22 @@ def scaled_dot_product_attention(args, kwargs, mode):
     p = dict(zip(_NAMES, args))
     p.update(kwargs)
     q, k, v, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
-    if not _valid(q, k, v, mask, mode):
+    shards = [_local(t) for t in (q, k, v, mask)]   # a DTensor's kernel runs on this rank's shard
+    if not _valid(*shards, mode):
         return None   # torch's own call raises, or it is not a fake CUDA call
-    params = Params(q, k, v, mask, float(p.get("dropout_p", 0.0)), bool(p.get("is_causal", False)),
-                    bool(p.get("enable_gqa", False)), torch.is_grad_enabled())
-    backend = select(params, platform.of(mode.session))
-    return _RUN[backend](params, p.get("scale"))
+
+    def params(q, k, v, mask):
+        return Params(q, k, v, mask, float(p.get("dropout_p", 0.0)), bool(p.get("is_causal", False)),
+                      bool(p.get("enable_gqa", False)), torch.is_grad_enabled())
+    backend = select(params(*shards), platform.of(mode.session))
+    return _RUN[backend](params(q, k, v, mask), p.get("scale"))
+
+
+def _local(t):
+    """A DTensor's shard on this rank (the tensor the kernel is chosen for and runs on); any other
+    value as it is. DTensor's own rules then shard the chosen kernel's op, as on the GPU."""
+    local = getattr(t, "_local_tensor", None) if type(t).__name__ == "DTensor" else None
+    return t if local is None else local
 
 
 def _valid(q, k, v, mask, mode) -> bool:
