@@ -59,7 +59,7 @@ from ..run import NOTE, RunRecorder
 
 # ============================================================================ the patch set
 CUDA_NAMES = ("is_available", "is_initialized", "init", "_lazy_init", "device_count", "current_device", "set_device",
-              "device", "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
+              "device", "device_of", "_exchange_device", "_maybe_exchange_device", "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
               "mem_get_info", "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream",
               "default_stream", "set_stream", "memory_allocated", "max_memory_allocated", "memory_reserved",
               "max_memory_reserved", "memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
@@ -149,6 +149,20 @@ class CudaShims:
 
         return device
 
+    def _device_of_class(self, device: type) -> type:
+        class device_of(device):  # noqa: N801 - torch.cuda.device_of's name (rnn.py's flatten_parameters)
+            def __init__(self, obj: Any) -> None:
+                super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+        return device_of
+
+    def exchange_device(self, device: int) -> int:
+        """torch.cuda._exchange_device: the current device, after making `device` current (< 0: none)."""
+        before = current_device()
+        if device >= 0:
+            self.set_device(device)
+        return before
+
     # ---------------------------------------------------------------- memory
     def _stat(self, key: str, device: Any = None) -> int:
         self._check(device)
@@ -204,7 +218,8 @@ class CudaShims:
     # ---------------------------------------------------------------- the table
     def _table(self) -> dict[str, Any]:
         noop = _noop  # each use a function object of its own (tools that index torch's functions
-        return {      # by identity, like torch._dynamo, refuse one object under two names)
+        device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two names)
+        return {
             "is_available": lambda: True,
             "is_initialized": lambda: True,
             "init": noop(),
@@ -212,7 +227,9 @@ class CudaShims:
             "device_count": lambda: self.device_count,
             "current_device": current_device,
             "set_device": self.set_device,
-            "device": self._device_class(),
+            "device": device, "device_of": self._device_of_class(device),
+            "_exchange_device": lambda d: self.exchange_device(d),
+            "_maybe_exchange_device": lambda d: self.exchange_device(d),
             "get_device_properties": self.get_device_properties,
             "get_device_name": self.get_device_name,
             "get_device_capability": self.get_device_capability,
