@@ -9,9 +9,11 @@ each RECORD_LOG is a log under records/ (e.g. records/track_1_short/2024-12-17_S
 and, at the end, what rank 0's torch measured:
 `peak memory allocated: A MiB reserved: R MiB` (`peak memory consumption: A MiB` in older ones).
 
-Each script is predicted unchanged as its record ran it: `amem predict --gpu H100 -- torchrun
---standalone --nproc_per_node=8 train_gpt.py`, in a scratch folder with token shards of random
-ids in the format its loader reads (magic 20240520, version 1; values never decide memory here).
+Each script is predicted unchanged as its record ran it, for the rank that printed its figures:
+`amem predict --gpu H100 --rank 0 -- torchrun --standalone --nproc_per_node=8 train_gpt.py`, in a scratch folder with token shards of random
+ids in the format its loader reads (magic 20240520, version 1; documents of about a thousand
+tokens, each begun by <|endoftext|>, where later loaders align batches; values never decide memory)
+and the `logs/` folder the repository's runs wrote into.
 Rank 0's figures under the torch policy are compared with the log's, in MiB as the script
 printed them (integer division by 1 MiB). The record ran an older torch (the log names it); the
 prediction uses this machine's, so inductor's plan may differ where the releases differ.
@@ -40,7 +42,9 @@ RULE = re.compile(r"^={40,}$")
 MEASURED = re.compile(r"^peak memory (?:allocated|consumption): (\d+) MiB(?: reserved: (\d+) MiB)?", re.M)
 TORCH = re.compile(r"^Running pytorch ([^ ]+)", re.M | re.I)
 CARD = re.compile(r"\|\s+0\s+(NVIDIA [^|]+?)\s{2,}")
-SHARD_TOKENS = 3_000_000
+BOS = 50256   # GPT-2's <|endoftext|>: later records' loaders align batches to it
+DOCUMENT_TOKENS = 1000
+SHARD_TOKENS = 20_000_000   # the validation loops read 10,485,760 tokens from one pass over the files
 
 
 def read_log(repo: Path, log: str) -> str:
@@ -68,24 +72,31 @@ def parse(text: str) -> dict:
             "torch": torch_version.group(1) if torch_version else "?", "card": card.group(1).strip() if card else "?"}
 
 
-def write_shards(folder: Path) -> None:
+def prepare(folder: Path) -> None:
+    """The folder a record ran in: token shards where its loader looks, and `logs/` (some scripts
+    write their log there without making it)."""
     import numpy as np
 
+    (folder / "logs").mkdir(exist_ok=True)
     shards = folder / "data" / "fineweb10B"
     shards.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for name in ("fineweb_train_000001.bin", "fineweb_val_000000.bin"):
         header = np.zeros(256, dtype=np.int32)
         header[:3] = (20240520, 1, SHARD_TOKENS)
+        tokens = rng.integers(0, BOS, SHARD_TOKENS, dtype=np.uint16)
+        starts = np.cumsum(rng.integers(DOCUMENT_TOKENS // 4, 2 * DOCUMENT_TOKENS, SHARD_TOKENS // DOCUMENT_TOKENS))
+        tokens[starts[starts < SHARD_TOKENS]] = BOS   # documents, each begun by <|endoftext|> as fineweb's are
+        tokens[0] = BOS
         with open(shards / name, "wb") as f:
             f.write(header.tobytes())
-            f.write(rng.integers(0, 50257, SHARD_TOKENS, dtype=np.uint16).tobytes())
+            f.write(tokens.tobytes())
 
 
 def predict(code: str, folder: Path, timeout: float) -> dict:
     (folder / "train_gpt.py").write_text(code)
     out = folder / "prediction.json"
-    argv = [sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--json", str(out), "--",
+    argv = [sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--rank", "0", "--json", str(out), "--",
             "torchrun", "--standalone", "--nproc_per_node=8", "train_gpt.py"]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=timeout)
@@ -130,7 +141,7 @@ def main() -> None:
         record = parse(read_log(args.repo, log))
         cards.add(record["card"])
         with tempfile.TemporaryDirectory(prefix="amem-modded-nanogpt-") as scratch:
-            write_shards(Path(scratch))
+            prepare(Path(scratch))
             got = predict(record["code"], Path(scratch), args.timeout)
         rows.append(row(log, record, got))
         print(rows[-1], flush=True)
@@ -138,8 +149,8 @@ def main() -> None:
 
     section = (f"## modded-nanogpt records predicted (real H100 runs)\n\n"
                f"Each record's `train_gpt.py`, taken whole from its published log in KellerJordan/modded-nanogpt, "
-               f"predicted unchanged with `amem predict --gpu H100 -- torchrun --standalone --nproc_per_node=8 "
-               f"train_gpt.py` (rank 0, torch policy; random token shards) against what the record's rank 0 printed "
+               f"predicted unchanged with `amem predict --gpu H100 --rank 0 -- torchrun --standalone "
+               f"--nproc_per_node=8 train_gpt.py` (torch policy; random token shards) against what the record's rank 0 printed "
                f"on its {', '.join(sorted(cards))} (`torch.cuda.max_memory_allocated()` / `max_memory_reserved()`, "
                f"MiB). Measured by benchmarks/bench_modded_nanogpt.py on {cpu_model()} (no GPU), torch "
                f"{torch.__version__}, amem at {amem_commit()}, {time.strftime('%Y-%m-%d')}. The records ran the "

@@ -473,6 +473,50 @@ def test_a_compiled_optimizer_step_allocates_its_state_and_nothing_else():
     assert live_between(eager, "step 1", "end")[0] > 0   # its temporaries, which the compiled step has not
 
 
+def _hand_rolled_adam():
+    """An optimizer of the program's own whose step method is compiled in its class and breaks the
+    graph before it makes its state (modded-nanogpt's DistAdam waits on collectives there); the
+    class is made where the program makes it, while the prediction runs."""
+    class HandRolledAdam(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 1e-3})
+
+        @torch.compile
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    torch._dynamo.graph_break()
+                    state = self.state[p]
+                    if not state:
+                        state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg"].mul_(0.9).add_(p.grad, alpha=0.1)
+                    p.add_(state["exp_avg"], alpha=-group["lr"])
+    return HandRolledAdam
+
+
+def test_a_step_method_compiled_in_the_optimizers_class_runs_eager_and_is_said():
+    """Such a step is refused before it is traced: dynamo stores the state it makes at a graph
+    break into the program's optimizer, with the trace's fakes, and the next op mixed those with
+    the session's tensors ("Please convert all Tensors to FakeTensors"). It runs eager, its
+    temporaries counted, and the output says both."""
+    from amem_alloc.predict.engine.compile_inputs import OPTIMIZER_REASON
+
+    s = FakeCudaSession(**H100)
+    with s:
+        params = [torch.nn.Parameter(torch.randn(256, 128, device="cuda")) for _ in range(2)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = _hand_rolled_adam()(params)
+        opt.step()
+        opt.step()
+        kinds = {type(t).__name__ for p in params for t in opt.state[p].values()}
+    region, = s.compile_regions
+    assert region["status"] == f"runs as eager: {OPTIMIZER_REASON}"
+    assert kinds == {"Tensor"}   # the session's tensors, none of the trace's
+    assert any(n["what"].startswith("HandRolledAdam.step() inside a compiled region") for n in s.notes.as_list())
+
+
 def test_ranks_after_a_compiled_backward_are_recorded_here_not_in_forked_workers(monkeypatch):
     """A compiled region's traced backward can start torch's autograd device threads (pt_autograd_N),
     and a child forked after refuses every backward: with those threads running, ranks are recorded

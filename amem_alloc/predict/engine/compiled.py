@@ -155,6 +155,11 @@ class CompiledRegion:
     def _plan(self, tensors, params, args, kwargs) -> Plan | str:
         from torch._subclasses import FakeTensorMode
 
+        optimizer = _stepped_optimizer(self.fn, args)
+        if optimizer is not None:   # refused before the trace: dynamo would store its state at a graph break
+            if type(optimizer).__name__ not in compiled_optimizer.FUSABLE:   # (its hooks ran outside the region)
+                notes_mod.record(notes_mod.ESTIMATE, compiled_optimizer.UNFUSED_NOTE.format(name=type(optimizer).__name__))
+            raise compile_inputs.RefusedRegion(compile_inputs.OPTIMIZER_REASON)
         if module_hooks.fsdp_inside(self.module, self.fn):   # not on torch's fakes first (module_hooks.py)
             if isinstance(self.fn, torch.nn.Module) and module_hooks.torch_compiles_nothing(self.fn):
                 return FORWARD_SKIPPED.format(forward=type(self.fn).forward.__qualname__)
@@ -286,6 +291,19 @@ def _fake_like(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, torch.nn.Parameter):   # as nn.Parameter makes one of a tensor subclass (its
         out._is_param = True                # __new__ is the session's, which would make it meta)
     return out
+
+
+def _stepped_optimizer(fn, args):
+    """The optimizer whose own method `fn` is (bound, or called with it as `self`: a step method
+    compiled in its class, modded-nanogpt's DistAdam), or None."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.optim.Optimizer):
+        return owner
+    if args and isinstance(args[0], torch.optim.Optimizer):
+        cls = getattr(fn, "__qualname__", "").rpartition(".")[0]
+        if cls in {c.__qualname__ for c in type(args[0]).__mro__}:
+            return args[0]
+    return None
 
 
 def _swap_leaves(tree, by_id: dict):
