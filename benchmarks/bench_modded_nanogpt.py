@@ -10,13 +10,13 @@ and, at the end, what rank 0's torch measured:
 `peak memory allocated: A MiB reserved: R MiB` (`peak memory consumption: A MiB` in older ones).
 
 Each script is predicted unchanged as its record ran it, for the rank that printed its figures:
-`amem predict --gpu H100 --rank 0 -- torchrun --standalone --nproc_per_node=8 train_gpt.py`, in a scratch folder with token shards of random
-ids in the format its loader reads (magic 20240520, version 1; documents of about a thousand
-tokens, each begun by <|endoftext|>, where later loaders align batches; values never decide memory)
-and the `logs/` folder the repository's runs wrote into.
-Rank 0's figures under the torch policy are compared with the log's, in MiB as the script
-printed them (integer division by 1 MiB). The record ran an older torch (the log names it); the
-prediction uses this machine's, so inductor's plan may differ where the releases differ.
+`amem predict --gpu H100 --rank 0 -- torchrun --standalone --nproc_per_node=8 train_gpt.py`, in a
+scratch folder holding the `logs/` folder the repository's runs wrote into and token shards of
+random ids in the format its loader reads (magic 20240520, version 1; documents of about a
+thousand tokens, each begun by <|endoftext|>, where later loaders align batches; values never
+decide memory). Rank 0's figures under the torch policy are compared with the log's, in MiB as
+the script printed them (integer division by 1 MiB). The record ran an older torch (the log names
+it); the prediction uses this machine's, so inductor's plan may differ where the releases differ.
 """
 from __future__ import annotations
 
