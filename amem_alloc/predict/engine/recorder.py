@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .. import rules
+from .. import notes, rules
 from . import values
 from .devices import META, explicit_device, implicit_device, leaves, unspoofed, wrapper_subclass
 from .meta_cache import MetaCache
@@ -31,6 +31,24 @@ from .storages import Storages
 
 _CREATE_ON_TARGET = {"_to_copy", "to", "copy"}   # ops whose output goes to the copy's target device
 _UNANSWERED = object()
+
+
+CUSTOM_OP_FAKE = ("custom op {op} (torch.library.custom_op): its registered fake kernel stands in, which makes "
+                  "only its outputs; the temporaries its implementation makes on the GPU are not counted")
+
+
+def _is_custom_op(func) -> bool:
+    """Whether `func` is an op a program defined with torch.library.custom_op (modded-nanogpt's FP8
+    matmul). Its implementation cannot run here: it may call compiled code or kernels of its own
+    (the FP8 matmul's body is a compiled function), so on fake tensors torch runs its fake kernel."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or "::" not in schema.name:
+        return False
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return False
+    return schema.name in OPDEFS
 
 
 class Recorder(TorchDispatchMode):
@@ -100,6 +118,8 @@ class Recorder(TorchDispatchMode):
         temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
         if device == "cuda" and "cudnn" in func.__name__:   # cudnn_batch_norm, cuDNN attention: cuDNN starts
             self.session.uses("cudnn")
+        if device == "cuda" and _is_custom_op(func):   # the program's own op: its fake kernel answers
+            notes.record(notes.NOT_MODELLED, CUSTOM_OP_FAKE.format(op=func._schema.name))
         if _decomposes(func):   # with autograd off, composite ops reach the mode whole:
             with self:          # open them as CUDA would, so their inner allocations show
                 out = func.decompose(*args, **kwargs)

@@ -50,6 +50,7 @@ def install(session, patches: PatchSet) -> None:
 
 
 def _launch_for(session):
+    @torch._dynamo.disable   # inside a compiled region dynamo must not trace amem's stand-in: it runs as is
     def launch(kernel, *args, **kwargs):
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor):
