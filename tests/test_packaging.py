@@ -27,6 +27,8 @@ OPTIONAL = {
     "pynvml": "amem doctor --calibrate's NVML figures on a GPU; without it they are left out",
     "transformers": "generate()'s decode loop written out (predict/decode_loop.py), imported only once the "
                     "user's script has imported transformers' generation",
+    "triton": "the program's own Triton launches stood in for (predict/engine/triton_launches.py), imported only "
+              "where Triton is installed (torch's CUDA wheels bring it); without it there is nothing to stand in for",
 }
 
 
