@@ -157,7 +157,8 @@ class CompiledRegion:
 
         optimizer = _stepped_optimizer(self.fn, args)
         if optimizer is not None:   # refused before the trace: dynamo would store its state at a graph break
-            if type(optimizer).__name__ not in compiled_optimizer.FUSABLE:   # (its hooks ran outside the region)
+            hooks_outside = getattr(self.fn, "__self__", None) is not optimizer   # a method compiled in its class
+            if hooks_outside and type(optimizer).__name__ not in compiled_optimizer.FUSABLE:
                 notes_mod.record(notes_mod.ESTIMATE, compiled_optimizer.UNFUSED_NOTE.format(name=type(optimizer).__name__))
             raise compile_inputs.RefusedRegion(compile_inputs.OPTIMIZER_REASON)
         if module_hooks.fsdp_inside(self.module, self.fn):   # not on torch's fakes first (module_hooks.py)
