@@ -49,7 +49,7 @@ from .. import notes, state
 from ..engine import stream_uses
 from ..gpus import Gpu
 from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
-                      current_device, generic, current_stream, default_stream, set_current_device, set_stream)
+                      current_device, current_stream, default_stream, generic, set_current_device, set_stream)
 from . import nvidia_smi
 from .graphs import CapturePools, graph_class, graph_context
 from .live import LiveAllocator
@@ -59,7 +59,8 @@ from ..run import NOTE, RunRecorder
 
 # ============================================================================ the patch set
 CUDA_NAMES = ("is_available", "is_initialized", "init", "_lazy_init", "device_count", "current_device", "set_device",
-              "device", "device_of", "_exchange_device", "_maybe_exchange_device", "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
+              "device", "device_of", "_exchange_device", "_maybe_exchange_device", "get_device_properties",
+              "get_device_name", "get_device_capability", "is_bf16_supported",
               "mem_get_info", "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream",
               "default_stream", "set_stream", "memory_allocated", "max_memory_allocated", "memory_reserved",
               "max_memory_reserved", "memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
@@ -140,9 +141,7 @@ class CudaShims:
                 self.idx, self.prev_idx = _device_index(device), -1
 
             def __enter__(self) -> None:
-                self.prev_idx = current_device()
-                if self.idx >= 0:
-                    shims.set_device(self.idx)
+                self.prev_idx = shims.exchange_device(self.idx)
 
             def __exit__(self, *exc: Any) -> None:
                 set_current_device(self.prev_idx)
@@ -218,8 +217,8 @@ class CudaShims:
     # ---------------------------------------------------------------- the table
     def _table(self) -> dict[str, Any]:
         noop = _noop  # each use a function object of its own (tools that index torch's functions
-        device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two names)
-        return {
+        device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two
+        return {                        # names: hence two lambdas for the two exchange functions)
             "is_available": lambda: True,
             "is_initialized": lambda: True,
             "init": noop(),

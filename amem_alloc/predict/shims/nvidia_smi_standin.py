@@ -80,13 +80,14 @@ def query_gpu(all_cards: list, args: list, names: str) -> int:
         print('"--format" must be given with --query-gpu: try --format=csv', file=sys.stderr)
         return 2
     names = [n.strip() for n in names.split(",") if n.strip()]
+    sample = all_cards[0] if all_cards else dict(index=0, name="GPU", total=0, capability=NA)
     for name in names:
-        if field(all_cards[0] if all_cards else cards()[0], name.lower(), len(all_cards)) is None:
+        if field(sample, name.lower(), len(all_cards)) is None:
             print(f'Field "{name}" is not a valid field to query.\n', file=sys.stderr)
             return 2
     rows = []
     if "noheader" not in form:
-        units = [field(cards()[0], n.lower(), 1)[1] for n in names]
+        units = [field(sample, n.lower(), 1)[1] for n in names]
         rows.append(", ".join(n + (f" [{u}]" if u and "nounits" not in form else "") for n, u in zip(names, units)))
     for card in chosen(all_cards, args):
         values = [field(card, n.lower(), len(all_cards)) for n in names]
