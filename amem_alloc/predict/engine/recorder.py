@@ -43,7 +43,15 @@ def _is_custom_op(func) -> bool:
     matmul). Its implementation cannot run here: it may call compiled code or kernels of its own
     (the FP8 matmul's body is a compiled function), so on fake tensors torch runs its fake kernel."""
     schema = getattr(func, "_schema", None)   # (every CUDA op asks: one dict lookup)
-    return schema is not None and schema.name in OPDEFS
+    definition = OPDEFS.get(schema.name) if schema is not None else None
+    return definition is not None and not _defined_by_torch(definition)
+
+
+def _defined_by_torch(definition) -> bool:
+    """torch defines some of its own ops with custom_op too (torch 2.14's prims): those are torch's
+    primitives, whose outputs are all they make."""
+    module = getattr(getattr(definition, "_init_fn", None), "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
 
 
 class Recorder(TorchDispatchMode):
