@@ -278,3 +278,51 @@ def test_a_saved_tensor_inductor_pads_reaches_backward_with_its_padded_strides()
               if size > 32 * 64 * 222 * 222 and size % (32 * 64 * 222 * 222)]   # a padded buffer
     assert padded, "inductor padded nothing here"
     assert set(padded) <= set(allocations(s, "forward", "backward"))
+
+
+def norm(x, w, b):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b).square().sum()
+
+
+def _norm_predicted(options=None, **config):
+    """A layer norm's forward and backward compiled: its backward reduces the gradient both ways
+    (over rows for the weight's, over columns for the input's), which inductor generates as one
+    mix-order reduction whose split it may benchmark."""
+    s = FakeCudaSession(**H100)
+    with s, torch._inductor.config.patch(**config):
+        x = torch.randn(8192, 768, device="cuda", requires_grad=True)
+        w, b = (torch.nn.Parameter(torch.full((768,), v, device="cuda")) for v in (1.0, 0.0))
+        torch.compile(Region(norm, w, b), options=options)(x).backward()
+    return s, [size for kind, _, size, _ in s.ops if kind == ALLOC]
+
+
+def test_coordinate_descent_tuning_keeps_inductors_starting_split_and_says_so():
+    """With coordinate-descent tuning (llm.c's train_gpt2.py sets it), inductor benchmarks the split
+    of a mix-order reduction while it generates code, which loads and runs a kernel on the GPU. The
+    split it starts from is torch's own pick when it does not tune (simd.py's _pick_split_size), so
+    the prediction's allocations are those of the untuned compile, and the estimate is said."""
+    plain, plain_sizes = _norm_predicted()
+    tuned, tuned_sizes = _norm_predicted(coordinate_descent_tuning=True)
+    assert tuned.compile_regions[0]["status"] == COMPILED, tuned.compile_regions
+    assert tuned_sizes == plain_sizes
+    said = [n.what for n in tuned.notes.items.values()]
+    assert compile_trace.SPLIT_ESTIMATE in said, said
+    assert compile_trace.SPLIT_ESTIMATE not in [n.what for n in plain.notes.items.values()]
+
+
+def test_a_kept_wrapper_says_the_estimates_its_code_generation_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMEM_COMPILE_CACHE", str(tmp_path))
+    for _ in range(2):   # generated, then kept
+        tuned, _ = _norm_predicted(coordinate_descent_tuning=True)
+        assert compile_trace.SPLIT_ESTIMATE in [n.what for n in tuned.notes.items.values()]
+    assert len(list(tmp_path.glob("*.json"))) == 2   # forward and backward wrappers kept
+
+
+def test_fusion_by_benchmark_takes_inductors_heuristics_even_where_the_program_asks_for_it():
+    """`benchmark_fusion` (given in torch.compile's options, which win over the config) would run
+    each candidate fusion's kernels; inductor's heuristic fusions are assumed, and said."""
+    _, plain_sizes = _norm_predicted()
+    s, sizes = _norm_predicted(options={"benchmark_fusion": True})
+    assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
+    assert sizes == plain_sizes
+    assert compile_trace.FUSION_ESTIMATE.format(flags="benchmark_fusion") in [n.what for n in s.notes.items.values()]

@@ -57,6 +57,9 @@ TRACE_FOLD = declare("torch._inductor.fx_passes.joint_graph.UniformValueConstant
                      "on the CPU (the same values; there is no GPU to compute them on)")
 TRACE_HASH = declare("torch.utils._triton", "triton_hash_with_backend",
                      "while a compiled region is traced: no GPU to name Triton's backend")
+TRACE_SPLIT = declare("torch._inductor.runtime.coordinate_descent_tuner.CoordescTuner", "autotune_single_field",
+                      "while inductor generates code: the value it starts from is kept (its benchmarks of the "
+                      "choices would run kernels on the GPU)")
 TRACE_CONV = declare("torch._C", "_select_conv_backend",
                      "while a compiled region is traced: a CUDA convolution cuDNN runs on the card takes cuDNN's "
                      "backend (rules/convolution.py), so torch's fake kernel lays its output out as cuDNN does "
@@ -194,6 +197,10 @@ def _codegen(gm, example_inputs, kw: dict, props) -> tuple[str, bool]:
         entry = _lowered(gm, example_inputs, kw)
         wrapper_cache.store(graph_key, entry)
     _report_output_strides(entry.output_strides)
+    from .. import notes
+
+    for what in entry.estimates:
+        notes.record(notes.ESTIMATE, what)
     return entry.wrapper, kept is not None
 
 
@@ -215,10 +222,37 @@ def _lowered(gm, example_inputs, kw: dict) -> wrapper_cache.Entry:
         graph = GraphLowering(gm, example_inputs=example_inputs, shape_env=fake_mode.shape_env,
                               graph_id=kw.get("graph_id"), is_inference=is_inference, is_backward=is_backward,
                               get_decomp_fn=kw.get("get_decomp_fn"))
-        with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
+        with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]), _unbenchmarked_choices() as estimates:
             graph.run(*example_inputs)
             strides = _output_strides(graph)
-            return wrapper_cache.Entry(graph.codegen()[0].value, strides)
+            return wrapper_cache.Entry(graph.codegen()[0].value, strides, estimates)
+
+
+SPLIT_ESTIMATE = ("inductor's benchmarks while generating code (coordinate-descent tuning, max-autotune): the split "
+                  "of a reduction that reduces both ways (a norm's backward) is chosen on the GPU; inductor's own "
+                  "starting split is assumed, and with it the size of the partial sums' workspace")
+
+
+@contextlib.contextmanager
+def _unbenchmarked_choices():
+    """Where inductor would benchmark a choice while generating code (the split of a mix-order
+    reduction: simd.py), the value it starts from is kept; the estimates made are yielded."""
+    try:
+        from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+    except ImportError:
+        CoordescTuner = None
+    estimates: list[str] = []
+    if CoordescTuner is None or not hasattr(CoordescTuner, "autotune_single_field"):
+        yield estimates
+        return
+
+    def starting_value(fn, init_val, *args, **kwargs):
+        if SPLIT_ESTIMATE not in estimates:
+            estimates.append(SPLIT_ESTIMATE)
+        return init_val
+    with PatchSet() as patches:
+        patches.apply(TRACE_SPLIT, CoordescTuner, "autotune_single_field", staticmethod(starting_value))
+        yield estimates
 
 
 def _tangent_outputs() -> list | None:
@@ -300,15 +334,36 @@ def _autotunes(options: dict | None) -> bool:
     return any(options.get(k, getattr(config, k)) for k in ("max_autotune", "max_autotune_gemm"))
 
 
+FUSION_ESTIMATE = ("inductor's fusion decided by benchmarks ({flags}): the kernels would run on the GPU; "
+                   "its heuristics' fusions are assumed")
+_BENCHMARKED_FUSION = ("benchmark_fusion", "benchmark_combo_kernel")
+
+
 def _without_benchmarks(options: dict | None) -> dict:
-    """inductor's config while tracing: no compile workers (nothing is compiled) and, where the
-    region autotunes, ATen's GEMM and convolution kernels only (the choice needs benchmarks)."""
-    if not _autotunes(options):
-        return {}
+    """inductor's config while tracing: where the region autotunes, ATen's GEMM and convolution
+    kernels only, and fusions by inductor's heuristics where it would benchmark them (each choice
+    needs kernels run on the GPU); each said."""
     from .. import notes
 
-    notes.record(notes.ESTIMATE, AUTOTUNE_ESTIMATE)
-    return {"max_autotune_gemm_backends": "ATEN", "max_autotune_conv_backends": "ATEN"}
+    changes, estimates = _benchmark_free(options)
+    for what in estimates:
+        notes.record(notes.ESTIMATE, what)
+    return changes
+
+
+def _benchmark_free(options: dict | None) -> tuple[dict, list[str]]:
+    """The config changes that keep inductor from benchmarking, and what each assumes instead."""
+    from torch._inductor import config
+
+    options, changes, estimates = options or {}, {}, []
+    if _autotunes(options):
+        estimates.append(AUTOTUNE_ESTIMATE)
+        changes.update(max_autotune_gemm_backends="ATEN", max_autotune_conv_backends="ATEN")
+    benchmarked = [k for k in _BENCHMARKED_FUSION if options.get(k, getattr(config, k, False))]
+    if benchmarked:
+        estimates.append(FUSION_ESTIMATE.format(flags=", ".join(benchmarked)))
+        changes.update(dict.fromkeys(benchmarked, False))
+    return changes, estimates
 
 
 def _wrapper_name(graph: Graph) -> str:
@@ -322,7 +377,8 @@ def _backend(trace: Trace, options: dict | None, codegen: bool, props):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
         gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
-        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen, props), config_patches=options)
+        patches = {**options, **_benchmark_free(options)[0]} if options else options   # (the user's would win)
+        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen, props), config_patches=patches)
     return backend
 
 

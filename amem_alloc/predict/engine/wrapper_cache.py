@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import atomic_write
@@ -38,6 +38,7 @@ MAX_ENTRIES = 512
 class Entry:
     wrapper: str
     output_strides: list | None   # per graph output: its strides, None where not a tensor; None: not told
+    estimates: list = field(default_factory=list)   # what inductor's code generation had to assume (notes)
 
 
 def folder() -> Path | None:
@@ -89,7 +90,7 @@ def load(graph_key: str | None) -> Entry | None:
         if data.get("format") != FORMAT or not isinstance(data.get("wrapper"), str):
             return None
         os.utime(path)   # recently used: kept longest
-        return Entry(data["wrapper"], data.get("output_strides"))
+        return Entry(data["wrapper"], data.get("output_strides"), list(data.get("estimates") or []))
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -99,7 +100,8 @@ def store(graph_key: str | None, entry: Entry) -> None:
     path = _path(graph_key)
     if path is None:
         return
-    data = json.dumps({"format": FORMAT, "wrapper": entry.wrapper, "output_strides": entry.output_strides})
+    data = json.dumps({"format": FORMAT, "wrapper": entry.wrapper, "output_strides": entry.output_strides,
+                       "estimates": entry.estimates})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write.write_text(path, data)
