@@ -23,6 +23,7 @@ from .storages import Storages
 
 
 _FACTORIES = None
+_FROM_DATA = {"tensor", "as_tensor", "asarray"}   # factories of (nested) data, which may hold tensors
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
 def _factories() -> set:
     global _FACTORIES
@@ -110,6 +111,16 @@ class DeviceMode(TorchFunctionMode):
                 return autocast_rules.call(func, name, args, kwargs, self)
             return rules.function(func, name, args, kwargs, self)
 
+    def _read_elements(self, data):
+        """`torch.tensor([[norm, ...], ...])` of CUDA scalars reads each one's value (torch copies
+        them to the CPU one by one): read as `.item()` is, where fake tensors hold none."""
+        if isinstance(data, (list, tuple)):
+            return type(data)(self._read_elements(x) for x in data)
+        if isinstance(data, torch.Tensor) and data.device.type == "meta" and not wrapper_subclass(type(data)):
+            return values.read("item", data, (data,), {}, self._type(data), self.session.strict,
+                               self.session.known, self.session.shape_rule())
+        return data
+
     def _get_device(self, func, args, kwargs) -> int:
         return cuda_index() if self._type(args[0]) == "cuda" else -1
 
@@ -194,6 +205,8 @@ class DeviceMode(TorchFunctionMode):
 
     def _factory(self, func, args, kwargs):
         name = getattr(func, "__name__", "factory")
+        if name in _FROM_DATA and args and isinstance(args[0], (list, tuple)):
+            args = (self._read_elements(args[0]),) + tuple(args[1:])
         device = device_type(kwargs.get("device")) or self._default_device()
         kwargs = dict(kwargs)
         if kwargs.pop("pin_memory", False) and device == "cpu":

@@ -28,7 +28,8 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
   engine's AllocInfo) — replayed from the program so far on a fresh core with its ring on;
 * CUDA graphs: a capture's allocations go to its private pool, replays allocate nothing
   (graphs.py); make_graphed_callables is not modelled;
-* manual_seed / manual_seed_all / seed / seed_all: no-ops (fake tensors hold no values);
+* manual_seed / seed / get_rng_state / set_rng_state and default_generators, torch.Generator made
+  for CUDA: fake generators that keep the seed and offset set (generators.py);
   set_per_process_memory_fraction is checked as torch checks it, then only noted;
 * the `nvidia-smi` program, where the machine has none: a stand-in for the chosen cards
   (nvidia_smi.py).
@@ -68,7 +69,7 @@ CUDA_NAMES = ("is_available", "is_initialized", "init", "_lazy_init", "device_co
               "_snapshot", "_dump_snapshot", "is_current_stream_capturing", "set_per_process_memory_fraction",
               "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
               "get_rng_state_all", "set_rng_state", "set_rng_state_all", "graph", "CUDAGraph",
-              "make_graphed_callables", "graph_pool_handle")
+              "make_graphed_callables", "graph_pool_handle", "default_generators")
 ACCELERATOR_NAMES = ("current_stream", "set_stream", "synchronize", "device_count", "current_device_index",
                      "current_device_idx", "set_device_index", "set_device_idx", "device_index", "empty_cache",
                      "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
@@ -76,8 +77,12 @@ ACCELERATOR_NAMES = ("current_stream", "set_stream", "synchronize", "device_coun
 _WHY = "torch.cuda answers from the chosen card and the predicted run (shims/cuda.py)"
 CUDA = declare_many("torch.cuda", CUDA_NAMES, _WHY)
 CUDA_MEMORY = declare_many("torch.cuda.memory", CUDA_NAMES, _WHY + "; where scripts reach them by that path")
+CUDA_RANDOM = declare_many("torch.cuda.random", CUDA_NAMES, _WHY + "; where scripts reach them by that path "
+                           "(Megatron's RNG tracker)")
 GENERIC = declare_many("torch", ["Stream", "Event"], "a stream or event made for CUDA (or the accelerator's, by "
                        "default) is the fake one: torch's would ask the driver (DataParallel's scatter makes one)")
+GENERATOR = declare_many("torch", ["Generator"], "a generator made for CUDA is the fake one (generators.py): "
+                         "torch's would ask the driver")
 ACCELERATOR = declare_many("torch.accelerator", ACCELERATOR_NAMES,
                            "torch.accelerator asks the C++ runtime for devices and streams: answered by the shims too")
 
@@ -92,6 +97,7 @@ class CudaShims:
         self.on_dump = on_dump
         self.record_windows: list[list[int | None]] = []   # [start op, end op or None] (_record_memory_history)
         self.pools = CapturePools(session)   # CUDA graphs' private pools (graphs.py)
+        self.rng = None   # the devices' generators (generators.py), made with the table
         self.patches = PatchSet()
 
     # ---------------------------------------------------------------- device
@@ -216,6 +222,12 @@ class CudaShims:
 
     # ---------------------------------------------------------------- the table
     def _table(self) -> dict[str, Any]:
+        if self.rng is None:   # (the device table and the accelerator's share them)
+            from .generators import CudaGenerators
+
+            self.rng = CudaGenerators(self.device_count, current_device)
+        rng = self.rng
+
         noop = _noop  # each use a function object of its own (tools that index torch's functions
         device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two
         return {                        # names: hence two lambdas for the two exchange functions)
@@ -258,19 +270,20 @@ class CudaShims:
             "_dump_snapshot": self.dump_snapshot,
             "is_current_stream_capturing": self.pools.is_capturing,
             "set_per_process_memory_fraction": self.set_per_process_memory_fraction,
-            "manual_seed": noop(),
-            "manual_seed_all": noop(),
-            "seed": noop(),
-            "seed_all": noop(),
-            "initial_seed": lambda: 0,
-            "get_rng_state": get_rng_state,
-            "get_rng_state_all": lambda: [get_rng_state(i) for i in range(self.device_count)],
-            "set_rng_state": set_rng_state,
-            "set_rng_state_all": lambda states: [set_rng_state(s) for s in states] and None,
+            "manual_seed": rng.manual_seed,
+            "manual_seed_all": rng.manual_seed_all,
+            "seed": rng.seed,
+            "seed_all": rng.seed_all,
+            "initial_seed": rng.initial_seed,
+            "get_rng_state": rng.get_rng_state,
+            "get_rng_state_all": rng.get_rng_state_all,
+            "set_rng_state": rng.set_rng_state,
+            "set_rng_state_all": rng.set_rng_state_all,
             "graph": graph_context(self.pools),
             "CUDAGraph": graph_class(self.pools),
             "make_graphed_callables": _not_modelled("torch.cuda.make_graphed_callables (CUDA graphs)"),
             "graph_pool_handle": self.pools.handle,
+            "default_generators": rng.default_generators,
         }
 
     def _accelerator_table(self) -> dict[str, Any]:
@@ -291,6 +304,7 @@ class CudaShims:
         import torch.accelerator  # imported later (torch does, lazily) it would meet the stand-ins
         import torch.cuda
         import torch.cuda.memory
+        import torch.cuda.random
 
         table = self._table()
         if state.current() is None:   # an engine without a state of its own (a test double): one here
@@ -299,9 +313,13 @@ class CudaShims:
         try:
             self.patches.apply_all(CUDA, torch.cuda, table)
             self.patches.apply_all(CUDA_MEMORY, torch.cuda.memory, table, existing_only=True)
+            self.patches.apply_all(CUDA_RANDOM, torch.cuda.random, table, existing_only=True)
             self.patches.apply_all(ACCELERATOR, torch.accelerator, self._accelerator_table(), existing_only=True)
             self.patches.apply_all(GENERIC, torch, {"Stream": generic("Stream", torch.Stream, FakeStream),
                                                     "Event": generic("Event", torch.Event, FakeEvent)})
+            from .generators import generator_class
+
+            self.patches.apply_all(GENERATOR, torch, {"Generator": generator_class()})
             nvidia_smi.install(self.patches, self.gpu, self.device_count)
         except BaseException:
             self.patches.close()
@@ -317,22 +335,7 @@ class CudaShims:
         self.patches.close()
 
 
-# ============================================================================ RNG state, CUDA graphs
-_RNG_STATE_BYTES = 16   # CUDAGeneratorImpl::get_state: seed (8 bytes) and philox offset (8 bytes)
-
-
-def get_rng_state(device: Any = "cuda") -> Any:
-    """A stand-in for the CUDA generator's state (no generator runs): a real CPU byte tensor."""
-    import torch
-
-    notes.record(notes.STAND_IN, "torch.cuda.get_rng_state(): a zero generator state")
-    return torch.zeros(_RNG_STATE_BYTES, dtype=torch.uint8)
-
-
-def set_rng_state(state: Any, device: Any = "cuda") -> None:
-    notes.record(notes.STAND_IN, "torch.cuda.set_rng_state(): ignored (no generator runs)")
-
-
+# ============================================================================ CUDA graphs
 def _not_modelled(what: str) -> Callable[..., Any]:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise notes.NotModelledError(f"{what} is not modelled by prediction; predict the code without the "
