@@ -679,11 +679,93 @@ def test_a_broadcast_delivers_the_values_an_earlier_root_sent(capfd):
     result = predict_ranks(launch_mod.Launch(3, 1, (0, 1, 2)), [str(MODELS / "dist_broadcast_values.py")], "H100",
                            "torch", steps=0, timeout=300, workers=1)
     out = capfd.readouterr().out
-    assert "rank 0 received [7, 8, 9] and [0]" in out
+    assert "rank 0 received [7, 8, 9] and [11]" in out   # recorded again after rank 1 (below)
     assert "rank 1 received [7, 8, 9] and [11]" in out
     assert "rank 2 received [7, 8, 9] and [12]" in out   # not in the group: its own tensor, untouched
     stand_ins = {r: [n["what"] for n in result.rank(r).prediction.notes if n["kind"] == "stand-in"] for r in (0, 1, 2)}
-    assert len(stand_ins[0]) == 1 and "tolist" in stand_ins[0][0] and stand_ins[1] == stand_ins[2] == [], stand_ins
+    assert stand_ins[0] == stand_ins[1] == stand_ins[2] == [], stand_ins
+
+
+ROOT_DECIDES = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]   # each pair's first rank decides, as Megatron's
+flag = torch.tensor([1 if rank % 2 == 0 else 0], device="cuda")   # tensor-parallel group's first rank
+dist.broadcast(flag, src=rank - rank % 2, group=groups[rank // 2])   # says whether to train at all
+if flag.item():
+    held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+"""
+
+
+@pytest.mark.parametrize("ranks, workers", [((3,), 1), ((0, 1, 2, 3), 2)])
+def test_a_rank_that_reads_what_its_root_sent_is_recorded_after_that_root(tmp_path, ranks, workers):
+    """Rank 3 reads what rank 2 broadcast: recorded alone (`--rank 3`), or in a worker other than
+    rank 2's, it had an unknown value there (a stand-in 0: it would not train, 0 bytes where the
+    GPU run holds 64 MiB). The roots whose unknown values a rank read are recorded first in the
+    same process, and the rank again: each rank holds the 64 MiB its root's flag asks for."""
+    script = tmp_path / "root_decides.py"
+    script.write_text(ROOT_DECIDES)
+    result = predict_ranks(launch_mod.Launch(4, 1, ranks), [str(script)], "H100", "torch", steps=0, timeout=300,
+                           workers=workers)
+    for r in ranks:
+        prediction = result.rank(r).prediction
+        assert prediction.row("torch").peak_allocated >= 64 << 20, (r, prediction.row("torch").peak_allocated)
+        assert not [n for n in prediction.notes if n["kind"] == "stand-in"], prediction.notes
+
+
+COALESCED = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+world = dist.get_world_size()
+grads = [torch.empty(4 << 20, dtype=torch.uint8, device="cuda") for _ in range(2)]          # 8 MiB
+shards = [torch.empty(2 << 20, dtype=torch.uint8, device="cuda") for _ in range(2)]         # 4 MiB
+gathered = [torch.empty(world * (2 << 20), dtype=torch.uint8, device="cuda") for _ in range(2)]  # 8 MiB
+with dist._coalescing_manager(async_ops=True) as cm:   # Megatron's gradient buckets: one coalesced call
+    for g in grads:
+        dist.all_reduce(g, async_op=True)
+cm.wait()
+with dist._coalescing_manager():
+    for out, g in zip(shards, grads):
+        dist.reduce_scatter_tensor(out, g)
+with dist._coalescing_manager():
+    for out, s in zip(gathered, shards):
+        dist.all_gather_into_tensor(out, s)
+print("coalesced done")
+"""
+
+
+def test_coalesced_collectives_write_into_their_tensors_and_allocate_nothing(tmp_path, capfd):
+    """dist._coalescing_manager's fast path calls c10d's coalesced ops, for which torch registers no
+    meta kernel (Megatron's DDP: "allreduce_coalesced_ ... no fake impl", reported as amem's): they
+    write into the tensors given, as ProcessGroupNCCL's do, and allocate nothing."""
+    script = tmp_path / "coalesced.py"
+    script.write_text(COALESCED)
+    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [str(script)], "H100", "torch", steps=0, timeout=300)
+    assert "coalesced done" in capfd.readouterr().out
+    assert result.rank(0).prediction.row("torch").peak_allocated == 20 << 20
+
+
+GLOO_GROUP = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+cpu_group = dist.new_group(backend="gloo")   # Megatron's gloo groups (distributed optimizer's checkpoints)
+pair = dist.new_group([0, 1], None, "gloo")
+flags = torch.zeros(3)
+dist.all_reduce(flags, group=cpu_group)
+x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+print("gloo groups made")
+"""
+
+
+def test_a_group_on_another_backend_is_the_fake_one_too(tmp_path, capfd):
+    """dist.new_group(backend="gloo") built gloo on the fake store, which crashed the process
+    (a segmentation fault, Megatron with --use-distributed-optimizer)."""
+    script = tmp_path / "gloo_group.py"
+    script.write_text(GLOO_GROUP)
+    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [str(script)], "H100", "torch", steps=0, timeout=300)
+    assert "gloo groups made" in capfd.readouterr().out
+    assert result.rank(0).prediction.row("torch").peak_allocated == 1 << 20
 
 
 COMPILED_DDP = """

@@ -84,7 +84,9 @@ def test_what_stays_the_standard_library_torch_what_they_need_and_compiled_modul
                          ("torch._C", torch._C), ("amem_alloc", sys.modules["amem_alloc"])):
         assert not staying.forgets_module(name, module), name
     extension = sys.modules["numpy._core._multiarray_umath"]
-    assert fresh_libraries._compiled(extension) and not staying.forgets_module("somelib._speedups", extension)
+    assert fresh_libraries._compiled(extension) and not staying.forgets_module("numpy._core._multiarray_umath",
+                                                                               extension)
+    assert not staying.forgets_module("_speedups", extension)   # a top-level extension stays
     plain = type(json)("somelib")
     plain.__file__ = "/site-packages/somelib/__init__.py"
     assert staying.forgets_module("somelib", plain) and staying.forgets_module("somelib.sub", plain)
@@ -109,3 +111,64 @@ def test_a_module_dynamo_put_into_torchs_globals_neither_keeps_the_library_nor_o
         assert "somelib_traced" not in sys.modules
         assert "__import_somelib_traced" not in vars(host)
         assert vars(host)["__import_torch"] is torch
+
+
+EXTENSION_C = r"""
+#include <Python.h>
+static PyObject *twice(PyObject *self, PyObject *arg) { return PyLong_FromLong(2 * PyLong_AsLong(arg)); }
+static PyMethodDef methods[] = {{"twice", twice, METH_O, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+"""
+EXTENSION_LIBRARY = """
+from extlib import _speedups
+import extlib._speedups as again
+
+STATE = {}
+
+
+def init(rank):
+    if STATE:
+        raise SystemExit(f"rank {rank}: extlib was initialised by rank {STATE['rank']}")
+    STATE["rank"] = rank
+    assert _speedups.twice(rank) == 2 * rank and again is _speedups
+    print(f"rank {rank}: extension {id(_speedups)}")
+"""
+EXTENSION_SCRIPT = """
+import torch, torch.distributed as dist
+import extlib
+dist.init_process_group("nccl")
+extlib.init(dist.get_rank())
+x = torch.empty(1 << 20, device="cuda")
+"""
+
+
+def test_a_library_with_an_extension_of_its_own_is_imported_afresh_and_the_extension_served_again(tmp_path, capfd):
+    """Megatron keeps its parsed arguments in module globals and refuses to initialise twice; it
+    also builds a pybind11 extension inside its package (its dataset helpers), which once kept the
+    whole package for every rank ("args is already initialized" on rank 1). An extension that holds
+    nothing of its package's Python code goes with the package, and the next rank's import gets the
+    module loaded before (CPython loads an extension once per process), as its package's attribute."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the test's extension")
+    package = tmp_path / "extlib"
+    package.mkdir()
+    (package / "__init__.py").write_text(EXTENSION_LIBRARY)
+    (tmp_path / "speedups.c").write_text(EXTENSION_C)
+    target = package / ("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([compiler, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                    str(tmp_path / "speedups.c"), "-o", str(target)], check=True)
+    script = tmp_path / "uses_extlib.py"
+    script.write_text(EXTENSION_SCRIPT)
+    result = predict_ranks(Launch(2, 1, None), [str(script)], "H100", "torch", steps=0, timeout=300, workers=1)
+    out = capfd.readouterr().out
+    ids = {line.split()[-1] for line in out.splitlines() if line.startswith("rank ") and "extension" in line}
+    assert "rank 0: extension" in out and "rank 1: extension" in out, out
+    assert len(ids) == 1, out   # the same module object, served again
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert "extlib" not in sys.modules and "extlib._speedups" not in sys.modules

@@ -19,6 +19,9 @@ above the Recorder, adds what ProcessGroupNCCL does beyond that
   the wait is held until `work.wait()` / `wait_tensor` makes the current stream wait for it.
 * A work's future holds the op's outputs, as NCCL's (`fut.value()[0]` is the reduced tensor: a
   DDP comm hook such as torch's `allreduce_hook` reads it); the fake group's holds nothing.
+* The coalesced forms (`allreduce_coalesced_`, `allgather_into_tensor_coalesced_`,
+  `reduce_scatter_tensor_coalesced_`: `dist._coalescing_manager`) write into the tensors given,
+  allocate nothing and return a work (torch registers no meta kernel for them: answered here).
 * Point-to-point ops (`send`, `recv_`: `isend`/`irecv`/`batch_isend_irecv`) always return a work
   and keep their tensors for NCCL the same way until it is waited (`pointToPoint()`).
 * `wait_tensor` returns its input (torch/csrc/distributed/c10d/Functional.cpp), and
@@ -56,6 +59,11 @@ _c10d = torch.ops.c10d
 _functional = torch.ops._c10d_functional
 _LIST_FLATTENS = {_c10d.allgather_.default: "output", _c10d.reduce_scatter_.default: "input"}
 _POINT_TO_POINT = {_c10d.send.default, _c10d.recv_.default, _c10d.recv_any_source_.default}
+# The coalesced forms (dist._coalescing_manager's fast path, Megatron's gradient buckets) write
+# into tensors they are given and return a work; torch registers no meta kernel for them.
+_COALESCED = {getattr(_c10d, name).default for name in
+              ("allreduce_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_")
+              if hasattr(_c10d, name)}
 # torch/distributed/_functional_collectives.py: a custom op whose CUDA result wraps its input
 # (registered when that module is imported, so known by name)
 _WRAP_TENSOR_AUTOGRAD = "_c10d_functional::_wrap_tensor_autograd"
@@ -106,7 +114,7 @@ class CollectiveMode(TorchDispatchMode):
             return func(*args, **kwargs)
         self.collectives += 1
         flat = self._flat_buffer(func, args)
-        out = func(*args, **kwargs)
+        out = _coalesced_work(args) if func in _COALESCED else func(*args, **kwargs)
         if flat is not None:
             self.session.storages.on_free(flat)
         if func is _c10d.broadcast_.default:
@@ -134,7 +142,7 @@ class CollectiveMode(TorchDispatchMode):
                     with torch._C.DisableTorchFunction():
                         self.sent[(name, n, i)] = value.clone()
             else:
-                _receive(known, t, self.sent.get((name, n, i)))
+                _receive(known, t, self.sent.get((name, n, i)), _global_rank(group, args[2]))
 
     def waited(self) -> None:
         """The current stream waits for the NCCL streams: frees held for them complete."""
@@ -182,17 +190,39 @@ def _group_name(group: Any) -> Any:
     return getattr(group, "group_name", None) or id(group)
 
 
-def _receive(known: Any, t: torch.Tensor, value: torch.Tensor | None) -> None:
-    """`t` (a fake tensor a broadcast wrote) holds `value` (what its root sent), or unknown values."""
+def _global_rank(group: Any, group_rank: int) -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_global_rank(group, group_rank)
+    except (RuntimeError, ValueError, KeyError, AttributeError):
+        return group_rank
+
+
+def _receive(known: Any, t: torch.Tensor, value: torch.Tensor | None, root: int) -> None:
+    """`t` (a fake tensor a broadcast wrote) holds `value` (what its root, global rank `root`,
+    sent), or unknown values."""
     mine = known.value(t)
     whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
-    if value is None or value.shape != t.shape or value.dtype != t.dtype or (mine is None and not whole):
+    if value is None:
+        known.await_root(t, root)   # a read of it asks for the root's recording first (ranks.py)
+    elif value.shape != t.shape or value.dtype != t.dtype or (mine is None and not whole):
         known.forget(t)   # (the rest of a larger storage would be taken for known zeros)
     elif mine is not None:
         with torch._C.DisableTorchFunction():
             mine.copy_(value)
     else:
         known.remember(t, value)
+
+
+def _coalesced_work(args) -> Any:
+    """A coalesced collective's work, its future holding the tensors written (its first
+    argument), as ProcessGroupNCCL's coalesced work does."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(_tensors(args[0]))
+    return _create_work_from_future(future).boxed()
 
 
 def _with_valued_work(out: Any) -> Any:

@@ -28,9 +28,13 @@ top-level package other than these, which stay, shared by every rank:
 * every top-level package that a module which stays has imported (holds among its globals as a
   module): amem's modules hold numpy. Two copies would split its classes between what stays and
   the next rank's code;
-* compiled extension modules, of any package: CPython loads one once per process; and so a
-  package with compiled extension modules inside it stays whole (imported again around an
-  extension that stays, its modules would not find it as their submodule: pandas' `_libs.window`);
+* compiled extension modules at the top level; and a package with a compiled extension module
+  inside it that holds the package's Python modules or classes (a Cython module's imports: pandas'
+  `_libs`) stays whole, as the extension would keep the previous rank's. Any other extension
+  module goes with its package (Megatron's pybind11 dataset helpers: Megatron keeps its parsed
+  arguments in module globals and refuses to initialise twice) and, CPython loading an extension
+  once per process, is served as loaded before when the next rank imports it again, made its new
+  package's attribute by the import machinery (KeptExtensions);
 * a package that defines classes derived from a compiled extension's (other than torch's and the
   standard library's): the extension may have registered them for the process (datasets' pyarrow
   extension types, which a second import cannot register again).
@@ -95,6 +99,8 @@ REPLACED = declare("torch and every package that stays (not the standard library
                    "the functions and classes their modules and classes hold",
                    "put back at a rank's end where its libraries replaced them (DeepSpeed ZeRO-3's "
                    "torch.nn.functional.linear)")
+FINDERS = declare("sys", "meta_path", "a copy, first of all finders the one that serves a compiled extension "
+                  "dropped with its package as loaded before (KeptExtensions)")
 IMPORT_PATH = declare("sys", "path", "a copy while a rank runs: the folders its script added (its own) are its only")
 STAYING_DISTRIBUTIONS = ("torch", "amem_alloc", "amem-alloc")
 DYNAMO_IMPORT = "__import_"   # dynamo's name for a module it put among a compiled frame's globals
@@ -117,6 +123,7 @@ class FreshLibraries:
         self.patches.set_aside(LOGGERS, logging.Logger.manager.loggerDict, staying.forgets_logger)
         self.patches.callback(_clear_logger_caches)
         self.patches.set_aside(MODULES, sys.modules, staying.forgets_module)
+        self.patches.apply(FINDERS, sys, "meta_path", [KeptExtensions] + sys.meta_path)
         self.patches.keep_attributes(REPLACED, staying.patchable(), _is_code)
         _forget_sharding_decisions()
         self.patches.callback(_forget_sharding_decisions)
@@ -215,7 +222,13 @@ class Staying:
     def forgets_module(self, name: str, module: Any) -> bool:
         if name not in self.seen:   # imported since the last walk: what it holds may stay
             self._walk()
-        return _top(name) not in self.tops and not _compiled(module)
+        if _top(name) in self.tops:
+            return False
+        if _compiled(module):
+            if "." not in name:
+                return False
+            KEPT_EXTENSIONS[name] = module   # goes with its package; served again by KeptExtensions
+        return True
 
     def forgets_logger(self, name: str, logger: Any) -> bool:
         return _top(name) not in self.tops
@@ -255,8 +268,8 @@ class Staying:
                 for name, module in todo:
                     self.walked.add(name)
                     self.tops |= _held_tops(module) - {_top(name)}
-                    if "." in name and _compiled(module):   # its package cannot be imported again around it
-                        self.tops.add(_top(name))
+                    if "." in name and _compiled(module) and _refers_to_its_package(name, module):
+                        self.tops.add(_top(name))   # its package cannot be imported again around it
 
 
 def _is_code(value: Any) -> bool:
@@ -280,6 +293,53 @@ def _compiled(module: Any) -> bool:
         return True
     origin = getattr(spec, "origin", None) or getattr(module, "__file__", None) or ""
     return isinstance(origin, str) and origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def _refers_to_its_package(name: str, module: Any) -> bool:
+    """Whether a compiled extension module holds modules or classes of its own package's Python
+    code (a Cython module's imports): that package stays whole, or the extension would keep the
+    previous rank's. One that holds none (Megatron's pybind11 dataset helpers) goes with its
+    package and is served again, as it is, when the next rank imports it (KeptExtensions)."""
+    top = _top(name)
+    for value in list(getattr(module, "__dict__", {}).values()):
+        if isinstance(value, types.ModuleType):
+            home = value
+        elif isinstance(value, type):
+            home = sys.modules.get(getattr(value, "__module__", "") or "")
+        else:
+            continue
+        home_name = getattr(home, "__name__", None)
+        if isinstance(home_name, str) and _top(home_name) == top and home_name != name and not _compiled(home):
+            return True
+    return False
+
+
+KEPT_EXTENSIONS: dict[str, Any] = {}   # compiled extension modules whose package a rank dropped, by name
+
+
+class KeptExtensions:
+    """An import finder: a compiled extension module a rank dropped with its package is the one
+    loaded before when the package is imported again (CPython loads an extension once per process;
+    importing it anew would build a second module over the same C state). The import machinery
+    then makes it its new package's attribute, as for any submodule."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> Any:
+        module = KEPT_EXTENSIONS.get(name)
+        if module is None:
+            return None
+        return importlib.machinery.ModuleSpec(name, _Served(module), origin=getattr(module, "__file__", None))
+
+
+class _Served:
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def create_module(self, spec: Any) -> Any:
+        return self.module
+
+    def exec_module(self, module: Any) -> None:
+        return None
 
 
 def _registers_in_extension(name: str, module: Any) -> bool:

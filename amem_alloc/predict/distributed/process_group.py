@@ -52,6 +52,9 @@ ACCELERATOR = declare("torch._C", "_get_accelerator", "the accelerator is CUDA (
 VERIFY_PARAMS = declare("torch.distributed", "_verify_params_across_processes",
                         "DDP's check of parameter shapes across ranks: nothing to compare with one rank at a time")
 TORCH_META = declare("torch", "meta", "torch.meta (what torch.get_device_module(\"meta\") finds) answers as torch.cuda")
+NEW_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d", "new_group",
+                    "a new group is the fake one too, whatever backend is named (Megatron's gloo groups: "
+                    "gloo would be built on the fake store, which crashes the process)")
 DESTROY_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c10d", "destroy_process_group",
                                 "the communicators NCCL would hold are counted before a script destroys its groups")
 FSDP1_INIT = declare("torch.distributed.fsdp.FullyShardedDataParallel", "__init__",
@@ -70,6 +73,22 @@ def _refusing_cpu_offload(init: Any) -> Any:
             raise notes.NotModelledError(FSDP1_OFFLOAD_REFUSED)
         init(fsdp, *args, **kwargs)
     return __init__
+
+
+def _on_the_default_backend(new_group: Any) -> Any:
+    """dist.new_group with the default group's backend (the fake one) whatever backend is named,
+    and without a backend's options (NCCL's) or a device to bind."""
+    import inspect
+
+    signature = inspect.signature(new_group)
+
+    def on_fake(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        for name in ("backend", "pg_options", "device_id"):
+            if name in bound.arguments:
+                bound.arguments[name] = None
+        return new_group(*bound.args, **bound.kwargs)
+    return on_fake
 
 
 def _binding(function: Any, name: str, done: tuple) -> list:
@@ -133,10 +152,12 @@ class FakeWorld:
             world._count_nccl_groups()   # (nanoGPT destroys its group itself, at the end)
             return destroy(*args, **kwargs)
 
+        new_group = _on_the_default_backend(c10d.new_group)
         objects = object_collectives.replacements({name: getattr(c10d, name) for name in object_collectives.FUNCTIONS})
         for module in (c10d, dist):
             self.patches.apply(INIT_PROCESS_GROUP, module, "init_process_group", init_process_group)
             self.patches.apply(DESTROY_PROCESS_GROUP, module, "destroy_process_group", destroy_process_group)
+            self.patches.apply(NEW_GROUP, module, "new_group", new_group)
             for name, function in objects.items():
                 self.patches.apply(OBJECT_COLLECTIVES[name], module, name, function)
         for module in _binding(original, "init_process_group", (c10d, dist)):   # init_device_mesh's own name

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .. import api
 from .. import script as script_mod
@@ -75,7 +75,25 @@ def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies
     run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats,
                                   shapes)
     run.recorded.seconds = seconds
-    return Recording(rank, run.recorded, done, written_out=run.written_out)
+    return Recording(rank, run.recorded, done, written_out=run.written_out,
+                     roots_read=frozenset(run.session.known.roots_read) - {rank})
+
+
+def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording]:
+    """`record`, where a rank read values another rank broadcast that were unknown to the process
+    recording it (its root was recorded in another worker, or not at all: `--rank 3` alone), made
+    again after recording those roots in the same process, so that it reads what they sent
+    (Megatron broadcasts from each tensor-parallel group's first rank whether to train at all).
+    The roots' own recordings only fill the job's table of values sent (collectives.py)."""
+    def recorded(rank: int, waiting: frozenset = frozenset()) -> Recording:
+        recording = record(rank)
+        roots = sorted(recording.roots_read - waiting - {rank})
+        if not roots:
+            return recording
+        for root in roots:
+            recorded(root, waiting | {rank})
+        return record(rank)
+    return recorded
 
 
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
@@ -86,9 +104,10 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
     DataDependentError, NotModelledError, PredictionTimeout) go on unchanged, the lowest failing
     rank's."""
     gpu, policies = api.resolve_gpu(gpu), api.resolve_policies(policies)
-    record = functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies, steps=steps,
-                               timeout=timeout, strict=strict, sent={},   # the ranks in order: what roots sent
-                               write_repeats=write_repeats, shapes=shapes)
+    record = roots_first(functools.partial(record_rank, launch, script=script, gpu=gpu, policies=policies,
+                                           steps=steps, timeout=timeout, strict=strict,
+                                           sent={},   # the ranks in order: what roots sent
+                                           write_repeats=write_repeats, shapes=shapes))
     plan = record_ranks(launch, record, workers)
     results: list[RankResult] = []
     seen: dict[str, RankResult] = {}

@@ -53,6 +53,7 @@ class Recording:
     steps: int          # optimizer steps the script made (with those written out)
     signature: str = ""
     written_out: int = 0   # steps repeating the last one run, written out instead (repeat.py)
+    roots_read: frozenset = frozenset()   # ranks whose broadcast values it read, unknown (collectives.py)
 
     def __post_init__(self) -> None:
         self.signature = self.signature or program_signature(self.run.ops, self.run.markers)

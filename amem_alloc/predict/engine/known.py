@@ -105,6 +105,8 @@ class KnownValues:
         self.assumed: dict[int, object] = {}   # id(storage) -> its buffer under the other rule, SAME or None
         self.counts: dict[int, int] = {}       # id(storage) -> nonzero elements of an unknown mask
         self.integral: set[int] = set()        # id(storage): unknown, but holds integers (floor's output)
+        self.awaited: dict[int, int] = {}      # id(storage) -> the rank whose broadcast it holds, unknown here
+        self.roots_read: set[int] = set()      # ranks whose unknown broadcast values were read
         self._written: dict = {}   # func -> positions of the arguments it writes
         self._kinds: dict = {}     # func -> _NEVER, _OVERWRITE, _SHAPE or _ORDINARY
 
@@ -196,6 +198,7 @@ class KnownValues:
         self.by_id[sid] = (weakref.ref(st, lambda _, sid=sid, buf=buf: self._died(sid, buf)), buf)
         self.assumed.pop(sid, None)
         self.counts.pop(sid, None)
+        self.awaited.pop(sid, None)
         return buf
 
     def _died(self, sid: int, buf: torch.Tensor) -> None:
@@ -209,6 +212,18 @@ class KnownValues:
         self.by_id.pop(sid, None)
         self.assumed.pop(sid, None)
         self.counts.pop(sid, None)
+
+    def await_root(self, t: torch.Tensor, rank: int) -> None:
+        """`t` holds what rank `rank` broadcast, unknown in this process (forgotten)."""
+        self.forget(t)
+        self.awaited[id(t.untyped_storage())] = rank
+
+    def read_unknown(self, t: torch.Tensor) -> None:
+        """An unknown value of `t` was read: where it came from another rank's broadcast, that rank
+        is one whose recording first would have told it (distributed/ranks.py)."""
+        rank = self.awaited.get(id(t.untyped_storage()))
+        if rank is not None:
+            self.roots_read.add(rank)
 
     # ------------------------------------------------------------------ ops
     def inputs(self, func, args: tuple, kwargs: dict, leaves: list):

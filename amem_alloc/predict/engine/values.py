@@ -113,6 +113,8 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
             _note_assumed(f"{what}, from assumed values", got, alt, shape_rule)
         return got
     where = notes.call_site()
+    if known_values is not None:
+        known_values.read_unknown(t)
     if strict or name == "__dlpack__":
         raise DataDependentError(what, where)
     with torch._C.DisableTorchFunction():
