@@ -226,7 +226,6 @@ class CudaShims:
             from .generators import CudaGenerators
 
             self.rng = CudaGenerators(self.device_count, current_device)
-        rng = self.rng
 
         noop = _noop  # each use a function object of its own (tools that index torch's functions
         device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two
@@ -270,20 +269,11 @@ class CudaShims:
             "_dump_snapshot": self.dump_snapshot,
             "is_current_stream_capturing": self.pools.is_capturing,
             "set_per_process_memory_fraction": self.set_per_process_memory_fraction,
-            "manual_seed": rng.manual_seed,
-            "manual_seed_all": rng.manual_seed_all,
-            "seed": rng.seed,
-            "seed_all": rng.seed_all,
-            "initial_seed": rng.initial_seed,
-            "get_rng_state": rng.get_rng_state,
-            "get_rng_state_all": rng.get_rng_state_all,
-            "set_rng_state": rng.set_rng_state,
-            "set_rng_state_all": rng.set_rng_state_all,
+            **self.rng.table(),   # seeding, RNG states, default_generators
             "graph": graph_context(self.pools),
             "CUDAGraph": graph_class(self.pools),
             "make_graphed_callables": _not_modelled("torch.cuda.make_graphed_callables (CUDA graphs)"),
             "graph_pool_handle": self.pools.handle,
-            "default_generators": rng.default_generators,
         }
 
     def _accelerator_table(self) -> dict[str, Any]:

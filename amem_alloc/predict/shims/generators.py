@@ -122,6 +122,12 @@ class CudaGenerators:
         self.default_generators = default_generators(device_count)
         self.current = current   # () -> the current device's index
 
+    def table(self) -> dict[str, Any]:
+        """torch.cuda's names for them."""
+        names = ("manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+                 "get_rng_state_all", "set_rng_state", "set_rng_state_all")
+        return {"default_generators": self.default_generators, **{name: getattr(self, name) for name in names}}
+
     def _of(self, device: Any = None) -> FakeCudaGenerator:
         if device is None or device == "cuda":
             return self.default_generators[self.current()]
