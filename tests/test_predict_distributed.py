@@ -739,11 +739,7 @@ def test_coalesced_collectives_write_into_their_tensors_and_allocate_nothing(tmp
     """dist._coalescing_manager's fast path calls c10d's coalesced ops, for which torch registers no
     meta kernel (Megatron's DDP: "allreduce_coalesced_ ... no fake impl", reported as amem's): they
     write into the tensors given, as ProcessGroupNCCL's do, and allocate nothing."""
-    script = tmp_path / "coalesced.py"
-    script.write_text(COALESCED)
-    result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [str(script)], "H100", "torch", steps=0, timeout=300)
-    assert "coalesced done" in capfd.readouterr().out
-    assert result.rank(0).prediction.row("torch").peak_allocated == 20 << 20
+    assert _rank0_peak(tmp_path, COALESCED, capfd, "coalesced done") == 20 << 20
 
 
 GLOO_GROUP = """
@@ -761,11 +757,17 @@ print("gloo groups made")
 def test_a_group_on_another_backend_is_the_fake_one_too(tmp_path, capfd):
     """dist.new_group(backend="gloo") built gloo on the fake store, which crashed the process
     (a segmentation fault, Megatron with --use-distributed-optimizer)."""
-    script = tmp_path / "gloo_group.py"
-    script.write_text(GLOO_GROUP)
+    assert _rank0_peak(tmp_path, GLOO_GROUP, capfd, "gloo groups made") == 1 << 20
+
+
+def _rank0_peak(tmp_path, text: str, capfd, printed: str) -> int:
+    """Rank 0 of 2 of the script `text`: its peak allocated under torch's policy, once the script
+    printed `printed` (it ran to its end)."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [str(script)], "H100", "torch", steps=0, timeout=300)
-    assert "gloo groups made" in capfd.readouterr().out
-    assert result.rank(0).prediction.row("torch").peak_allocated == 1 << 20
+    assert printed in capfd.readouterr().out
+    return result.rank(0).prediction.row("torch").peak_allocated
 
 
 COMPILED_DDP = """
