@@ -72,3 +72,14 @@ def test_a_tensor_made_from_cuda_scalars_reads_them_as_item_does():
     prediction = amem_alloc.predict(program, gpu="H100")
     assert seen["values"] == ("cpu", [3.0, 4.0])
     assert [n["what"] for n in prediction.notes if n["kind"] == "stand-in"] == ["item() of a CUDA tensor: 0.0"]
+
+
+def test_seeding_a_cuda_generator_leaves_the_cpu_generators_stream_alone():
+    def program():
+        torch.cuda.default_generators[0].seed()
+        torch.cuda.seed_all()
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    amem_alloc.predict(program, gpu="H100")
+    assert torch.equal(torch.rand(4), expected)

@@ -14,6 +14,7 @@ Fake tensors hold no values, so nothing is drawn from it.
 """
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -43,7 +44,8 @@ class FakeCudaGenerator(torch._C.Generator):
         return self
 
     def seed(self) -> int:
-        self.manual_seed(int(torch.randint(0, 1 << 62, ()).item()))
+        """A non-deterministic seed, as CUDA's (the CPU generator's stream is left alone)."""
+        self.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         return self.seed_value
 
     def initial_seed(self) -> int:
