@@ -284,7 +284,13 @@ def norm(x, w, b):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b).square().sum()
 
 
-def _norm_predicted(options=None, **config):
+def norm_with_a_break(x, w, b):
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+    torch._dynamo.graph_break()   # dynamo's graphs one by one (graph_breaks.py)
+    return y.square().sum()
+
+
+def _norm_predicted(options=None, fn=norm, **config):
     """A layer norm's forward and backward compiled: its backward reduces the gradient both ways
     (over rows for the weight's, over columns for the input's), which inductor generates as one
     mix-order reduction whose split it may benchmark."""
@@ -292,7 +298,7 @@ def _norm_predicted(options=None, **config):
     with s, torch._inductor.config.patch(**config):
         x = torch.randn(8192, 768, device="cuda", requires_grad=True)
         w, b = (torch.nn.Parameter(torch.full((768,), v, device="cuda")) for v in (1.0, 0.0))
-        torch.compile(Region(norm, w, b), options=options)(x).backward()
+        torch.compile(Region(fn, w, b), options=options)(x).backward()
     return s, [size for kind, _, size, _ in s.ops if kind == ALLOC]
 
 
@@ -325,4 +331,13 @@ def test_fusion_by_benchmark_takes_inductors_heuristics_even_where_the_program_a
     s, sizes = _norm_predicted(options={"benchmark_fusion": True})
     assert s.compile_regions[0]["status"] == COMPILED, s.compile_regions
     assert sizes == plain_sizes
+    assert compile_trace.FUSION_ESTIMATE.format(flags="benchmark_fusion") in [n.what for n in s.notes.items.values()]
+
+
+def test_fusion_by_benchmark_is_kept_off_graph_by_graph_too():
+    """A region dynamo breaks into graphs compiles each on its own (graph_breaks.py), with the
+    program's options too: those must not undo the trace's either."""
+    s, _ = _norm_predicted(options={"benchmark_fusion": True}, fn=norm_with_a_break)
+    region, = s.compile_regions
+    assert [g["status"] for g in region["graphs"]] == [COMPILED, COMPILED], region
     assert compile_trace.FUSION_ESTIMATE.format(flags="benchmark_fusion") in [n.what for n in s.notes.items.values()]

@@ -351,6 +351,13 @@ def _without_benchmarks(options: dict | None) -> dict:
     return changes
 
 
+def inductor_options(options: dict | None) -> dict | None:
+    """The config patches compile_fx is given for a region: its torch.compile options, with the
+    changes that keep inductor from benchmarking over them (compile_fx applies its patches over the
+    config, so the user's own would undo the trace's)."""
+    return {**options, **_benchmark_free(options)[0]} if options else options
+
+
 def _benchmark_free(options: dict | None) -> tuple[dict, list[str]]:
     """The config changes that keep inductor from benchmarking, and what each assumes instead."""
     from torch._inductor import config
@@ -377,8 +384,8 @@ def _backend(trace: Trace, options: dict | None, codegen: bool, props):
         trace.dynamo_graphs += 1
         trace.placeholders = [_example_of(n) for n in gm.graph.nodes if n.op == "placeholder"]
         gm = compile_sdpa.on_card(gm, props)   # attention's kernel as the card picks it
-        patches = {**options, **_benchmark_free(options)[0]} if options else options   # (the user's would win)
-        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen, props), config_patches=patches)
+        return cfx.compile_fx(gm, example_inputs, inner_compile=_inner(trace, codegen, props),
+                              config_patches=inductor_options(options))
     return backend
 
 

@@ -163,7 +163,7 @@ class GraphBreaks:
         props = compile_trace.props_of(self.region.session)
         gm = compile_sdpa.on_card(gm, props)   # as compile_trace's backend
         run = cfx.compile_fx(gm, example_inputs, inner_compile=compile_trace._inner(trace, True, props),
-                             config_patches=self.region.options)
+                             config_patches=compile_trace.inductor_options(self.region.options))
         fakified = _fakify_first_call()
         with mode:   # the graph's factories make fakes too
             trace.result = run(*fakes)
