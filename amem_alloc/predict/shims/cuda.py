@@ -97,7 +97,9 @@ class CudaShims:
         self.on_dump = on_dump
         self.record_windows: list[list[int | None]] = []   # [start op, end op or None] (_record_memory_history)
         self.pools = CapturePools(session)   # CUDA graphs' private pools (graphs.py)
-        self.rng = None   # the devices' generators (generators.py), made with the table
+        from .generators import CudaGenerators
+
+        self.rng = CudaGenerators(device_count)   # the devices' generators (generators.py)
         self.patches = PatchSet()
 
     # ---------------------------------------------------------------- device
@@ -222,11 +224,6 @@ class CudaShims:
 
     # ---------------------------------------------------------------- the table
     def _table(self) -> dict[str, Any]:
-        if self.rng is None:   # (the device table and the accelerator's share them)
-            from .generators import CudaGenerators
-
-            self.rng = CudaGenerators(self.device_count, current_device)
-
         noop = _noop  # each use a function object of its own (tools that index torch's functions
         device = self._device_class()   # by identity, like torch._dynamo, refuse one object under two
         return {                        # names: hence two lambdas for the two exchange functions)

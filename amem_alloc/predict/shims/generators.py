@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .devices import _device_index
+
 _STATE_BYTES = 16   # CUDAGeneratorImpl::get_state: seed (8 bytes), then the philox offset (8 bytes)
 _DEFAULT_SEED = 67280421310721   # c10::default_rng_seed_val
 
@@ -62,8 +64,7 @@ class FakeCudaGenerator(torch._C.Generator):
         return torch.frombuffer(bytearray(struct.pack("<QQ", self.seed_value, self.offset)), dtype=torch.uint8)
 
     def set_state(self, new_state: torch.Tensor) -> "FakeCudaGenerator":
-        data = bytes(new_state.detach().cpu().to(torch.uint8).numpy().tobytes()) if isinstance(new_state, torch.Tensor) \
-            else b""
+        data = new_state.detach().cpu().to(torch.uint8).numpy().tobytes() if isinstance(new_state, torch.Tensor) else b""
         if len(data) != _STATE_BYTES:
             raise RuntimeError(f"RNG state is wrong size: a CUDA generator's state is {_STATE_BYTES} bytes, "
                                f"{len(data)} given")
@@ -71,9 +72,7 @@ class FakeCudaGenerator(torch._C.Generator):
         return self
 
     def clone_state(self) -> "FakeCudaGenerator":
-        twin = FakeCudaGenerator(self.index)
-        twin.seed_value, twin.offset = self.seed_value, self.offset
-        return twin
+        return FakeCudaGenerator(self.index).graphsafe_set_state(self)
 
     def graphsafe_get_state(self) -> "FakeCudaGenerator":
         return self.clone_state()
@@ -94,9 +93,7 @@ class _GeneratorKind(type):
         target = torch.device(device) if not isinstance(device, torch.device) else device
         if target.type != "cuda":
             return cls.real(device)
-        from .devices import current_device
-
-        return FakeCudaGenerator(target.index if target.index is not None else current_device())
+        return FakeCudaGenerator(_device_index(target))
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, cls.real)
@@ -120,9 +117,8 @@ class CudaGenerators:
     a seed set is the seed read back; a state read is the seed and the offset as set (the offset
     does not advance as ops draw: nothing is drawn), which the prediction's notes say."""
 
-    def __init__(self, device_count: int, current: Any) -> None:
+    def __init__(self, device_count: int) -> None:
         self.default_generators = default_generators(device_count)
-        self.current = current   # () -> the current device's index
 
     def table(self) -> dict[str, Any]:
         """torch.cuda's names for them."""
@@ -131,10 +127,7 @@ class CudaGenerators:
         return {"default_generators": self.default_generators, **{name: getattr(self, name) for name in names}}
 
     def _of(self, device: Any = None) -> FakeCudaGenerator:
-        if device is None or device == "cuda":
-            return self.default_generators[self.current()]
-        index = device if isinstance(device, int) else torch.device(device).index
-        return self.default_generators[self.current() if index is None else index]
+        return self.default_generators[_device_index(device)]
 
     def manual_seed(self, seed: int) -> None:
         self._of().manual_seed(seed)
