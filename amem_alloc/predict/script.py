@@ -62,7 +62,7 @@ class _Deadline:
         self.armed = seconds > 0 and threading.current_thread() is threading.main_thread()
 
     def _fire(self, signum: int, frame: Any) -> None:
-        if _in_free_callback(frame):
+        if _in_dropping_callback(frame):
             return   # raised there, Python would print "Exception ignored in ..." and drop it: next tick
         raise PredictionTimeout(self.seconds, call_site(1))
 
@@ -78,13 +78,15 @@ class _Deadline:
             signal.signal(signal.SIGALRM, self.previous)
 
 
-def _in_free_callback(frame: Any) -> bool:
-    """Whether `frame` runs inside the weak-reference callback that records a storage's free
-    (storages.py): an exception there cannot reach the script."""
-    from .engine import storages
+def _in_dropping_callback(frame: Any) -> bool:
+    """Whether `frame` runs inside one of amem's callbacks whose exceptions Python drops: the
+    weak-reference callback that records a storage's free (storages.py), the garbage collector's
+    phase callback (collector.py). An exception there cannot reach the script."""
+    from .engine import collector, storages
 
+    codes = storages.FREE_CALLBACK_CODES | collector.CALLBACK_CODES
     while frame is not None:
-        if frame.f_code in storages.FREE_CALLBACK_CODES:
+        if frame.f_code in codes:
             return True
         frame = frame.f_back
     return False

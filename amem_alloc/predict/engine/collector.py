@@ -78,3 +78,6 @@ class CollectorWatch:
         if freed:
             largest = max(freed, key=lambda info: info.requested)
             self.notes.add(NOT_MODELLED, RAN, frames_site(largest.frames), sum(info.requested for info in freed))
+
+
+CALLBACK_CODES = frozenset({CollectorWatch._phase.__code__})   # gc.callbacks: Python drops their exceptions
