@@ -24,6 +24,7 @@ MODEL = textwrap.dedent("""
     with torch.device("cuda"):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model.eval()
+    torch.manual_seed(0)   # the same prompt in every run compared (not the test process's RNG state)
     ids = torch.randint(0, 512, (B, P)).cuda()
 """)
 GENERATE = MODEL + textwrap.dedent("""
