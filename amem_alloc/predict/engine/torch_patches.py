@@ -17,7 +17,8 @@ The changes, and why:
   (compiled.py), other backends run as eager and the output says so (keeping what compiling
   changes for an optimizer step: capturable state);
 * `UntypedStorage.resize_` and `UntypedStorage.data_ptr`: FSDP frees and refills storages outside
-  any op, and programs key tensors by address (no mode sees either call);
+  any op, and programs key tensors by address (no mode sees either call); a host storage moved to
+  CUDA (`torch.load(..., map_location="cuda")` moves each storage so) is a fake CUDA storage;
 * `torch.autograd._engine_run_backward`: backward's hooks and checkpoint recomputation run with the
   device mode pushed again (a torch function mode is popped while it handles backward());
 * `_push_saved_tensors_default_hooks`: saved-tensor unpack hooks see tensors as their pack hooks
@@ -64,6 +65,12 @@ HOOKS_WARNING = declare("torch._dynamo.eval_frame.OptimizedModule", "its warning
                         "module hook exists, and the session's module tracking is one (not the program's)")
 RESIZE = declare("torch.UntypedStorage", "resize_", "FSDP frees and refills storages outside any op: recorded")
 DATA_PTR = declare("torch.UntypedStorage", "data_ptr", "a fake storage's address (programs key tensors by it)")
+STORAGE_TO = declare("torch.storage", "_to (UntypedStorage.to, .cuda)",
+                     "a host storage moved to CUDA is a fake CUDA storage of its bytes (torch.load's map_location "
+                     "\"cuda\" moves each storage so): allocated, its values not copied")
+LOCATION_TAG = declare("torch.serialization", "location_tag",
+                       "torch.save names a fake CUDA storage's device as CUDA's (\"cuda:N\"), so torch.load "
+                       "brings it back to CUDA as from a GPU run's checkpoint")
 RUN_BACKWARD = declare("torch.autograd", "_engine_run_backward",
                        "backward's hooks and recomputation run with the device mode pushed again")
 SAVED_TENSOR_HOOKS = declare("torch._C._autograd", "_push_saved_tensors_default_hooks",
@@ -286,6 +293,36 @@ def _storages(session: Any, patches: PatchSet) -> None:
     def data_ptr(storage):   # not a torch function: no mode sees it (transformers' id_tensor_storage asks)
         return storages.address(storage) if storage.device.type == "meta" else orig_data_ptr(storage)
     patches.apply(DATA_PTR, torch.UntypedStorage, "data_ptr", data_ptr)
+    _storage_moves(session, patches)
+
+
+def _storage_moves(session: Any, patches: PatchSet) -> None:
+    """UntypedStorage.to(device="cuda") / .cuda() of a host storage (what torch.load does for each
+    storage under map_location="cuda"): a fake CUDA storage of the same bytes, made by an empty
+    tensor under the session's modes (so allocated and recorded as any tensor's), its values not
+    copied (unknown, as every fake tensor's). torch's own would make a real CUDA storage."""
+    import torch.storage as storage_module
+
+    orig_to = storage_module._to
+
+    def to(storage, device, non_blocking=False):
+        if device.type == "cuda" and storage.device.type in ("cpu", "meta"):
+            return torch.empty(storage.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
+        return orig_to(storage, device, non_blocking)
+    patches.apply(STORAGE_TO, storage_module, "_to", to)
+    import torch.serialization as serialization
+
+    orig_tag = serialization.location_tag
+
+    def location_tag(storage):   # torch.save names each storage's device: a fake CUDA one's is CUDA's
+        untyped = getattr(storage, "_untyped_storage", storage)
+        rec = session.storages.by_id.get(id(untyped)) if isinstance(untyped, torch.UntypedStorage) else None
+        if rec is not None and rec[1] == "cuda":
+            from .devices import cuda_index
+
+            return f"cuda:{cuda_index()}"
+        return orig_tag(storage)
+    patches.apply(LOCATION_TAG, serialization, "location_tag", location_tag)
 
 
 # ============================================================================ backward

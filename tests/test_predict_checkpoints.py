@@ -1,0 +1,59 @@
+"""Checkpoints under prediction: torch.load(..., map_location="cuda") makes one CUDA storage per
+saved storage (torch.storage._to: torch.UntypedStorage(nbytes, device="cuda"), which the caching
+allocator rounds up to 512 bytes), and torch.save names a fake CUDA storage's device as CUDA's, so
+loading the file back brings it to CUDA as a GPU run's checkpoint does."""
+import sys
+
+import pytest
+
+from helpers import run_command
+
+pytest.importorskip("torch")
+
+SCRIPT = """
+import sys
+import torch
+
+path = sys.argv[1]
+w = torch.randn(1000, 1000)
+torch.save({"w": w, "row": w[3], "b": torch.arange(10), "h": [torch.ones(300, dtype=torch.bfloat16)]}, path + ".cpu")
+
+def loaded(location):
+    before = torch.cuda.memory_allocated()
+    ck = torch.load(path + ".cpu", map_location=location)
+    grew = torch.cuda.memory_allocated() - before
+    print("loaded", repr(location), grew, ck["w"].device, ck["row"].device, ck["h"][0].dtype,
+          ck["row"].untyped_storage().nbytes())
+    return ck
+
+for location in ("cuda", torch.device("cuda:0"), {"cpu": "cuda:0"}):
+    loaded(location)
+ck = loaded(lambda storage, where: storage.cuda())
+model = torch.nn.Linear(1000, 1000).cuda()
+model.load_state_dict({"weight": ck["w"], "bias": ck["w"][0]})
+torch.save(model.state_dict(), path + ".cuda")
+before = torch.cuda.memory_allocated()
+back = torch.load(path + ".cuda")
+print("back", back["weight"].device, torch.cuda.memory_allocated() - before)
+"""
+
+
+def test_a_checkpoint_loads_onto_cuda_one_storage_each_and_saves_as_cuda(tmp_path):
+    import torch
+
+    script = tmp_path / "checkpoint.py"
+    script.write_text(SCRIPT)
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--", "python", str(script),
+                        str(tmp_path / "ck")], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("loaded")]
+    assert len(lines) == 4, proc.stdout
+    # w and its row share one storage (4,000,000 bytes -> 4,000,256); arange(10): 80 -> 512; 300 bf16: 600 -> 1024
+    expected = [str(4_000_256 + 512 + 1024), "cuda:0", "cuda:0", "torch.bfloat16", "4000000"]
+    assert all(line[-5:] == expected for line in lines), lines
+    # saved from fake CUDA tensors: loaded back to CUDA (weight 4,000,256 + bias 4,000 -> 4,096) ...
+    assert "back cuda:0 4004352" in proc.stdout, proc.stdout
+    # ... because the file names CUDA as a GPU run's does (map_location sees each storage's location)
+    seen = []
+    torch.load(tmp_path / "ck.cuda", map_location=lambda storage, where: seen.append(where) or storage)
+    assert seen == ["cuda:0", "cuda:0"]
