@@ -47,6 +47,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     """The prediction (run.result), or an exit status when there is none."""
     from ..predict import api
     from ..predict import script as script_mod
+    from ..predict.distributed.spawn import Spawns
     from . import predict_exits
 
     target = f"script {' '.join(script)}" if script else f"workload {args.workload} (size {args.size})"
@@ -54,7 +55,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     run = api.predicting(gpu, policies=policies, target=target, strict=args.strict, shapes=args.shapes,
                          write_decode=not args.run_every_decode_step)
     try:
-        with run:
+        with run, Spawns():   # a script that spawns its ranks: SpawnedRanks, predicted per rank
             if script:
                 run.steps_run = script_mod.run(script, run, steps, timeout, args.write_repeats)
             else:
@@ -66,8 +67,23 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     return run.result
 
 
+def _spawned_ranks(args: argparse.Namespace, spawned: Any) -> int:
+    """The script started its ranks itself (torch.multiprocessing.spawn): the job predicted again
+    as one node of that many processes, each a rank (predict/distributed/spawn.py)."""
+    from . import predict_ranks
+
+    if args.what_if:
+        raise ValueError(f"{spawned}: --what-if predicts one process; predict the ranks without it "
+                         f"(--nproc-per-node {spawned.nprocs})")
+    print(f"amem predict: {spawned}: predicted as the ranks of one node, as --nproc-per-node {spawned.nprocs} "
+          "does (give --nproc-per-node N for another count)", file=sys.stderr, flush=True)
+    args.nproc_per_node = str(spawned.nprocs)
+    return predict_ranks.predict_command(args)
+
+
 def predict_command(args: argparse.Namespace) -> int:
     from ..predict import api
+    from ..predict.distributed.spawn import SpawnedRanks
     from . import predict_ranks
 
     if predict_ranks.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...
@@ -80,7 +96,10 @@ def predict_command(args: argparse.Namespace) -> int:
     whatif.check_arguments(args)
     gpu = predict_options.card(args)
     policies = api.resolve_policies(args.policy)
-    result = _predict(args, script, gpu, policies)
+    try:
+        result = _predict(args, script, gpu, policies)
+    except SpawnedRanks as spawned:
+        return _spawned_ranks(args, spawned)
     if isinstance(result, int):
         return result
     whatif.from_cli(args, script, result, lambda run: _run_workload(run, args.workload, args.size, args.steps))

@@ -96,8 +96,11 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         write_repeats: bool = False) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
     user_script.ScriptFailed when it fails, failures.AmemFailure when amem failed inside it;
-    DataDependentError, NotModelledError, PredictionTimeout and KeyboardInterrupt go on (Ctrl-C, or
-    the script's own raise, is the command's "interrupted", not a failure of the script)."""
+    DataDependentError, NotModelledError, PredictionTimeout, SpawnedRanks (distributed/spawn.py) and
+    KeyboardInterrupt go on (Ctrl-C, or the script's own raise, is the command's "interrupted", not
+    a failure of the script)."""
+    from .distributed.spawn import SpawnedRanks
+
     done = [0]
 
     def after_step(n: int) -> None:
@@ -113,7 +116,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         with _Deadline(timeout):
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
-                                                                    KeyboardInterrupt),
+                                                                    SpawnedRanks, KeyboardInterrupt),
                                          amems=amems_failure_of(argv, run))
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)

@@ -205,8 +205,10 @@ def format_ranks(ranks: Any, written: list | tuple = ()) -> str:
     distinct = sum(1 for e in entries if e["same_as"] is None)
     recorded = sum(1 for e in entries if e.get("recorded", True))
     nodes = d["nnodes"]
-    lines = [f"amem predict: {d['world_size']} ranks ({nodes} node{'s' if nodes > 1 else ''} "
-             f"x {d['nproc_per_node']} processes), {len(entries)} predicted ({recorded} recorded), "
+    per_node = d["nproc_per_node"]
+    lines = [f"amem predict: {d['world_size']} rank{'s' if d['world_size'] > 1 else ''} ({nodes} "
+             f"node{'s' if nodes > 1 else ''} x {per_node} process{'es' if per_node > 1 else ''}), "
+             f"{len(entries)} predicted ({recorded} recorded), "
              f"{distinct} distinct program{'s' if distinct > 1 else ''}"]
     if d.get("not_recorded_because"):
         lines.append(d["not_recorded_because"])

@@ -7,7 +7,8 @@ A rank's run is, inside its own fresh libraries (fresh_libraries.py: the script'
 imported afresh, as in the new process torchrun would start), `api.predicting` (fake CUDA, the
 live allocator, torch.cuda's stand-ins with `device_count` = processes per node) around, in this order: the rank's environment
 (environment.py), its fake world (process_group.py), NCCL's streams and lifetimes
-(collectives.py), then the user's script (script.py: steps and time limits, as for one process).
+(collectives.py), the processes it spawns run as the rank (spawn.py), then the user's script
+(script.py: steps and time limits, as for one process).
 Every process group is destroyed at the end of a rank. The ranks are recorded in worker processes
 forked from this one where the machine has the cores, else one after another here
 (recording.py); either way each chosen rank's script runs and its program is recorded.
@@ -35,6 +36,7 @@ from .launch import Launch
 from .per_rank import RankPrediction, RankResult
 from .process_group import FakeWorld
 from .recording import Recording
+from .spawn import Spawns
 from .symmetry import in_rank_order, record_ranks
 
 
@@ -63,7 +65,8 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
                          strict=strict, shapes=shapes, device_count=launch.nproc_per_node, analyse=False)
     with FreshLibraries(), RankEnvironment(launch, rank), run:
         mode = CollectiveMode(run.session, sent)
-        with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode:
+        with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode, \
+                Spawns(launch.nproc_per_node, rank):
             done = script_mod.run(script, run, steps, timeout, write_repeats)
     return run, done, time.perf_counter() - started
 

@@ -93,7 +93,11 @@ def _guard_cuda() -> None:
     import torch.cuda
 
     def lazy_init():
-        raise NotModelledError("CUDA used in a spawned child process", call_site(2))
+        # reported here: the target may catch it (torch.multiprocessing's `_wrap` sends its own
+        # traceback to the parent and exits 1), and the parent must still name amem's limit
+        err = NotModelledError("CUDA used in a spawned child process", call_site(2))
+        err.line = report(err.what, err.where)
+        raise err
 
     patches = PatchSet()
     patches.apply(CHILD_LAZY_INIT, torch.cuda, "_lazy_init", lazy_init)

@@ -1,0 +1,145 @@
+"""A job's ranks found in a one-process prediction, and the processes a script spawns run as ranks.
+
+Design note
+-----------
+Many multi-GPU scripts start their processes themselves instead of under torchrun:
+`torch.multiprocessing.spawn(main, args=(world_size, ...), nprocs=world_size)` (pytorch/examples'
+DDP tutorial, ImageNet's `--multiprocessing-distributed`), or `start_processes` with another
+start method. Process i runs `main(i, *args)`, takes GPU i and joins the process group as a rank.
+On a machine with no GPU each such child would stop at its first CUDA call (children.py), and the
+script would fail with the children's tracebacks.
+
+Under prediction the spawned processes are the job's ranks, one node of `nprocs` processes:
+* in a one-process prediction (`amem predict -- python train.py`), the call stops the run
+  (`SpawnedRanks`, a BaseException, so the script's own `except Exception` does not catch it),
+  and the command predicts the job again as `--nproc-per-node nprocs` would: ranks.py runs the
+  script once per chosen rank, each in its own fake world (the script's code before the spawn
+  runs again for each rank, as it does in each real child that imports it). A script that joins
+  a process group in a one-process prediction (`init_process_group`, directly or through
+  `init_device_mesh`) stops the same way and is predicted as the ranks of its world size (the
+  one it names, else WORLD_SIZE, else 1): there is no NCCL without a GPU, and the fake process
+  group is the ranks' (process_group.py);
+* while a rank runs, the call runs `main(local_rank, *args)` here, in the rank's fake world and
+  session, and returns as spawn does once every process has ended (with `join=False`, a context
+  whose `join()` says they have). An exception of `main` is the script's, as in the child.
+* where `nprocs` is not the launch's processes per node (a script that spawns a fixed number
+  under `--nproc-per-node` or torchrun), the rank stops with one line naming the option to give.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ...patching import PatchSet, declare
+from ..notes import NotModelledError, call_site
+
+SPAWN = declare("torch.multiprocessing (and its spawn module)", "spawn, start_processes",
+                "the processes a script spawns are the job's ranks: the one-process prediction is made again "
+                "per rank (--nproc-per-node), and in a rank the spawned function runs for that rank, in process")
+JOIN = declare("torch.distributed, torch.distributed.distributed_c10d, torch.distributed.device_mesh",
+               "init_process_group", "in a one-process prediction: the job is predicted again as the ranks of its "
+               "world size (each on the fake process group)")
+
+
+class SpawnedRanks(BaseException):
+    """A one-process prediction found the job's ranks: `nprocs` processes, predicted as ranks."""
+
+    def __init__(self, nprocs: int, what: str) -> None:
+        super().__init__(what)
+        self.nprocs = nprocs
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
+
+
+class _Ended:
+    """What spawn(join=False) returns, for processes that have all ended: `join()` is True."""
+
+    def __init__(self) -> None:
+        self.processes: list = []
+
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        return True
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+
+def _nprocs(args: tuple, kwargs: dict) -> int:
+    """start_processes(fn, args=(), nprocs=1, ...) / spawn(fn, args=(), nprocs=1, ...)."""
+    nprocs = kwargs.get("nprocs", args[2] if len(args) > 2 else 1)
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"torch.multiprocessing.spawn: nprocs must be a whole number >= 1, got {nprocs!r}")
+    return nprocs
+
+
+def _stopping_the_run() -> Callable:
+    """spawn in a one-process prediction: the run stops, to be predicted again per rank."""
+    def start(*args: Any, **kwargs: Any) -> Any:
+        n = _nprocs(args, kwargs)
+        raise SpawnedRanks(n, f"the script starts {_processes(n)} (torch.multiprocessing.spawn at {call_site(1)})")
+    return start
+
+
+def _joining_a_group() -> Callable:
+    """init_process_group in a one-process prediction: the run stops, to be predicted as ranks."""
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        named = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
+        n = named if isinstance(named, int) and named > 0 else int(os.environ.get("WORLD_SIZE", "1") or 1)
+        raise SpawnedRanks(max(n, 1), f"the script joins a process group of {_processes(max(n, 1))} "
+                                      f"(init_process_group at {call_site(1)})")
+    return init_process_group
+
+
+def _running_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
+    """spawn in a rank's run: the function runs for this rank, in this process."""
+    def start(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, *more: Any, **kwargs: Any) -> Any:
+        n = _nprocs((fn, args, nprocs), {})
+        if n != nproc_per_node:
+            raise NotModelledError(f"the script spawns {n} processes (torch.multiprocessing.spawn) where the job has "
+                                   f"{nproc_per_node} per node: predict it with --nproc-per-node {n}", call_site(1))
+        fn(local_rank, *args)
+        return None if join else _Ended()
+    return start
+
+
+class Spawns:
+    """Context manager: torch.multiprocessing's spawn and start_processes as above; `rank` None
+    (a one-process prediction) stops the run, else the spawned function runs for that rank."""
+
+    def __init__(self, nproc_per_node: int = 1, rank: int | None = None) -> None:
+        self.nproc_per_node, self.rank = nproc_per_node, rank
+        self.patches = PatchSet()
+
+    def __enter__(self) -> "Spawns":
+        import sys
+
+        import torch.multiprocessing as mp
+
+        start = (_stopping_the_run() if self.rank is None
+                 else _running_the_rank(self.rank % self.nproc_per_node, self.nproc_per_node))
+        module = sys.modules.get("torch.multiprocessing.spawn")
+        for owner in (mp, module):
+            if owner is not None:
+                self.patches.apply(SPAWN, owner, "spawn", start)
+                self.patches.apply(SPAWN, owner, "start_processes", start)
+        if self.rank is None:
+            self._groups_are_ranks()
+        return self
+
+    def _groups_are_ranks(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        import torch.distributed.distributed_c10d as c10d
+        from .process_group import _binding
+
+        join = _joining_a_group()
+        for module in (c10d, dist, *_binding(c10d.init_process_group, "init_process_group", (c10d, dist))):
+            self.patches.apply(JOIN, module, "init_process_group", join)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.patches.close()
+        self.patches = PatchSet()

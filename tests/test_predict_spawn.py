@@ -1,0 +1,110 @@
+"""Scripts that start their own ranks (torch.multiprocessing.spawn) or join a process group in a
+one-process prediction (amem_alloc/predict/distributed/spawn.py): predicted as the ranks they
+are, each the program torchrun's rank of the same job makes; what cannot be taken is one line."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import run_command
+
+pytest.importorskip("torch")
+
+MODELS = Path(__file__).parent / "predict_models"
+SPAWN = str(MODELS / "dist_spawn.py")
+
+
+def _predict(tmp_path, *argv, env=None, options=()):
+    out = tmp_path / "prediction.json"
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--json", str(out),
+                        *options, "--", *argv], env=env, timeout=400)
+    data = json.loads(out.read_text()) if out.exists() else None
+    return proc, data
+
+
+def _peaks(data) -> dict[int, int]:
+    return {r["rank"]: r["policies"][0]["peak_allocated"] for r in data["ranks"]}
+
+
+def test_spawned_processes_are_the_ranks_torchrun_would_start(tmp_path):
+    """--nproc-per-node 2: device_count is 2, so the script spawns 2 processes; each rank runs the
+    spawned function as its own process would (its rank, world and GPU), and allocates what the
+    same body run by torchrun's rank allocates."""
+    proc, data = _predict(tmp_path, "python", SPAWN, options=("--nproc-per-node", "2", "--rank", "all"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "process 0: rank 0 of 2 on cuda:0" in proc.stdout and "process 1: rank 1 of 2 on cuda:1" in proc.stdout
+    assert "all processes ended" in proc.stdout   # spawn returned, as once its processes ended
+    (tmp_path / "direct").mkdir()
+    direct, reference = _predict(tmp_path / "direct", "torchrun", "--nproc-per-node", "2", SPAWN, "direct",
+                                 options=("--rank", "all"))
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    assert _peaks(data) == _peaks(reference) and min(_peaks(data).values()) > 5 * 4 * (1024 * 1024 + 1024) * 4 - 1
+
+
+def test_a_one_process_prediction_of_a_spawning_script_predicts_its_ranks(tmp_path):
+    """Without --nproc-per-node the script sees one GPU and spawns one process (a world of 1); a
+    script that spawns a fixed 2 is predicted as 2 ranks; either way it says so in one line."""
+    proc, data = _predict(tmp_path, "python", SPAWN)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the script starts 1 process (torch.multiprocessing.spawn at " in proc.stderr
+    assert "dist_spawn.py:46)" in proc.stderr
+    assert data["world_size"] == 1 and "process 0: rank 0 of 1 on cuda:0" in proc.stdout
+    proc, data = _predict(tmp_path, "python", SPAWN, env={"NPROCS": "2", "JOIN": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the script starts 2 processes" in proc.stderr and "--nproc-per-node 2" in proc.stderr
+    assert data["world_size"] == 2 and "process 1: rank 1 of 2 on cuda:1" in proc.stdout
+
+
+def test_a_one_process_prediction_of_a_script_joining_a_group_predicts_its_ranks(tmp_path):
+    """init_process_group("nccl", rank=0, world_size=1) in a plain prediction: no NCCL without a
+    GPU (torch: "ProcessGroupNCCL is only supported with GPUs"), so the script is predicted as the
+    one rank of its world, on the fake process group, and allocates what torchrun's rank does."""
+    proc, data = _predict(tmp_path, "python", SPAWN, "direct", env={"LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the script joins a process group of 1 process (init_process_group at " in proc.stderr
+    assert "dist_spawn.py:23)" in proc.stderr
+    (tmp_path / "t").mkdir()
+    reference = _predict(tmp_path / "t", "torchrun", "--nproc-per-node", "1", SPAWN, "direct")[1]
+    assert _peaks(data) == _peaks(reference)
+
+
+def test_a_fixed_count_other_than_the_jobs_is_one_line(tmp_path):
+    proc, _ = _predict(tmp_path, "python", SPAWN, env={"NPROCS": "3"}, options=("--nproc-per-node", "2"))
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "the script spawns 3 processes (torch.multiprocessing.spawn) where the job has 2 per node: predict it " \
+           "with --nproc-per-node 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_spawned_functions_own_error_is_the_scripts(tmp_path):
+    proc, _ = _predict(tmp_path, "python", SPAWN, env={"FAIL": "1"})
+    assert proc.returncode == 1
+    assert "ValueError: the script's own error in the spawned function" in proc.stderr
+    assert "amem predict: the script failed (exit status 1)" in proc.stderr
+
+
+CHILD = """
+import torch, torch.multiprocessing as mp
+
+def child():
+    try:
+        torch.zeros(4, device="cuda")
+    except Exception as e:   # the child's code catches it and exits non-zero, as torch's spawn wrapper does
+        raise SystemExit(1)
+
+if __name__ == "__main__":
+    p = mp.get_context("spawn").Process(target=child)
+    p.start(); p.join()
+    raise SystemExit(p.exitcode)
+"""
+
+
+def test_cuda_in_a_child_that_catches_the_error_is_still_amems_limit(tmp_path):
+    """A spawned child's first CUDA call stops it; where the child's own code catches that and
+    exits (torch.multiprocessing's `_wrap` does), the parent still names amem's limit, exit 4."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc, _ = _predict(tmp_path, "python", str(script))
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "used CUDA at" in proc.stderr and "prediction models one process" in proc.stderr
