@@ -46,6 +46,7 @@ from ..run import RunRecorder
 from . import children
 from . import stream_uses
 from . import torch_patches
+from . import safetensors_files
 from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
@@ -185,6 +186,7 @@ class FakeCudaSession:
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
+            safetensors_files.install(self.patches)   # a fake tensor's bytes in a safetensors file: zeros
         except BaseException:
             self._leave()
             raise

@@ -1,0 +1,76 @@
+"""safetensors files written from fake tensors, under prediction.
+
+Design note
+-----------
+Training scripts save checkpoints with safetensors (diffusers' and transformers' `save_pretrained`,
+accelerate's `save_state`). safetensors reads each tensor's bytes from its address: it moves the
+tensor to the CPU, then reads `data_ptr()` with ctypes (safetensors/torch.py `_to_ndarray`; older
+releases `_tobytes`). A fake tensor has no bytes, and the address it answers (storages.py: programs
+key tensors by it) is no memory of this process: reading it crashed the process (a segmentation
+fault in diffusers' train_unconditional.py at its `save_pretrained`).
+
+So while a prediction runs, a fake tensor's bytes are zeros of its size: the file is a valid
+safetensors file of the right shapes and dtypes, as the program would write it, with zeros where
+the values would be (no value is computed under prediction). The zeros come from one buffer shared
+by every tensor of a save (its largest tensor's size), so saving a large model costs no more host
+memory than its largest tensor. The first such save at each call site is noted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...patching import PatchSet, declare
+from .. import notes
+from .values import is_fake
+
+TO_ARRAY = declare("safetensors.torch", "_to_ndarray, _tobytes",
+                   "a fake tensor's bytes, which safetensors reads from its address, are zeros of its size (its "
+                   "address is no memory of this process)")
+NOTE = "safetensors file written from fake tensors: their values are zeros (no value is computed under prediction)"
+_ZEROS: list = []   # the shared buffer of zero bytes, as large as the largest tensor saved so far
+
+
+def _zero_bytes(n: int):
+    import numpy as np
+
+    if not _ZEROS or _ZEROS[0].size < n:
+        _ZEROS[:] = [np.zeros(max(n, 1), dtype=np.uint8)]
+    return _ZEROS[0][:n]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _as_array(original: Any) -> Any:
+    """_to_ndarray(tensor) -> (array over its bytes, what keeps them alive)."""
+    def to_ndarray(tensor: torch.Tensor):
+        if not is_fake(tensor):
+            return original(tensor)
+        notes.record(notes.STAND_IN, NOTE)
+        return _zero_bytes(_nbytes(tensor)), tensor
+    return to_ndarray
+
+
+def _as_bytes(original: Any) -> Any:
+    """_tobytes(tensor, name) -> bytes (safetensors before _to_ndarray)."""
+    def tobytes(tensor: torch.Tensor, name: str) -> bytes:
+        if not is_fake(tensor):
+            return original(tensor, name)
+        notes.record(notes.STAND_IN, NOTE)
+        return bytes(_nbytes(tensor))
+    return tobytes
+
+
+def install(patches: PatchSet) -> None:
+    """The patches above, where safetensors is installed."""
+    try:
+        import safetensors.torch as st
+    except Exception:   # not installed, or a build this code does not know: nothing to patch
+        return
+    if hasattr(st, "_to_ndarray"):
+        patches.apply(TO_ARRAY, st, "_to_ndarray", _as_array(st._to_ndarray))
+    if hasattr(st, "_tobytes"):
+        patches.apply(TO_ARRAY, st, "_tobytes", _as_bytes(st._tobytes))
