@@ -32,6 +32,7 @@ GENERATE = MODEL + textwrap.dedent("""
           "sample": {"do_sample": True, "top_k": 50}}.get(sys.argv[4], {})
     kw.setdefault("do_sample", False)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, **kw)
+    open(sys.argv[0] + ".length", "w").write(str(out.shape[-1]))   # what the program sees of the generation
 """)
 USER_LOOP = MODEL + textwrap.dedent("""
     from transformers import DynamicCache
@@ -71,14 +72,31 @@ def _written(run):
     return [n for n in run.recorded.notes if n["kind"] == "written-out"]
 
 
+def _as_run_to_the_end(ops, sequence_bytes):
+    """A written-out generate()'s ops as the run with every step made them: the sequences generate
+    returns are lengthened by the steps written out (decode_loop._lengthened), one allocation as
+    generate returns, after which the short sequences' block (the written-out last step's, as
+    long) is freed; that block is the one the run keeps, the lengthened one is not."""
+    at = max(i for i, (kind, _, size, _) in enumerate(ops) if kind == replay.ALLOC and size == sequence_bytes)
+    longer = ops[at][1]
+    freed = next(i for i in range(at + 1, len(ops)) if ops[i][0] == replay.FREE)
+    kept = ops[freed][1]
+    return [(kind, kept if key == longer else key, size, stream)
+            for i, (kind, key, size, stream) in enumerate(ops) if i not in (at, freed)]
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static", "beam", "sample"])
 def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tmp_path, cache):
     args = (2, 16, 20, cache)
-    short, full = _run(tmp_path, GENERATE, args), _run(tmp_path, GENERATE, args, write_decode=False)
+    length = tmp_path / "decode.py.length"
+    short = _run(tmp_path, GENERATE, args)
+    short_length = int(length.read_text())
+    full = _run(tmp_path, GENERATE, args, write_decode=False)
     assert len(_written(short)) == 1 and not _written(full)
     ran = int(_written(short)[0]["what"].split(": ")[1].split()[0])
     assert ran < 10   # a prefill, a warm-up and repeat.GROW_RUN steps alike; 20 asked
-    assert _normalised(short.recorded.ops) == _normalised(full.recorded.ops)
+    assert short_length == int(length.read_text()) == 16 + 20   # generate() returned the run's length either way
+    assert _normalised(_as_run_to_the_end(short.recorded.ops, 2 * (16 + 20) * 8)) == _normalised(full.recorded.ops)
     assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
     # the end of sequence is taken as never met, so generate() ran to max_new_tokens in both
     assert any(n["kind"] == "upper-bound" and "EosTokenCriteria" in n["what"] for n in short.recorded.notes)

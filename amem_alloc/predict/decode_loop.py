@@ -19,7 +19,10 @@ Where a loop's steps begin and end, and how many it had left:
   asked each step). An end-of-sequence criterion's answer is a value no prediction computes: it is
   made "no sequence ended" (a known value, engine/known.py), so the loop runs to `max_new_tokens`
   as the longest generation does, and the prediction is its upper bound (a note says so). Ending
-  the loop at a head is answering "nothing left": generate then returns as it would at its end.
+  the loop at a head is answering "nothing left": generate then returns as it would at its end,
+  and the sequences it returns are lengthened by the steps written out (`_lengthened`), so that
+  what the program does with them next (a forward over prompt and completion) sees the run's
+  length; that one tensor is an allocation the run made in its last step instead.
 * A loop in the user's code (`for _ in range(n): out = model(tok, past_key_values=cache)`, under
   `torch.inference_mode()` or `no_grad`): each return of the outermost module is a step's end; the
   steps left are what the loop's `range` iterator still holds (found on the user's frame, itself or
@@ -57,8 +60,54 @@ BEAMS_OPEN = declare("transformers.generation.utils.GenerationMixin", "_beam_sea
                      "beams taken as still improvable (a known value): beam search runs to max_new_tokens")
 CACHE_UPDATE = declare("transformers.cache_utils.Cache and each subclass defining it", "update",
                        "the keys and values a KV cache hands back are its own: their storages are kv_cache")
+GENERATE = declare("transformers.generation.utils.GenerationMixin", "generate",
+                   "where its decode loop's last steps were written out (not run), the sequences it returns are as "
+                   "long as the run's: the steps written out are added (their tokens' values unknown, as every "
+                   "token's under prediction)")
 STOP_STRINGS = declare("transformers.generation.stopping_criteria.StopStringCriteria", "__call__",
                        "no stop string met (a known value): generate() runs to max_new_tokens, the upper bound")
+
+
+GENERATION_IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that patches generate() as "
+                            "transformers' generation module is imported (decode_loop.py)")
+
+
+class _OnImport:
+    """An import finder: once the module `name` has been imported (found by the finders after this
+    one, executed by its own loader), `then()` runs."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = next((s for s in (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
+                                     for f in sys.meta_path if f is not self) if s is not None), None)
+        finally:
+            self.busy = False
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Then(spec.loader, self.then)
+        return spec
+
+
+class _Then:
+    """A loader that runs `then()` after its module executed; anything else is the loader's."""
+
+    def __init__(self, loader: Any, then: Any) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 @dataclass
@@ -84,12 +133,18 @@ class DecodeLoops:
         self.loops: dict[Any, Loop] = {}
         self.written: list[WrittenOut] = []
         self.left: int | None = None   # generate(): steps left, as MaxLengthCriteria last said
+        self.cut: list[int] = []       # per generate() call running (innermost last): its steps written out
         self._patched = False
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
-        """Listens to the outermost modules' calls (the session's ModuleScope, provenance/scope.py)."""
+        """Listens to the outermost modules' calls (the session's ModuleScope, provenance/scope.py),
+        and patches generate() once transformers' generation is imported (_OnImport): a script's
+        first generate() call may come before any forward of its own."""
         self.session.modules.outermost.append(self._outermost)
+        if "transformers.generation.utils" not in sys.modules:
+            finder = _OnImport("transformers.generation.utils", self._patch_transformers)
+            self.session.patches.apply(GENERATION_IMPORT, sys, "meta_path", [finder] + sys.meta_path)
         self._patch_transformers()
 
     def remove(self) -> None:
@@ -117,7 +172,18 @@ class DecodeLoops:
             loops.left = criterion.max_length - input_ids.shape[-1]
             return max_length(criterion, input_ids, *args, **kwargs)
 
+        generate = GenerationMixin.generate
+
+        def generated(model, *args, **kwargs):
+            loops.cut.append(0)
+            try:
+                out = generate(model, *args, **kwargs)
+            finally:
+                cut = loops.cut.pop()
+            return _lengthened(out, cut) if cut else out
+
         patches.apply(HEAD, GenerationMixin, "_has_unfinished_sequences", has_unfinished)
+        patches.apply(GENERATE, GenerationMixin, "generate", generated)
         patches.apply(MAX_LENGTH, sc.MaxLengthCriteria, "__call__", steps_left)
         beams = vars(GenerationMixin).get("_beam_search_has_unfinished_sequences")
         if isinstance(beams, staticmethod):
@@ -149,6 +215,8 @@ class DecodeLoops:
         left, self.left = self.left, None
         if self.write_out and left is not None and left > 0 and self._write_out(loop, left, grow_after=False):
             del self.loops[key]
+            if self.cut:
+                self.cut[-1] += left
             return True
         if left is not None and left <= 0:   # max_length reached: a GPU's run ends here whatever the other
             del self.loops[key]              # criteria's stand-ins say (a custom criterion's unknown answer)
@@ -211,6 +279,21 @@ class DecodeLoops:
         for w in sorted(self.written, key=lambda w: w.spans[-1][1], reverse=True):
             run = repeat.extend_at(run, w.spans, w.copies, w.grow, marker=None, grow_after=w.grow_after)
         return run
+
+
+def _lengthened(out: Any, steps: int) -> Any:
+    """generate()'s result with its sequences as long as the run's: `steps` tokens more (the steps
+    written out), so that code using them (a forward over prompt and completion, as RL trainers
+    run) sees the length a GPU's run returns. The longer tensor is one allocation of the sequences'
+    size, made as generate returns (the run's own last step made one as large)."""
+    sequences = out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+        return out
+    longer = torch.cat([sequences, sequences[:, -1:].expand(sequences.shape[0], steps)], dim=-1)
+    if isinstance(out, torch.Tensor):
+        return longer
+    out.sequences = longer
+    return out
 
 
 def _never_done(call: Any, name: str) -> Any:
