@@ -46,6 +46,7 @@ from ..run import RunRecorder
 from . import children
 from . import stream_uses
 from . import torch_patches
+from . import library_threads
 from . import safetensors_files
 from . import triton_launches
 
@@ -187,6 +188,7 @@ class FakeCudaSession:
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
             safetensors_files.install(self.patches)   # a fake tensor's bytes in a safetensors file: zeros
+            library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
         except BaseException:
             self._leave()
             raise
