@@ -2,8 +2,9 @@
 does: `torch.multiprocessing.spawn(train, args=(world,), nprocs=world)` with world = the GPUs seen
 (NPROCS=N: a fixed N), each process on GPU `rank`, joining the group with its rank and world size;
 4 Linear(1024, 1024) layers, AdamW, 3 steps. `direct` as the first argument: no spawn, the body
-run once for torchrun's rank (LOCAL_RANK), the same program. JOIN=0 spawns with join=False and
-joins after; FAIL=1 makes the spawned function raise its own error. Predicted by
+run once for torchrun's rank (LOCAL_RANK), the same program. JOIN=0 spawns with join=False, joins,
+then reads the results only rank 0 put on a queue (as Lightning's ddp_spawn launcher does); FAIL=1
+makes the spawned function raise its own error. Predicted by
 tests/test_predict_spawn.py."""
 import os
 import sys
@@ -16,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 WIDTH, LAYERS = 1024, 4
 
 
-def train(rank: int, world: int) -> None:
+def train(rank: int, world: int, results=None) -> None:
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "12355")
     torch.cuda.set_device(rank)
@@ -31,6 +32,8 @@ def train(rank: int, world: int) -> None:
         opt.step()
         opt.zero_grad()
     dist.destroy_process_group()
+    if results is not None and rank == 0:
+        results.put("rank 0's results")   # only rank 0 answers; the parent waits for it (Lightning's ddp_spawn)
 
 
 if __name__ == "__main__":
@@ -39,9 +42,11 @@ if __name__ == "__main__":
     else:
         world = int(os.environ.get("NPROCS") or torch.cuda.device_count())
         if os.environ.get("JOIN") == "0":
-            context = mp.spawn(train, args=(world,), nprocs=world, join=False)
+            results = mp.get_context("spawn").SimpleQueue()
+            context = mp.spawn(train, args=(world, results), nprocs=world, join=False)
             while not context.join():
                 pass
+            print(results.get())
         else:
             mp.spawn(train, args=(world,), nprocs=world)
         print("all processes ended")

@@ -20,8 +20,10 @@ Under prediction the spawned processes are the job's ranks, one node of `nprocs`
   one it names, else WORLD_SIZE, else 1): there is no NCCL without a GPU, and the fake process
   group is the ranks' (process_group.py);
 * while a rank runs, the call runs `main(local_rank, *args)` here, in the rank's fake world and
-  session, and returns as spawn does once every process has ended (with `join=False`, a context
-  whose `join()` says they have). An exception of `main` is the script's, as in the child.
+  session, and the rank's run ends when it returns, as the child process does: what the parent
+  does after the spawn (wait for the children, read rank 0's results from a queue: Lightning's
+  `ddp_spawn`) runs in another process, not the rank's. An exception of `main` is the script's,
+  as in the child.
 * where `nprocs` is not the launch's processes per node (a script that spawns a fixed number
   under `--nproc-per-node` or torchrun), the rank stops with one line naming the option to give.
 """
@@ -53,19 +55,6 @@ def _processes(n: int) -> str:
     return f"{n} process" + ("" if n == 1 else "es")
 
 
-class _Ended:
-    """What spawn(join=False) returns, for processes that have all ended: `join()` is True."""
-
-    def __init__(self) -> None:
-        self.processes: list = []
-
-    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
-        return True
-
-    def pids(self) -> list[int]:
-        return [os.getpid()]
-
-
 def _nprocs(args: tuple, kwargs: dict) -> int:
     """start_processes(fn, args=(), nprocs=1, ...) / spawn(fn, args=(), nprocs=1, ...)."""
     nprocs = kwargs.get("nprocs", args[2] if len(args) > 2 else 1)
@@ -94,13 +83,15 @@ def _joining_a_group() -> Callable:
 
 def _running_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
     """spawn in a rank's run: the function runs for this rank, in this process."""
-    def start(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, *more: Any, **kwargs: Any) -> Any:
+    def start(fn: Callable, args: tuple = (), nprocs: int = 1, *more: Any, **kwargs: Any) -> Any:
         n = _nprocs((fn, args, nprocs), {})
         if n != nproc_per_node:
             raise NotModelledError(f"the script spawns {n} processes (torch.multiprocessing.spawn) where the job has "
                                    f"{nproc_per_node} per node: predict it with --nproc-per-node {n}", call_site(1))
         fn(local_rank, *args)
-        return None if join else _Ended()
+        from ..script import StopPrediction
+
+        raise StopPrediction   # the child process ends here: what the parent does next is not this rank's
     return start
 
 
