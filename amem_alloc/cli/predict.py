@@ -154,6 +154,6 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "any policy predicted (for CI; give --policy for the one you run)")
     predict_ranks.add_arguments(p)
     whatif.add_arguments(p)
-    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ...)")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ..., -- deepspeed ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=predict_command)  # bad input (ValueError): exit 2 in cli/main.py

@@ -2,6 +2,7 @@
 
     amem predict [--nproc-per-node N] [--nnodes M] [--rank R|all] [options] -- python train.py ARGS
     amem predict [options] -- torchrun --nproc-per-node N [--nnodes M] train.py ARGS
+    amem predict [options] -- deepspeed --num_gpus N [--num_nodes M] train.py ARGS
 
 cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
 Exit statuses are one process's (predict_exits.py): 0 with a prediction (5 under --check when a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..predict.distributed.deepspeed_launcher import is_deepspeed, parse_deepspeed
 from ..predict.distributed.launch import Launch, is_torchrun, make, parse_torchrun
 from . import exit_status
 
@@ -32,9 +34,9 @@ def _target(args: argparse.Namespace) -> list[str]:
 
 
 def wanted(args: argparse.Namespace) -> bool:
-    """Whether the command is a distributed prediction (the options, or a torchrun command)."""
+    """Whether the command is a distributed prediction (the options, or a torchrun or deepspeed command)."""
     return (getattr(args, "nproc_per_node", None) is not None or getattr(args, "nnodes", None) is not None
-            or getattr(args, "rank", None) is not None or is_torchrun(_target(args)))
+            or getattr(args, "rank", None) is not None or is_torchrun(_target(args)) or is_deepspeed(_target(args)))
 
 
 def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
@@ -43,10 +45,11 @@ def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
     target = _target(args)
     if args.workload is not None:
         raise ValueError("--nproc-per-node/--nnodes/--rank and torchrun take a script, not --workload")
-    if is_torchrun(target):
+    if is_torchrun(target) or is_deepspeed(target):
         if args.nproc_per_node is not None or args.nnodes is not None:
-            raise ValueError("give the job's shape once: torchrun's options, or amem's --nproc-per-node/--nnodes")
-        launch, script = parse_torchrun(target, args.rank)
+            raise ValueError(f"give the job's shape once: {target[0].rsplit('/', 1)[-1]}'s options, or amem's "
+                             "--nproc-per-node/--nnodes")
+        launch, script = (parse_torchrun if is_torchrun(target) else parse_deepspeed)(target, args.rank)
         script = _script(["python", *script])
     else:
         launch, script = make(args.nproc_per_node, args.nnodes, args.rank), _script(target)

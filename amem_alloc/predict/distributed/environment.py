@@ -1,4 +1,5 @@
-"""What torchrun gives each process, set for one rank while it runs under prediction.
+"""What torchrun (or DeepSpeed's launcher) gives each process, set for one rank while it runs under
+prediction.
 
 Design note
 -----------
@@ -15,13 +16,18 @@ from typing import Any
 from ...patching import PatchSet, declare
 from .launch import Launch
 
-TORCHRUN_VARIABLES = declare("os.environ", "torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...)",
+TORCHRUN_VARIABLES = declare("os.environ", "torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...), "
+                             "or DeepSpeed's launcher's (its LOCAL_SIZE, CROSS_RANK, CROSS_SIZE)",
                              "each in-process rank sees the environment torchrun would give it")
 
 
 def rank_variables(launch: Launch, rank: int) -> dict[str, str]:
     local = rank % launch.nproc_per_node
     node = rank // launch.nproc_per_node
+    if launch.launcher == "deepspeed":   # deepspeed/launcher/launch.py's
+        return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(launch.world_size),
+                "LOCAL_SIZE": str(launch.nproc_per_node), "CROSS_RANK": str(node), "CROSS_SIZE": str(launch.nnodes),
+                "MASTER_ADDR": launch.master_addr, "MASTER_PORT": str(launch.master_port)}
     return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(launch.world_size),
             "LOCAL_WORLD_SIZE": str(launch.nproc_per_node), "GROUP_RANK": str(node), "NODE_RANK": str(node),
             "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(launch.world_size), "ROLE_NAME": "default",

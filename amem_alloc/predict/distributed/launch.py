@@ -32,6 +32,15 @@ class Launch:
     ranks: tuple[int, ...] | None = None
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    launcher: str = "torchrun"     # or "deepspeed" (deepspeed_launcher.py): the environment each rank gets
+    local_rank_arg: bool = False   # DeepSpeed's launcher passes `--local_rank=N` to the script
+
+    def script_for(self, script: list[str], rank: int) -> list[str]:
+        """The rank's argv: `--local_rank=N` first where the launcher passes it."""
+        if not self.local_rank_arg:
+            return script
+        at = 2 if script[:1] == ["-m"] else 1
+        return [*script[:at], f"--local_rank={rank % self.nproc_per_node}", *script[at:]]
 
     @property
     def world_size(self) -> int:

@@ -67,7 +67,7 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
         mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode, \
                 Spawns(launch.nproc_per_node, rank):
-            done = script_mod.run(script, run, steps, timeout, write_repeats)
+            done = script_mod.run(launch.script_for(script, rank), run, steps, timeout, write_repeats)
     return run, done, time.perf_counter() - started
 
 
