@@ -82,13 +82,23 @@ def _spawned_ranks(args: argparse.Namespace, spawned: Any) -> int:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from ..predict import api
-    from ..predict.distributed.spawn import SpawnedRanks
     from . import predict_ranks
 
     if predict_ranks.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...
         return predict_ranks.predict_command(args)
+    job = predict_ranks.accelerate_job(args)   # `accelerate launch` of one process: its script, its variables
+    if job is not None:
+        from ..predict.distributed.accelerate_launcher import launcher_environment
 
+        args.target = ["python", *job.script]
+        with launcher_environment(job.env):
+            return _predict_one_process(args)
+    return _predict_one_process(args)
+
+
+def _predict_one_process(args: argparse.Namespace) -> int:
+    from ..predict import api
+    from ..predict.distributed.spawn import SpawnedRanks
     from . import predict_whatif as whatif
 
     script = parser.existing_script(args.target)
@@ -154,6 +164,6 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "any policy predicted (for CI; give --policy for the one you run)")
     predict_ranks.add_arguments(p)
     whatif.add_arguments(p)
-    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ..., -- deepspeed ...)")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="-- python script.py args... (or -- torchrun ..., -- deepspeed ..., -- accelerate launch ...)")
     p.error = _fail  # type: ignore[method-assign]  - one line, no usage dump
     p.set_defaults(func=predict_command)  # bad input (ValueError): exit 2 in cli/main.py

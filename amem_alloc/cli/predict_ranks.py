@@ -3,6 +3,7 @@
     amem predict [--nproc-per-node N] [--nnodes M] [--rank R|all] [options] -- python train.py ARGS
     amem predict [options] -- torchrun --nproc-per-node N [--nnodes M] train.py ARGS
     amem predict [options] -- deepspeed --num_gpus N [--num_nodes M] train.py ARGS
+    amem predict [options] -- accelerate launch --num_processes N train.py ARGS
 
 cli/predict.py calls `add_arguments` on its parser and hands the command here when `wanted`.
 Exit statuses are one process's (predict_exits.py): 0 with a prediction (5 under --check when a
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..predict.distributed.accelerate_launcher import AccelerateJob, is_accelerate, parse_accelerate
 from ..predict.distributed.deepspeed_launcher import is_deepspeed, parse_deepspeed
 from ..predict.distributed.launch import Launch, is_torchrun, make, parse_torchrun
 from . import exit_status
@@ -33,10 +35,22 @@ def _target(args: argparse.Namespace) -> list[str]:
     return target[1:] if target and target[0] == "--" else target
 
 
+def accelerate_job(args: argparse.Namespace) -> AccelerateJob | None:
+    """The job of an `accelerate launch` command (read once), or None for another command."""
+    if not is_accelerate(_target(args)):
+        return None
+    if getattr(args, "accelerate_job", None) is None:
+        args.accelerate_job = parse_accelerate(_target(args), getattr(args, "rank", None))
+    return args.accelerate_job
+
+
 def wanted(args: argparse.Namespace) -> bool:
-    """Whether the command is a distributed prediction (the options, or a torchrun or deepspeed command)."""
+    """Whether the command is a distributed prediction (the options, or a torchrun, deepspeed or
+    several-process `accelerate launch` command)."""
+    job = accelerate_job(args)
     return (getattr(args, "nproc_per_node", None) is not None or getattr(args, "nnodes", None) is not None
-            or getattr(args, "rank", None) is not None or is_torchrun(_target(args)) or is_deepspeed(_target(args)))
+            or getattr(args, "rank", None) is not None or is_torchrun(_target(args)) or is_deepspeed(_target(args))
+            or (job is not None and job.launch is not None))
 
 
 def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
@@ -45,6 +59,11 @@ def launch_and_script(args: argparse.Namespace) -> tuple[Launch, list[str]]:
     target = _target(args)
     if args.workload is not None:
         raise ValueError("--nproc-per-node/--nnodes/--rank and torchrun take a script, not --workload")
+    job = accelerate_job(args)
+    if job is not None and job.launch is not None:
+        if args.nproc_per_node is not None or args.nnodes is not None:
+            raise ValueError("give the job's shape once: accelerate launch's options, or amem's --nproc-per-node/--nnodes")
+        return job.launch, _script(["python", *job.script])
     if is_torchrun(target) or is_deepspeed(target):
         if args.nproc_per_node is not None or args.nnodes is not None:
             raise ValueError(f"give the job's shape once: {target[0].rsplit('/', 1)[-1]}'s options, or amem's "

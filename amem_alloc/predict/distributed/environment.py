@@ -22,6 +22,10 @@ TORCHRUN_VARIABLES = declare("os.environ", "torchrun's variables (RANK, WORLD_SI
 
 
 def rank_variables(launch: Launch, rank: int) -> dict[str, str]:
+    return {**dict(launch.env), **_launcher_variables(launch, rank)}
+
+
+def _launcher_variables(launch: Launch, rank: int) -> dict[str, str]:
     local = rank % launch.nproc_per_node
     node = rank // launch.nproc_per_node
     if launch.launcher == "deepspeed":   # deepspeed/launcher/launch.py's

@@ -34,6 +34,7 @@ class Launch:
     master_port: int = 29500
     launcher: str = "torchrun"     # or "deepspeed" (deepspeed_launcher.py): the environment each rank gets
     local_rank_arg: bool = False   # DeepSpeed's launcher passes `--local_rank=N` to the script
+    env: tuple = ()                # (name, value) a launcher adds for every rank (accelerate_launcher.py)
 
     def script_for(self, script: list[str], rank: int) -> list[str]:
         """The rank's argv: `--local_rank=N` first where the launcher passes it."""
