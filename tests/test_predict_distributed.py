@@ -278,6 +278,39 @@ def test_a_worker_that_dies_leaves_its_rank_to_be_recorded_here():
     assert [(r.rank, r.run.ops[0][2]) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
+DYING_MID_ANSWER = """
+import os, time
+from amem_alloc.predict.distributed import recording
+from amem_alloc.predict.run import RecordedRun
+
+parent, answered_large = os.getpid(), []
+
+def record(rank):
+    if os.getpid() != parent:
+        if answered_large:
+            os._exit(1)   # the worker that just answered the large recording dies at its next rank
+        if rank == 1:
+            answered_large.append(rank)
+        else:
+            time.sleep(0.5)   # the other worker answers after that death
+    ops = [(0, 1, rank + 1, 0)] * (400_000 if rank == 1 else 1)
+    return recording.Recording(rank, RecordedRun(f"rank {rank}", ops, {}, []), 0)
+
+got = list(recording.record_all([0, 1, 2, 3, 4], record, workers=3, together=True))
+print([(r.rank, len(r.run.ops)) for r in got])
+"""
+
+
+def test_a_worker_dying_just_after_a_large_answer_leaves_no_one_waiting():
+    """A worker answered a large recording, then died at its next rank, while another worker still
+    had answers to give: every rank's recording arrives whole, the dead worker's next rank recorded
+    here. (The workers answer on pipes of their own; with one shared queue a worker was once seen
+    waiting for ever at its exit for the queue's writer thread, and this process for it.)"""
+    proc = run_command([sys.executable, "-c", DYING_MID_ANSWER], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[(0, 1), (1, 400000), (2, 1), (3, 1), (4, 1)]", proc.stdout
+
+
 # ---------------------------------------------------------------------------- the command
 def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path):
     """JSON with every rank, one trace per rank, and one report: the worst rank's page with the

@@ -36,7 +36,6 @@ import gc
 import hashlib
 import os
 import pickle
-import queue
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -146,17 +145,24 @@ class _Pool:
 
         self.ranks, self.record = ranks, record
         context = multiprocessing.get_context("fork")
-        self.todo, self.done = context.Queue(), context.Queue()
+        self.todo = context.Queue()
         for rank in ranks:
             self.todo.put(rank)
         for _ in range(workers):
             self.todo.put(None)
         sys.stdout.flush()
         sys.stderr.flush()
-        self.processes = [context.Process(target=_work, args=(self.todo, self.done, record), daemon=False)
-                          for _ in range(workers)]
+        # each worker answers on a pipe of its own, synchronously: a worker that dies leaves no lock
+        # held for the others (a queue's writer thread dying mid-write held the queue's lock, and
+        # every other worker then waited on it at its exit, and this process on them)
+        pipes = [context.Pipe(duplex=False) for _ in range(workers)]
+        self.processes = [context.Process(target=_work, args=(self.todo, writer, record), daemon=False)
+                          for _, writer in pipes]
         for p in self.processes:
             p.start()
+        for _, writer in pipes:
+            writer.close()   # the workers hold theirs: a worker's end closing is its death (EOF here)
+        self.answering = [reader for reader, _ in pipes]
 
     def results(self) -> Iterator[Recording]:
         answers: dict[int, tuple[str, Any]] = {}
@@ -173,15 +179,23 @@ class _Pool:
             self._stop()
 
     def _wait(self, answers: dict[int, tuple[str, Any]]) -> bool:
-        """One answer into `answers`; False when no worker is left to give one."""
-        while True:
-            try:
-                rank, kind, value = self.done.get(timeout=_POLL_S)
+        """Answers into `answers` (at least one); False when no worker is left to give one."""
+        from multiprocessing.connection import wait
+
+        while self.answering:
+            got = False
+            for reader in wait(self.answering, timeout=_POLL_S):
+                try:
+                    rank, kind, value = reader.recv()
+                except (EOFError, OSError):   # the worker ended (done, or dead)
+                    self.answering.remove(reader)
+                    reader.close()
+                    continue
                 answers[rank] = (kind, value)
+                got = True
+            if got:
                 return True
-            except queue.Empty:
-                if not any(p.is_alive() for p in self.processes):
-                    return False
+        return False
 
     def _stop(self) -> None:
         for p in self.processes:
@@ -189,8 +203,10 @@ class _Pool:
                 p.kill()
         for p in self.processes:
             p.join()
+        for reader in self.answering:
+            reader.close()
+        self.answering = []
         self.todo.cancel_join_thread()
-        self.done.cancel_join_thread()
 
 
 def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
@@ -202,15 +218,16 @@ def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
     return RuntimeError(f"rank {rank} failed in a worker process and not when recorded again")
 
 
-def _work(todo: Any, done: Any, record: Callable[[int], Recording]) -> None:
+def _work(todo: Any, answer: Any, record: Callable[[int], Recording]) -> None:
+    """A worker: ranks from `todo` recorded, each answer sent on its own pipe (`answer`)."""
     import torch
 
     torch.set_num_threads(1)   # OpenMP's thread team does not survive fork (a parallel kernel would hang)
     while (rank := todo.get()) is not None:
         try:
-            done.put((rank, "recorded", record(rank)))
+            answer.send((rank, "recorded", record(rank)))
         except BaseException as failure:  # noqa: BLE001 - carried to the parent, raised there
-            done.put((rank, "failed", _portable(failure)))
+            answer.send((rank, "failed", _portable(failure)))
             return
 
 
