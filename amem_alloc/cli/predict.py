@@ -98,7 +98,7 @@ def predict_command(args: argparse.Namespace) -> int:
 
 def _predict_one_process(args: argparse.Namespace) -> int:
     from ..predict import api
-    from ..predict.distributed.spawn import SpawnedRanks
+    from ..predict.script import SpawnedRanks
     from . import predict_whatif as whatif
 
     script = parser.existing_script(args.target)

@@ -44,6 +44,15 @@ class StopPrediction(BaseException):
     """Raised into the script after its last predicted optimizer step."""
 
 
+class SpawnedRanks(BaseException):
+    """A one-process prediction found the job's ranks (distributed/spawn.py: the script spawned
+    `nprocs` processes, or joined a process group): the command predicts them as ranks."""
+
+    def __init__(self, nprocs: int, what: str) -> None:
+        super().__init__(what)
+        self.nprocs = nprocs
+
+
 class PredictionTimeout(BaseException):
     """Raised into the script when it runs past the prediction's time limit."""
 
@@ -96,11 +105,8 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         write_repeats: bool = False) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
     user_script.ScriptFailed when it fails, failures.AmemFailure when amem failed inside it;
-    DataDependentError, NotModelledError, PredictionTimeout, SpawnedRanks (distributed/spawn.py) and
-    KeyboardInterrupt go on (Ctrl-C, or the script's own raise, is the command's "interrupted", not
+    DataDependentError, NotModelledError, PredictionTimeout, SpawnedRanks and KeyboardInterrupt go on (Ctrl-C, or the script's own raise, is the command's "interrupted", not
     a failure of the script)."""
-    from .distributed.spawn import SpawnedRanks
-
     done = [0]
 
     def after_step(n: int) -> None:

@@ -11,7 +11,7 @@ script would fail with the children's tracebacks.
 
 Under prediction the spawned processes are the job's ranks, one node of `nprocs` processes:
 * in a one-process prediction (`amem predict -- python train.py`), the call stops the run
-  (`SpawnedRanks`, a BaseException, so the script's own `except Exception` does not catch it),
+  (script.SpawnedRanks, a BaseException, so the script's own `except Exception` does not catch it),
   and the command predicts the job again as `--nproc-per-node nprocs` would: ranks.py runs the
   script once per chosen rank, each in its own fake world (the script's code before the spawn
   runs again for each rank, as it does in each real child that imports it). A script that joins
@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from ...patching import PatchSet, declare
 from ..notes import NotModelledError, call_site
+from ..script import SpawnedRanks, StopPrediction
 
 SPAWN = declare("torch.multiprocessing (and its spawn module)", "spawn, start_processes",
                 "the processes a script spawns are the job's ranks: the one-process prediction is made again "
@@ -41,14 +42,6 @@ SPAWN = declare("torch.multiprocessing (and its spawn module)", "spawn, start_pr
 JOIN = declare("torch.distributed, torch.distributed.distributed_c10d, torch.distributed.device_mesh",
                "init_process_group", "in a one-process prediction: the job is predicted again as the ranks of its "
                "world size (each on the fake process group)")
-
-
-class SpawnedRanks(BaseException):
-    """A one-process prediction found the job's ranks: `nprocs` processes, predicted as ranks."""
-
-    def __init__(self, nprocs: int, what: str) -> None:
-        super().__init__(what)
-        self.nprocs = nprocs
 
 
 def _processes(n: int) -> str:
@@ -89,8 +82,6 @@ def _running_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
             raise NotModelledError(f"the script spawns {n} processes (torch.multiprocessing.spawn) where the job has "
                                    f"{nproc_per_node} per node: predict it with --nproc-per-node {n}", call_site(1))
         fn(local_rank, *args)
-        from ..script import StopPrediction
-
         raise StopPrediction   # the child process ends here: what the parent does next is not this rank's
     return start
 
