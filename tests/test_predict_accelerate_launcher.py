@@ -50,6 +50,16 @@ def test_several_processes_are_torchruns_ranks_per_node(no_user_config):
     assert is_accelerate(["accelerate", "launch", "t.py"]) and not is_accelerate(["accelerate", "config"])
 
 
+def test_deepspeed_through_accelerate_is_its_ranks_with_its_settings(no_user_config):
+    """--use_deepspeed takes the launcher's DeepSpeed branch (its fields from the config file
+    named: none here), not its multi-GPU one."""
+    job = parse_accelerate(["accelerate", "launch", "--use_deepspeed", "--zero_stage", "2", "--num_processes", "2",
+                            "train.py"])
+    env = dict(job.launch.env)
+    assert (job.launch.nproc_per_node, job.launch.nnodes) == (2, 1)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["accelerate", "launch", "--no_python", "train"], "not predicted"),
     (["accelerate", "launch", "--num_processes", "two", "train.py"], "accelerate launch: "),

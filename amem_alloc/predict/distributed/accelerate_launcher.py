@@ -62,7 +62,9 @@ def parse_accelerate(target: list[str], rank: str | None = None) -> AccelerateJo
     if args.no_python or args.tpu or getattr(args, "tpu_use_cluster", False):
         raise ValueError("accelerate launch --no_python / --tpu: not predicted (give a Python script, for CUDA GPUs)")
     validated = _validate_launch_command(args)
-    args = validated[0] if isinstance(validated, tuple) else validated
+    args, defaults, mp_from_config = validated if isinstance(validated, tuple) else (validated, None, False)
+    if defaults is not None and str(getattr(defaults, "compute_environment", "")).endswith("AMAZON_SAGEMAKER"):
+        raise ValueError("accelerate launch on SageMaker: not predicted (a local machine's launch is)")
     nproc = max(int(args.num_processes or 1), 1)
     nodes = max(int(args.num_machines or 1), 1)
     script = (["-m"] if args.module else []) + [args.training_script, *args.training_script_args]
@@ -70,10 +72,14 @@ def parse_accelerate(target: list[str], rank: str | None = None) -> AccelerateJo
     if args.machine_rank is None:   # every node is predicted: the launcher's own node's options need not be given
         args.machine_rank = 0
     args.main_process_ip = args.main_process_ip or "127.0.0.1"
-    if args.use_deepspeed:
+    # as launch_command chooses its launcher (accelerate/commands/launch.py)
+    if args.use_deepspeed and not args.cpu:
+        fields = list(defaults.deepspeed_config.keys()) if defaults is not None else []
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] if mp_from_config else []))
         env = accelerate_launch.prepare_deepspeed_cmd_env(args)[1]
-    elif several or args.multi_gpu or args.use_fsdp:
-        args.multi_gpu = args.multi_gpu or not args.use_fsdp
+    elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu or several) and not args.cpu:
+        # (several processes and no --multi_gpu: on a machine with several GPUs the launcher sets it)
+        args.multi_gpu = args.multi_gpu or not (args.use_fsdp or args.use_megatron_lm)
         env = accelerate_launch.prepare_multi_gpu_env(args)
     else:
         env = accelerate_launch.prepare_simple_launcher_cmd_env(args)[1]
