@@ -29,6 +29,11 @@ OPTIONAL = {
                     "user's script has imported transformers' generation",
     "triton": "the program's own Triton launches stood in for (predict/engine/triton_launches.py), imported only "
               "where Triton is installed (torch's CUDA wheels bring it); without it there is nothing to stand in for",
+    "safetensors": "a safetensors file saved from fake tensors holds zeros (predict/engine/safetensors_files.py), "
+                   "patched only where safetensors is installed; without it no program saves one",
+    "accelerate": "`amem predict -- accelerate launch ...` is decided by Accelerate's own launcher code "
+                  "(predict/distributed/accelerate_launcher.py); without it that command says in one line to "
+                  "install accelerate",
 }
 
 
