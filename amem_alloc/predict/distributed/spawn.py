@@ -68,9 +68,8 @@ def _joining_a_group() -> Callable:
     """init_process_group in a one-process prediction: the run stops, to be predicted as ranks."""
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         named = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
-        n = named if isinstance(named, int) and named > 0 else int(os.environ.get("WORLD_SIZE", "1") or 1)
-        raise SpawnedRanks(max(n, 1), f"the script joins a process group of {_processes(max(n, 1))} "
-                                      f"(init_process_group at {call_site(1)})")
+        n = max(named if isinstance(named, int) and named > 0 else int(os.environ.get("WORLD_SIZE", "1") or 1), 1)
+        raise SpawnedRanks(n, f"the script joins a process group of {_processes(n)} (init_process_group at {call_site(1)})")
     return init_process_group
 
 
