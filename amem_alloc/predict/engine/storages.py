@@ -85,7 +85,11 @@ class Storages:
     def device_of(self, t: torch.Tensor) -> str | None:
         if t.device.type != "meta":
             return t.device.type
-        rec = self.by_id.get(id(storage_of(t)))
+        return self.device_of_storage(storage_of(t))
+
+    def device_of_storage(self, st: torch.UntypedStorage) -> str | None:
+        """The device a storage made in the session claims ("cuda", "meta", ...), None if not one of them."""
+        rec = self.by_id.get(id(st))
         return rec[1] if rec else None
 
     def holds(self, device: str) -> bool:

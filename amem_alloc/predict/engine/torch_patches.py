@@ -316,8 +316,7 @@ def _storage_moves(session: Any, patches: PatchSet) -> None:
 
     def location_tag(storage):   # torch.save names each storage's device: a fake CUDA one's is CUDA's
         untyped = getattr(storage, "_untyped_storage", storage)
-        rec = session.storages.by_id.get(id(untyped)) if isinstance(untyped, torch.UntypedStorage) else None
-        if rec is not None and rec[1] == "cuda":
+        if isinstance(untyped, torch.UntypedStorage) and session.storages.device_of_storage(untyped) == "cuda":
             from .devices import cuda_index
 
             return f"cuda:{cuda_index()}"
