@@ -134,6 +134,44 @@ def _remove_filter(entry) -> None:
             mutated()
 
 
+class _OnImport:
+    """An import finder: once the module `name` has been imported (found by the finders after this
+    one, executed by its own loader), `then()` runs."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = next((s for s in (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
+                                     for f in sys.meta_path if f is not self) if s is not None), None)
+        finally:
+            self.busy = False
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Then(spec.loader, self.then)
+        return spec
+
+
+class _Then:
+    """A loader that runs `then()` after its module executed; anything else is the loader's."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
 class PatchSet:
     """Applies declared changes and undoes them, last first, on exit (or close())."""
 
@@ -200,6 +238,15 @@ class PatchSet:
         self._check(patch, "the warnings of")
         warnings.filterwarnings("ignore", message=message)
         self._stack.callback(_remove_filter, warnings.filters[0])
+
+    def when_imported(self, patch: Patch, module: str, then: Callable[[], None]) -> None:
+        """then() once the module `module` is imported: now if it is, else as its import finishes
+        (a finder put first in a copy of sys.meta_path, under `patch`, wraps the module's loader);
+        the finder is gone on exit."""
+        if module in sys.modules:
+            then()
+            return
+        self.apply(patch, sys, "meta_path", [_OnImport(module, then)] + sys.meta_path)
 
     def _check(self, patch: Patch, what: str) -> None:
         if patch not in CATALOGUE:

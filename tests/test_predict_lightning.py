@@ -90,3 +90,27 @@ def test_fsdp_strategy_under_torchrun_holds_each_ranks_flat_parameter_shard(monk
         state = live_at_end(result.rank(rank).prediction)
         assert (state.get("parameter"), state.get("gradient"), state.get("optimizer_state")) == (
             shard, shard, 2 * shard), (rank, state)
+
+
+def test_a_one_process_prediction_of_two_devices_predicts_the_two_ranks(tmp_path):
+    """`amem predict -- lightning_trainer.py --strategy ddp --devices 2` with no --nproc-per-node:
+    the one-process prediction has one GPU, which Lightning refused ("You requested gpu: [0, 1] But
+    your machine only has: [0]", reported as the script's failure). The job is predicted as the
+    2 ranks it is, in one line that says why, each rank holding what torchrun's rank holds."""
+    import json
+    import sys
+
+    from helpers import run_command
+
+    out = tmp_path / "prediction.json"
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch",
+                        "--json", str(out), "--", str(PROGRAMS / "lightning_trainer.py"), "--strategy", "ddp",
+                        "--devices", "2"], timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"Lightning is asked for 2 GPUs (devices=[0, 1], at {PROGRAMS / 'lightning_trainer.py'}:" in proc.stderr
+    assert "--nproc-per-node 2" in proc.stderr and "But your machine only has" not in proc.stderr + proc.stdout
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2 and sorted(r["rank"] for r in data["ranks"]) == [0, 1]
+    params = pf.storages(param_shapes())
+    for rank in data["ranks"]:
+        assert rank["policies"][0]["peak_allocated"] >= params * 5, rank["policies"][0]

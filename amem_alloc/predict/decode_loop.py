@@ -72,44 +72,6 @@ GENERATION_IMPORT = declare("sys", "meta_path", "a copy, first of all finders on
                             "transformers' generation module is imported (decode_loop.py)")
 
 
-class _OnImport:
-    """An import finder: once the module `name` has been imported (found by the finders after this
-    one, executed by its own loader), `then()` runs."""
-
-    def __init__(self, name: str, then: Any) -> None:
-        self.name, self.then, self.busy = name, then, False
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name or self.busy:
-            return None
-        self.busy = True
-        try:
-            spec = next((s for s in (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
-                                     for f in sys.meta_path if f is not self) if s is not None), None)
-        finally:
-            self.busy = False
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Then(spec.loader, self.then)
-        return spec
-
-
-class _Then:
-    """A loader that runs `then()` after its module executed; anything else is the loader's."""
-
-    def __init__(self, loader: Any, then: Any) -> None:
-        self._loader, self._then = loader, then
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        self._then()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
 @dataclass
 class Loop:
     where: str                                       # the user's line that runs the loop
@@ -139,13 +101,11 @@ class DecodeLoops:
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
         """Listens to the outermost modules' calls (the session's ModuleScope, provenance/scope.py),
-        and patches generate() once transformers' generation is imported (_OnImport): a script's
+        and patches generate() once transformers' generation is imported: a script's
         first generate() call may come before any forward of its own."""
         self.session.modules.outermost.append(self._outermost)
-        if "transformers.generation.utils" not in sys.modules:
-            finder = _OnImport("transformers.generation.utils", self._patch_transformers)
-            self.session.patches.apply(GENERATION_IMPORT, sys, "meta_path", [finder] + sys.meta_path)
-        self._patch_transformers()
+        self.session.patches.when_imported(GENERATION_IMPORT, "transformers.generation.utils",
+                                           self._patch_transformers)
 
     def remove(self) -> None:
         if self._outermost in self.session.modules.outermost:

@@ -24,6 +24,14 @@ Under prediction the spawned processes are the job's ranks, one node of `nprocs`
   does after the spawn (wait for the children, read rank 0's results from a queue: Lightning's
   `ddp_spawn`) runs in another process, not the rank's. An exception of `main` is the script's,
   as in the child.
+* Lightning (`Trainer(devices=2)`, `Fabric(devices=2)`; the `lightning`, `pytorch_lightning` and
+  `lightning_fabric` packages) checks the GPUs it is asked for against the machine's before it
+  starts any process: a one-process prediction has one, so Lightning would refuse the job
+  ("You requested gpu: [0, 1] But your machine only has: [0]"), which is the machine amem
+  predicts on, not the script's fault. Asked for more than one GPU there, the run stops as
+  above and is predicted as that many ranks on one node; under torchrun's variables (a rank's
+  run) Lightning starts no process of its own (it is "launched externally") and its `ddp_spawn`
+  spawn is the one above.
 * where `nprocs` is not the launch's processes per node (a script that spawns a fixed number
   under `--nproc-per-node` or torchrun), the rank stops with one line naming the option to give.
 """
@@ -42,6 +50,13 @@ SPAWN = declare("torch.multiprocessing (and its spawn module)", "spawn, start_pr
 JOIN = declare("torch.distributed, torch.distributed.distributed_c10d, torch.distributed.device_mesh",
                "init_process_group", "in a one-process prediction: the job is predicted again as the ranks of its "
                "world size (each on the fake process group)")
+
+LIGHTNING = declare("lightning.fabric.utilities.device_parser (and lightning_fabric's)", "_sanitize_gpu_ids",
+                    "in a one-process prediction, more than one GPU asked of Lightning: the job is predicted again "
+                    "as that many ranks on one node")
+LIGHTNING_IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that patches Lightning's GPU check "
+                           "as its device parser is imported (distributed/spawn.py)")
+LIGHTNING_PARSERS = ("lightning.fabric.utilities.device_parser", "lightning_fabric.utilities.device_parser")
 
 
 def _processes(n: int) -> str:
@@ -71,6 +86,16 @@ def _joining_a_group() -> Callable:
         n = max(named if isinstance(named, int) and named > 0 else int(os.environ.get("WORLD_SIZE", "1") or 1), 1)
         raise SpawnedRanks(n, f"the script joins a process group of {_processes(n)} (init_process_group at {call_site(1)})")
     return init_process_group
+
+
+def _asking_lightning(sanitize: Callable) -> Callable:
+    """Lightning's check of the GPU ids it is asked for, in a one-process prediction: more than one
+    CUDA device stops the run, to be predicted as that many ranks."""
+    def sanitize_gpu_ids(gpus: list, include_cuda: bool = False, include_mps: bool = False) -> list:
+        if include_cuda and len(gpus) > 1:
+            raise SpawnedRanks(len(gpus), f"Lightning is asked for {len(gpus)} GPUs (devices={gpus}, at {call_site(1)})")
+        return sanitize(gpus, include_cuda=include_cuda, include_mps=include_mps)
+    return sanitize_gpu_ids
 
 
 def _running_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
@@ -107,7 +132,15 @@ class Spawns:
                 self.patches.apply(SPAWN, owner, "start_processes", start)
         if self.rank is None:
             self._groups_are_ranks()
+            for name in LIGHTNING_PARSERS:
+                self.patches.when_imported(LIGHTNING_IMPORT, name, lambda name=name: self._lightning_asks(name))
         return self
+
+    def _lightning_asks(self, name: str) -> None:
+        import sys
+
+        parser = sys.modules[name]
+        self.patches.apply(LIGHTNING, parser, "_sanitize_gpu_ids", _asking_lightning(parser._sanitize_gpu_ids))
 
     def _groups_are_ranks(self) -> None:
         import torch.distributed as dist
