@@ -41,6 +41,8 @@ def _one_line_error(proc, code, *needles):
     (["--workload", "mlp", "--timeout", "-1"], "--timeout must be a number of seconds >= 0"),
     (["--", "python", "does_not_exist.py"], "does_not_exist.py: no such script"),
     (["--", "python", "-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
+    (["--", "no_such_command_here"], "'no_such_command_here' is not a Python script"),
+    (["--", "sh"], "'sh' is not a Python script"),
     ([], "give --workload NAME, or -- python script.py"),
     (["--workload", "mlp", "--json", "/no/such/dir/p.json"], "its folder does not exist"),
 ])
@@ -277,3 +279,24 @@ def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp
     assert "4.00 MiB" in proc.stdout
     stand_in = next(line for line in proc.stdout.splitlines() if "item() of a CUDA tensor" in line)
     assert "train.py:5" in stand_in and "bin/amem" not in stand_in and "__main__" not in stand_in
+
+
+def test_a_python_command_on_path_runs_as_its_script(tmp_path):
+    """`-- litgpt finetune ...`, `-- tune run ...`: a command pip installed (its first line runs
+    Python, no .py) is the script, found on PATH as the shell finds it; its arguments are its own."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "my-trainer"
+    command.write_text("#!/usr/bin/env python3\n" + textwrap.dedent("""
+        import sys
+        import torch
+        x = torch.zeros(1024, 1024, device="cuda")
+        print("argv", sys.argv[1:])
+    """))
+    command.chmod(0o755)
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--", "my-trainer", "--lr", "1"],
+                       env={"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "argv ['--lr', '1']" in proc.stdout and "4.00 MiB" in proc.stdout

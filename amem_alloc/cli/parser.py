@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -170,8 +171,33 @@ def script_argv(target: list[str]) -> list[str] | None:
             raise ValueError("-m: give the module to run (-- python -m package.module args...)")
         return [user_script.MODULE, *target[1:]]
     if target and not target[0].endswith(".py"):
-        raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
+        console = console_script(target[0])
+        if console is None:
+            raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
+        target = [console, *target[1:]]
     return target or None
+
+
+def console_script(name: str) -> str | None:
+    """The path of a Python program without .py: a file, a command of amem's own environment or one
+    on PATH, whose first line runs Python (`litgpt`, `tune`, `lightning` as pip installs them), else
+    None."""
+    import shutil
+
+    if os.sep in name:
+        path = name if Path(name).is_file() else None
+    else:
+        path = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                        os.environ.get("PATH", "")]))
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    words = first[2:].decode("utf-8", "replace").split() if first.startswith(b"#!") else []
+    return path if any(Path(w).name.startswith(PYTHONS) for w in words[:2]) else None
 
 
 def add_policy_option(p: argparse.ArgumentParser, default: str) -> None:
