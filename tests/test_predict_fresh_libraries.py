@@ -93,6 +93,38 @@ def test_what_stays_the_standard_library_torch_what_they_need_and_compiled_modul
     assert staying.forgets_logger("DeepSpeed", None) and not staying.forgets_logger("torch.distributed", None)
 
 
+def test_a_library_that_stays_keeps_the_libraries_its_values_come_from(monkeypatch):
+    """A library with a class derived from an extension's stays (the extension may have registered
+    it: pyarrow's types), while the libraries it imported inside its functions were forgotten:
+    jsonargparse (derived from yaml's C parser) kept docstring_parser's enum member in a dict, and
+    the next rank's docstring_parser, imported again, had a new enum that member matched none
+    ("KeyError: <DocstringStyle.AUTO: 255>" in litgpt's second rank). Such a library keeps the
+    packages its values come from; a library that does not stay keeps nothing by its values."""
+    import enum
+    import types
+
+    def library(name):
+        module = types.ModuleType(name)
+        module.__file__ = f"/site-packages/{name}/__init__.py"
+        monkeypatch.setitem(sys.modules, name, module)
+        return module
+
+    held, other, kept, plain = library("heldlib"), library("otherlib"), library("keptlib"), library("plainlib")
+    extension = library("extmod")   # taken for a compiled extension module, as yaml's _yaml is
+    extension.Parser = type("Parser", (), {"__module__": "extmod"})
+    compiled = fresh_libraries._compiled
+    monkeypatch.setattr(fresh_libraries, "_compiled", lambda m: m is extension or compiled(m))
+    held.Style = enum.Enum("Style", "AUTO GOOGLE", module="heldlib")
+    other.Style = enum.Enum("Style", "AUTO", module="otherlib")
+    kept.Loader = type("Loader", (extension.Parser,), {"__module__": "keptlib"})
+    kept.OPTIONS = {"style": held.Style.AUTO}
+    plain.OPTIONS = {"style": other.Style.AUTO}
+    staying = fresh_libraries.Staying()
+    assert not staying.forgets_module("keptlib", kept)     # derived from an extension's class
+    assert not staying.forgets_module("heldlib", held)     # the enum member keptlib holds is its
+    assert staying.forgets_module("plainlib", plain) and staying.forgets_module("otherlib", other)
+
+
 def test_a_module_dynamo_put_into_torchs_globals_neither_keeps_the_library_nor_outlives_its_rank(monkeypatch):
     """dynamo puts the modules a compiled frame uses among that frame's module's globals, under
     `__import_<name>`: torch's checkpoint_wrapper.py held torchtitan's once its blocks were

@@ -11,6 +11,11 @@ barrier. Made in C++, that allocation reaches the real CUDA driver ("Found no NV
 Here the wrapper runs with no device (torch's fake process group barriers on the CPU), and the
 byte a GPU would hold is recorded instead: one storage of 1 byte, the new one allocated before the
 previous one is freed, as the static's assignment does.
+
+A monitored barrier (`dist.monitored_barrier`, a group's `monitored_barrier`: gloo's, which
+Lightning's `_InfiniteBarrier` uses around `rank_zero_first`) is CPU-only in torch and holds no
+device memory; torch's fake process group refuses it ("only GLOO supports monitored barrier").
+Here it returns at once, as it does where every rank arrives.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ from .. import state
 
 BARRIER = declare("torch.distributed, torch.distributed.distributed_c10d", "barrier",
                   "the 1-byte device tensor c10d's C++ barrier makes is recorded, not made (no driver)")
+MONITORED = declare("torch.distributed.ProcessGroup", "monitored_barrier",
+                    "returns at once: gloo's monitored barrier holds no device memory, and the fake process group "
+                    "refuses it")
 _STATIC = "c10d barrier"   # the op name each such byte is recorded under
 
 
@@ -54,3 +62,8 @@ def install(patches: PatchSet, modules: tuple, on_device: Any) -> None:
 
     for module in modules:
         patches.apply(BARRIER, module, "barrier", barrier)
+    patches.apply(MONITORED, modules[0].ProcessGroup, "monitored_barrier", _monitored_barrier)
+
+
+def _monitored_barrier(group: Any, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    return None

@@ -77,6 +77,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib.machinery
+import itertools
 import logging
 import os
 import re
@@ -214,7 +215,8 @@ class Staying:
     imported since whenever asked about one not seen yet."""
 
     def __init__(self) -> None:
-        self.tops = set(MAIN) | _stdlib_tops() | _declared_tops()
+        self.given = set(MAIN) | _stdlib_tops() | _declared_tops()   # stay whatever they hold
+        self.tops = set(self.given)
         self.walked: set[str] = set()
         self.seen: set[str] = set()
         self._walk()
@@ -268,6 +270,8 @@ class Staying:
                 for name, module in todo:
                     self.walked.add(name)
                     self.tops |= _held_tops(module) - {_top(name)}
+                    if _top(name) not in self.given:   # a library that stays keeps what its values are
+                        self.tops |= _held_value_tops(module) - {_top(name)}
                     if "." in name and _compiled(module) and _refers_to_its_package(name, module):
                         self.tops.add(_top(name))   # its package cannot be imported again around it
 
@@ -374,6 +378,34 @@ def _held_tops(module: Any) -> set[str]:
             name = getattr(value, "__name__", None)
             if isinstance(name, str):
                 out.add(_top(name))
+    return out
+
+
+_LOOKED_AT = 256   # items of one container _held_value_tops looks at
+
+
+def _held_value_tops(module: Any) -> set[str]:
+    """The top-level packages whose classes made the objects among a library module's globals, or
+    in a global container (a dict's keys and values, a list's items; one level). Asked only of a
+    library that stays while the packages it imported are forgotten (one with a class derived from
+    an extension's, above): jsonargparse, which derives from yaml's C parser, keeps the
+    docstring_parser style it chose (an enum member, compared by identity) in a module dict; a
+    second import of docstring_parser made a new enum and jsonargparse's member matched none
+    ("KeyError: <DocstringStyle.AUTO: 255>" in the next rank). torch's and the other given
+    packages' values are not asked: libraries leave objects of their own in torch's tables."""
+    out = set()
+    for value in list(getattr(module, "__dict__", {}).values()):
+        items = [value]
+        if isinstance(value, dict):
+            items += [x for pair in itertools.islice(list(value.items()), _LOOKED_AT) for x in pair]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items += list(itertools.islice(value, _LOOKED_AT))
+        for item in items:
+            if isinstance(item, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+                continue
+            home = getattr(type(item), "__module__", None)
+            if isinstance(home, str) and home != "builtins":
+                out.add(_top(home))
     return out
 
 
