@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..analysis.prediction import NOTE, Prediction
 from .launch import Launch

@@ -40,7 +40,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .launch import Launch
 
 _POLL_S = 1.0   # how often the parent checks that its workers are alive while it waits
 
