@@ -24,7 +24,8 @@ TORCH  ?= torch==2.14.1
 # installed without building its CUDA ops (DS_BUILD_OPS=0: prediction runs torch's AdamW, and the
 # tests read the ZeRO internals of this minor release).
 PROGRAM_LIBS ?= "transformers>=5,<6" "accelerate>=1,<2" "torchvision==0.29.*" "lightning>=2.4,<3" "peft>=0.13" \
-                "deepspeed>=0.19,<0.20" "torchtitan==0.3.*" "torchsummary==1.5.1"
+                "deepspeed>=0.19,<0.20" "torchtitan==0.3.*" "torchsummary==1.5.1" \
+                "bitsandbytes>=0.45"
 CPP_BUILD := build/cpp-tests
 # Any sanitizer report fails the run (UBSan only reports unless told to halt).
 SANITIZER_ENV := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \

@@ -216,10 +216,13 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None) ->
     """Runs the script or module (run(); argv as target_of reads it) and counts its optimizer
     steps, calling on_step(n) after the n-th; returns the count. A step taken inside another
     (an optimizer container such as torchtitan's, itself an Optimizer, stepping its parts) is
-    part of that one. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    part of that one. Steps taken during a backward pass (an optimizer per parameter, stepped by
+    its gradient hook: torchtune's `optimizer_in_bwd`) are one step, counted as that backward
+    ends. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    steps, depth = [0], [0]
+    steps, depth, backward = [0], [0], [None]   # backward: the backward pass whose end counts a step
 
     def enter(optimizer, args, kwargs) -> None:
         depth[0] += 1
@@ -228,6 +231,15 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None) ->
         depth[0] = max(depth[0] - 1, 0)
         if depth[0]:
             return
+        task = torch._C._current_graph_task_id()
+        if task == -1:
+            counted()
+        elif backward[0] != task:
+            backward[0] = task
+            torch.autograd.Variable._execution_engine.queue_callback(counted)
+
+    def counted() -> None:
+        backward[0] = None
         steps[0] += 1
         if on_step is not None:
             on_step(steps[0])

@@ -165,6 +165,35 @@ def test_a_script_is_stopped_after_its_steps_and_says_so(tmp_path):
     assert "stopped after 3 optimizer steps" in data["stopped_after"] and "stopped after 3" in proc.stdout
 
 
+def test_optimizer_steps_in_a_backward_pass_are_one_step(tmp_path):
+    """An optimizer per parameter, stepped by its gradient hook (torchtune's `optimizer_in_bwd`):
+    the steps of one backward pass are one training step, counted as the backward ends. Counted
+    one by one, --steps 3 stopped the script inside its first backward, before a whole step ran."""
+    script = tmp_path / "in_backward.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).cuda()
+        optimizers = {p: torch.optim.AdamW([p]) for p in m.parameters()}
+
+        def step(p):
+            optimizers[p].step()
+            optimizers[p].zero_grad()
+
+        for p in m.parameters():
+            p.register_post_accumulate_grad_hook(step)
+        for i in range(10000):
+            m(torch.randn(8, 64, device="cuda")).sum().backward()
+            print("iteration", i, "done")
+    """))
+    js = tmp_path / "p.json"
+    proc = amem("--steps", "3", "--json", js, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "iteration 1 done" in proc.stdout and "iteration 2 done" not in proc.stdout, proc.stdout[-2000:]
+    data = json.loads(js.read_text())
+    assert [name for _, name in data["program"]["markers"]] == ["step"] * 3
+    assert "stopped after 3 optimizer steps" in data["stopped_after"]
+
+
 def test_a_script_past_its_timeout_ends_with_one_line(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text("import torch\nx = torch.randn(8, device='cuda')\nwhile True:\n    x = x * 2\n")

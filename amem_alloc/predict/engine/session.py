@@ -47,7 +47,7 @@ from . import children
 from . import stream_uses
 from . import torch_patches
 from . import library_threads
-from . import safetensors_files
+from . import bitsandbytes_paged, safetensors_files
 from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
@@ -189,6 +189,7 @@ class FakeCudaSession:
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
             safetensors_files.install(self.patches)   # a fake tensor's bytes in a safetensors file: zeros
             library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
+            bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator
         except BaseException:
             self._leave()
             raise
