@@ -113,3 +113,35 @@ def test_cuda_in_a_child_that_catches_the_error_is_still_amems_limit(tmp_path):
     proc, _ = _predict(tmp_path, "python", str(script))
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "used CUDA at" in proc.stderr and "prediction models one process" in proc.stderr
+
+
+def test_torchruns_agent_started_in_the_program_is_predicted_as_its_ranks(tmp_path):
+    """`torch.distributed.run.run(args)` inside the program (tune run --nproc_per_node N) would start
+    the ranks as processes outside the prediction: the agent's launch stops the one-process run, and
+    the job is predicted as its ranks running its script, each allocating what torchrun's rank of
+    that script does. The launcher imported an operator library the script imports again in each
+    rank (torchao under tune): its operators are undefined between runs, as in a new process."""
+    proc, data = _predict(tmp_path, "python", str(MODELS / "agent_launcher.py"), "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the program starts torchrun's agent for 2 processes per node running " in proc.stderr
+    assert "dist_ops.py (at " in proc.stderr and "--nproc-per-node 2 -- python " in proc.stderr
+    assert "rank 0: doubled (256, 1024)" in proc.stdout and "rank 1: doubled (256, 1024)" in proc.stdout
+    assert data["world_size"] == 2
+    (tmp_path / "t").mkdir()
+    reference = _predict(tmp_path / "t", "torchrun", "--nproc-per-node", "2", str(MODELS / "dist_ops.py"),
+                         options=("--rank", "all"))[1]
+    assert _peaks(data) == _peaks(reference) and min(_peaks(data).values()) >= 2 << 20
+
+
+def test_each_rank_run_in_turn_finds_a_librarys_operators_undefined():
+    """Ranks predicted in turn in one process: each imports op_library afresh, whose Library never
+    dies by itself (its fake kernel holds it through torch's registry); its operator is undefined
+    as the rank's modules are dropped, else rank 1's import met rank 0's definition ("Tried to
+    register an operator ... multiple times")."""
+    from amem_alloc.predict.distributed.launch import Launch
+    from amem_alloc.predict.distributed.ranks import predict_ranks
+
+    result = predict_ranks(Launch(2, 1, (0, 1)), [str(MODELS / "dist_ops.py")], "H100", "torch", steps=0,
+                           timeout=300, workers=1)
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert "op_library" not in sys.modules

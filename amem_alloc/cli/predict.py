@@ -70,14 +70,22 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
 def _spawned_ranks(args: argparse.Namespace, spawned: Any) -> int:
     """The script started its ranks itself (torch.multiprocessing.spawn): the job predicted again
     as one node of that many processes, each a rank (predict/distributed/spawn.py)."""
+    from ..predict.distributed.fresh_libraries import forget_libraries
     from . import predict_ranks
 
     if args.what_if:
         raise ValueError(f"{spawned}: --what-if predicts one process; predict the ranks without it "
                          f"(--nproc-per-node {spawned.nprocs})")
-    print(f"amem predict: {spawned}: predicted as the ranks of one node, as --nproc-per-node {spawned.nprocs} "
-          "does (give --nproc-per-node N for another count)", file=sys.stderr, flush=True)
+    if spawned.script is not None:   # torchrun's agent started in the program: its ranks run its script
+        shape = f"--nproc-per-node {spawned.nprocs}" + (f" --nnodes {spawned.nnodes}" if spawned.nnodes > 1 else "")
+        print(f"amem predict: {spawned}: predicted as its ranks, as {shape} -- python "
+              f"{' '.join(spawned.script)} does", file=sys.stderr, flush=True)
+        args.target, args.nnodes = ["--", "python", *spawned.script], str(spawned.nnodes)
+    else:
+        print(f"amem predict: {spawned}: predicted as the ranks of one node, as --nproc-per-node {spawned.nprocs} "
+              "does (give --nproc-per-node N for another count)", file=sys.stderr, flush=True)
     args.nproc_per_node = str(spawned.nprocs)
+    forget_libraries()   # the ranks start as new processes do: without the libraries the script imported
     return predict_ranks.predict_command(args)
 
 
@@ -106,9 +114,12 @@ def _predict_one_process(args: argparse.Namespace) -> int:
     whatif.check_arguments(args)
     gpu = predict_options.card(args)
     policies = api.resolve_policies(args.policy)
+    spawned = None
     try:
         result = _predict(args, script, gpu, policies)
-    except SpawnedRanks as spawned:
+    except SpawnedRanks as found:
+        spawned = found.with_traceback(None)   # its frames would keep the script's modules alive
+    if spawned is not None:   # out of the except block: the exception being handled holds them too
         return _spawned_ranks(args, spawned)
     if isinstance(result, int):
         return result

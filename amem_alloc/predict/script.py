@@ -46,11 +46,13 @@ class StopPrediction(BaseException):
 
 class SpawnedRanks(BaseException):
     """A one-process prediction found the job's ranks (distributed/spawn.py: the script spawned
-    `nprocs` processes, or joined a process group): the command predicts them as ranks."""
+    `nprocs` processes, joined a process group, or started torchrun's agent in its process with
+    another script for the ranks): the command predicts them as ranks."""
 
-    def __init__(self, nprocs: int, what: str) -> None:
+    def __init__(self, nprocs: int, what: str, nnodes: int = 1, script: list[str] | None = None) -> None:
         super().__init__(what)
-        self.nprocs = nprocs
+        self.nprocs, self.nnodes = nprocs, nnodes
+        self.script = script   # what each rank runs, where it is not the script predicted (torchrun's agent)
 
 
 class PredictionTimeout(BaseException):

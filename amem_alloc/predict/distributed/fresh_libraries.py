@@ -45,7 +45,10 @@ adds its handler to the logger it finds, and rank 1 would print each line twice.
 environment is put back as it was (a rank's script or its libraries set variables the next process would not
 see: accelerate and transformers do). The dropped modules are collected at once (gc.collect):
 a library's torch.library registrations are undone when their Library objects die, before the
-next rank's import registers them again.
+next rank's import registers them again; a Library among a dropped module's globals is destroyed
+first (its registrations undone), as one whose fake kernel torch's registry holds never dies
+(torchao's). A one-process prediction that finds the job's ranks (spawn.py) drops every library
+it imported the same way before the ranks run (`forget_libraries`).
 
 Weighed and not taken:
 * a reset per library (the `_forget_accelerate_state` this replaces): misses every library not listed;
@@ -124,6 +127,7 @@ class FreshLibraries:
         self.patches.set_aside(LOGGERS, logging.Logger.manager.loggerDict, staying.forgets_logger)
         self.patches.callback(_clear_logger_caches)
         self.patches.set_aside(MODULES, sys.modules, staying.forgets_module)
+        self.patches.callback(_undefine_operators, staying)   # before the rank's modules are dropped
         self.patches.apply(FINDERS, sys, "meta_path", [KeptExtensions] + sys.meta_path)
         self.patches.keep_attributes(REPLACED, staying.patchable(), _is_code)
         _forget_sharding_decisions()
@@ -135,6 +139,39 @@ class FreshLibraries:
     def __exit__(self, *exc: Any) -> None:
         self.patches.close()
         self.patches = PatchSet()
+
+
+def forget_libraries() -> None:
+    """Drops every library's modules and loggers from this process, as a new process has none of
+    them: what a one-process prediction imported before it found the job's ranks (spawn.py), so
+    that the ranks' runs do not find them set aside, alive, with their registrations (torchao's
+    torch.library operators, defined again by the rank's import: "registered multiple times")."""
+    staying = Staying()
+    _undefine_operators(staying)
+    for name, module in list(sys.modules.items()):
+        if staying.forgets_module(name, module):
+            sys.modules.pop(name, None)
+    loggers = logging.Logger.manager.loggerDict
+    for name, logger in list(loggers.items()):
+        if staying.forgets_logger(name, logger):
+            loggers.pop(name, None)
+    _clear_logger_caches()
+    _forget_dynamos_imports()
+    gc.collect()
+
+
+def _undefine_operators(staying: Staying) -> None:
+    """The operators that modules about to be dropped defined with a `torch.library.Library` of
+    their own globals are undefined now, as the Library's finalizer would when it died: torchao's
+    does not die (the fake kernels it registered are held by torch's registries and hold its
+    module's globals), and the next import's definitions met the old ones ("Tried to register an
+    operator (torchao::int_matmul...) ... multiple times")."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not staying.forgets_module(name, module):
+            continue
+        for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, torch.library.Library) and hasattr(value, "_destroy"):
+                value._destroy()
 
 
 def _forget_sharding_decisions() -> None:

@@ -32,6 +32,12 @@ Under prediction the spawned processes are the job's ranks, one node of `nprocs`
   above and is predicted as that many ranks on one node; under torchrun's variables (a rank's
   run) Lightning starts no process of its own (it is "launched externally") and its `ddp_spawn`
   spawn is the one above.
+* torchrun's agent started inside the program (`torch.distributed.run.run(args)`, which
+  `tune run --nproc_per_node 2 full_finetune_distributed --config ...` calls after resolving the
+  recipe and config names to files) would start the ranks as processes of their own, outside the
+  prediction. In a one-process prediction the agent's launch stops the run and the job is
+  predicted as the ranks it would start, each running the script the agent was given (torchrun's
+  nodes and processes per node; an elastic node range or `--no-python` is one line: not modelled).
 * where `nprocs` is not the launch's processes per node (a script that spawns a fixed number
   under `--nproc-per-node` or torchrun), the rank stops with one line naming the option to give.
 """
@@ -56,6 +62,9 @@ LIGHTNING = declare("lightning.fabric.utilities.device_parser (and lightning_fab
                     "as that many ranks on one node")
 LIGHTNING_IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that patches Lightning's GPU check "
                            "as its device parser is imported (distributed/spawn.py)")
+ELASTIC = declare("torch.distributed.run", "elastic_launch",
+                  "in a one-process prediction: torchrun's agent started in process (tune run --nproc_per_node N) "
+                  "is predicted as the ranks it would start, each running the script it was given")
 LIGHTNING_PARSERS = ("lightning.fabric.utilities.device_parser", "lightning_fabric.utilities.device_parser")
 
 
@@ -98,6 +107,40 @@ def _asking_lightning(sanitize: Callable) -> Callable:
     return sanitize_gpu_ids
 
 
+def _launching_the_agent() -> Callable:
+    """torch.distributed.run's elastic_launch(config, entrypoint)(*args) in a one-process
+    prediction: the run stops, to be predicted as the agent's ranks running its script."""
+    def elastic_launch(config: Any, entrypoint: Any) -> Callable:
+        def launch(*args: str) -> None:
+            if config.min_nodes != config.max_nodes:
+                raise NotModelledError(f"torchrun started in the program with an elastic node range "
+                                       f"({config.min_nodes}:{config.max_nodes}): predict a fixed --nnodes",
+                                       call_site(1))
+            script = _agents_script(entrypoint, list(args))
+            n, nodes = int(config.nproc_per_node), int(config.max_nodes)
+            raise SpawnedRanks(n, f"the program starts torchrun's agent for {_processes(n)} per node"
+                                  f"{f' on {nodes} nodes' if nodes > 1 else ''} running {' '.join(script[:2]) if script[0] == '-m' else script[0]} "
+                                  f"(at {call_site(1)})", nnodes=nodes, script=script)
+        return launch
+    return elastic_launch
+
+
+def _agents_script(entrypoint: Any, args: list[str]) -> list[str]:
+    """The script argv of torchrun's command (run.py config_from_args): `python -u [-m] script
+    args`, or run_script_path(script, args) for --run-path."""
+    import torch.distributed.run as torchrun
+
+    if any(a.startswith("--local-rank=") for a in args):
+        raise NotModelledError("torchrun started in the program with --no-use-env (a --local-rank argument per "
+                               "process): predict its script under torchrun instead", call_site(2))
+    if entrypoint is getattr(torchrun, "run_script_path", None):
+        return args
+    if isinstance(entrypoint, str) and args[:1] == ["-u"]:
+        return args[1:]
+    raise NotModelledError(f"torchrun started in the program runs {entrypoint!r}, not a Python script (--no-python)",
+                           call_site(2))
+
+
 def _running_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
     """spawn in a rank's run: the function runs for this rank, in this process."""
     def start(fn: Callable, args: tuple = (), nprocs: int = 1, *more: Any, **kwargs: Any) -> Any:
@@ -132,9 +175,18 @@ class Spawns:
                 self.patches.apply(SPAWN, owner, "start_processes", start)
         if self.rank is None:
             self._groups_are_ranks()
+            self._torchrun_is_ranks()
             for name in LIGHTNING_PARSERS:
                 self.patches.when_imported(LIGHTNING_IMPORT, name, lambda name=name: self._lightning_asks(name))
         return self
+
+    def _torchrun_is_ranks(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available():
+            import torch.distributed.run as torchrun
+
+            self.patches.apply(ELASTIC, torchrun, "elastic_launch", _launching_the_agent())
 
     def _lightning_asks(self, name: str) -> None:
         import sys
