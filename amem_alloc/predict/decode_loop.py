@@ -30,6 +30,13 @@ Where a loop's steps begin and end, and how many it had left:
   code after the loop runs; what the step ran after the model's return (as the written-out steps'
   first ops) is grown as the last step's would be, and later frees of the last steps' blocks move to
   the written-out ones'. A loop that is not over a `range` runs every step.
+* A library's loop between the model and the user's code (a diffusers pipeline's denoising loop,
+  `for t in self.progress_bar(self.scheduler.timesteps)`, under `no_grad`): the same, where it runs
+  over a range, a tuple or a list (a tensor iterates as the tuple of its rows), directly or
+  through a generator that wraps it (tqdm's progress bar: the sequence is read from the suspended
+  generator's stack, and emptying it ends the generator's loop, and so the library's). The steps
+  written out are the last ones run: a step that the loop's end alone changes is written out as
+  the others (DDPM's last step draws no noise: the written-out program has that one temporary more).
 
 Each loop written out is a note ("written-out"): where, how many steps ran, how many were written.
 """
@@ -294,9 +301,11 @@ def _marking(update: Any, session: Any) -> Any:
 
 
 def _user_loop() -> Any:
-    """The range iterator of the innermost user frame that calls the model, when it loops over a
-    `range` (the iterator on its stack, or inside an enumerate there); None inside generate() or
-    where the caller's loop is not over a range."""
+    """The iterator of the loop that calls the model, when its steps left are known: in the innermost
+    user frame, a `range` (the iterator on its stack, or inside an enumerate there); in a library
+    frame between the model and the user's code (a diffusers pipeline's denoising loop), a range, a
+    tuple or a list (a tensor of timesteps iterates as a tuple of its rows), directly or through a
+    generator that wraps it (tqdm's progress bar). None inside generate() or where no such loop is."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
@@ -304,11 +313,17 @@ def _user_loop() -> Any:
             return None
         if code_files.is_user_file(name):
             return _range_iterator(frame)
+        if code_files.is_traced_file(name):
+            iterator = _sequence_iterator(frame)
+            if iterator is not None:
+                return iterator
         frame = frame.f_back
     return None
 
 
 _RANGE_ITERATORS = (type(iter(range(0))), type(iter(range(1 << 64))))
+_SEQUENCE_ITERATORS = (*_RANGE_ITERATORS, type(iter(())), type(iter([])))
+_GENERATOR = type((lambda: (yield))())
 # CPython's frame layout (Include/internal/pycore_frame.h): offsets in _PyInterpreterFrame of its code
 # object, of `stacktop` (the value stack's height, kept while the frame calls out) and of localsplus
 _FRAME_LAYOUT = {(3, 11): (32, 64, 72), (3, 12): (0, 64, 72)}
@@ -317,17 +332,31 @@ _FRAME_LAYOUT = {(3, 11): (32, 64, 72), (3, 12): (0, 64, 72)}
 def _range_iterator(frame: Any) -> Any:
     """The range iterator that a `for` loop of `frame` runs over (the innermost), itself or inside an
     enumerate, read from the frame's value stack; None where there is none or on another CPython."""
-    for obj in reversed(_value_stack(frame)):   # the innermost loop's iterator is the highest
+    return _loop_iterator(frame, _RANGE_ITERATORS)
+
+
+def _sequence_iterator(frame: Any) -> Any:
+    """As _range_iterator for a range, tuple or list iterator, or one that a generator on the
+    frame's stack (a progress bar wrapping the sequence) loops over."""
+    return _loop_iterator(frame, _SEQUENCE_ITERATORS, through_generators=True)
+
+
+def _loop_iterator(frame: Any, kinds: tuple, through_generators: bool = False) -> Any:
+    wanted = (*kinds, enumerate, _GENERATOR) if through_generators else (*kinds, enumerate)
+    for obj in reversed(_value_stack(frame, wanted)):   # the innermost loop's iterator is the highest
         if isinstance(obj, enumerate):
-            obj = next((o for o in gc.get_referents(obj) if isinstance(o, _RANGE_ITERATORS)), None)
-        if isinstance(obj, _RANGE_ITERATORS):
+            obj = next((o for o in gc.get_referents(obj) if isinstance(o, kinds)), None)
+        elif isinstance(obj, _GENERATOR):
+            inner = obj.gi_frame
+            obj = None if inner is None or obj.gi_running else _loop_iterator(inner, kinds)
+        if isinstance(obj, kinds):
             return obj
     return None
 
 
-def _value_stack(frame: Any) -> list:
-    """The range iterators and enumerates on a running frame's value stack (a loop's iterator is there
-    while its body runs). CPython keeps no Python view of the stack, nor its height while the frame
+def _value_stack(frame: Any, types: tuple) -> list:
+    """The objects of `types` (exactly) on a running or suspended frame's value stack (a loop's
+    iterator is there while its body runs). CPython keeps no Python view of the stack, nor its height while the frame
     calls an object (a module) through C: the height before the call is worked out from the bytecode
     (_depth_at), the slots read through ctypes, and only an object whose type is one of those is taken."""
     layout = _FRAME_LAYOUT.get(sys.version_info[:2])
@@ -345,7 +374,7 @@ def _value_stack(frame: Any) -> list:
     if depth is None or depth > code.co_stacksize:
         return []
     first = code.co_nlocals + len(code.co_cellvars) + len(code.co_freevars)
-    wanted = {id(t) for t in (*_RANGE_ITERATORS, enumerate)}
+    wanted = {id(t) for t in types}
     out = []
     for i in range(first, first + depth):
         p = ctypes.c_void_p.from_address(inner + slots_at + word * i).value
