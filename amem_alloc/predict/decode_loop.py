@@ -356,9 +356,10 @@ def _loop_iterator(frame: Any, kinds: tuple, through_generators: bool = False) -
 
 def _value_stack(frame: Any, types: tuple) -> list:
     """The objects of `types` (exactly) on a running or suspended frame's value stack (a loop's
-    iterator is there while its body runs). CPython keeps no Python view of the stack, nor its height while the frame
-    calls an object (a module) through C: the height before the call is worked out from the bytecode
-    (_depth_at), the slots read through ctypes, and only an object whose type is one of those is taken."""
+    iterator is there while its body runs). CPython keeps no Python view of the stack, nor its
+    height while the frame calls an object (a module) through C: the height before the call is
+    worked out from the bytecode (_depth_at), the slots read through ctypes, and only an object
+    whose type is one of those is taken."""
     layout = _FRAME_LAYOUT.get(sys.version_info[:2])
     if layout is None or sys.implementation.name != "cpython":
         return []

@@ -102,7 +102,8 @@ def _asking_lightning(sanitize: Callable) -> Callable:
     CUDA device stops the run, to be predicted as that many ranks."""
     def sanitize_gpu_ids(gpus: list, include_cuda: bool = False, include_mps: bool = False) -> list:
         if include_cuda and len(gpus) > 1:
-            raise SpawnedRanks(len(gpus), f"Lightning is asked for {len(gpus)} GPUs (devices={gpus}, at {call_site(1)})")
+            raise SpawnedRanks(len(gpus), f"Lightning is asked for {len(gpus)} GPUs (devices={gpus}, "
+                                          f"at {call_site(1)})")
         return sanitize(gpus, include_cuda=include_cuda, include_mps=include_mps)
     return sanitize_gpu_ids
 
@@ -118,9 +119,10 @@ def _launching_the_agent() -> Callable:
                                        call_site(1))
             script = _agents_script(entrypoint, list(args))
             n, nodes = int(config.nproc_per_node), int(config.max_nodes)
-            raise SpawnedRanks(n, f"the program starts torchrun's agent for {_processes(n)} per node"
-                                  f"{f' on {nodes} nodes' if nodes > 1 else ''} running {' '.join(script[:2]) if script[0] == '-m' else script[0]} "
-                                  f"(at {call_site(1)})", nnodes=nodes, script=script)
+            runs = " ".join(script[:2]) if script[0] == "-m" else script[0]
+            on = f" on {nodes} nodes" if nodes > 1 else ""
+            raise SpawnedRanks(n, f"the program starts torchrun's agent for {_processes(n)} per node{on} running "
+                                  f"{runs} (at {call_site(1)})", nnodes=nodes, script=script)
         return launch
     return elastic_launch
 
