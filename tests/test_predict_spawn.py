@@ -145,3 +145,19 @@ def test_each_rank_run_in_turn_finds_a_librarys_operators_undefined():
                            timeout=300, workers=1)
     assert [r.rank for r in result.ranks] == [0, 1]
     assert "op_library" not in sys.modules
+
+
+def test_torchruns_agent_given_a_function_runs_it_in_each_rank(tmp_path):
+    """elastic_launch(config, train)() (accelerate's notebook_launcher): the agent is never started
+    (it would open a store on a real port and wait for workers, 10 minutes until --timeout); each
+    rank runs the program again and, at the launch, `train` for that rank, allocating what
+    torchrun's rank of the same body does. What the program does after the launch is no rank's."""
+    proc, data = _predict(tmp_path, "python", str(MODELS / "agent_function.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the program starts torchrun's agent for 2 processes per node running train (at " in proc.stderr
+    assert "rank 0: doubled (256, 1024)" in proc.stdout and "rank 1: doubled (256, 1024)" in proc.stdout
+    assert "the agent returned" not in proc.stdout
+    (tmp_path / "t").mkdir()
+    reference = _predict(tmp_path / "t", "torchrun", "--nproc-per-node", "2", str(MODELS / "dist_ops.py"),
+                         options=("--rank", "all"))[1]
+    assert _peaks(data) == _peaks(reference)

@@ -161,17 +161,25 @@ def forget_libraries() -> None:
 
 
 def _undefine_operators(staying: Staying) -> None:
-    """The operators that modules about to be dropped defined with a `torch.library.Library` of
-    their own globals are undefined now, as the Library's finalizer would when it died: torchao's
-    does not die (the fake kernels it registered are held by torch's registries and hold its
-    module's globals), and the next import's definitions met the old ones ("Tried to register an
-    operator (torchao::int_matmul...) ... multiple times")."""
+    """The operators of the libraries about to be dropped are undefined now, as a Library's
+    finalizer would when it died: a `torch.library.Library` among a dropped module's globals, and
+    one that `torch.library.define` keeps alive for the process (`torch.library._keep_alive`) whose
+    namespace is a dropped package's name. Neither dies by itself (torchao's fake kernels, held by
+    torch's registries, hold their module's Library; bitsandbytes defines its operators with
+    `torch.library.define`), and the next import's definitions met the old ones ("Tried to register
+    an operator (torchao::int_matmul...) ... multiple times")."""
+    dropped, libraries = set(), []
     for name, module in list(sys.modules.items()):
         if module is None or not staying.forgets_module(name, module):
             continue
-        for value in list(getattr(module, "__dict__", {}).values()):
-            if isinstance(value, torch.library.Library) and hasattr(value, "_destroy"):
-                value._destroy()
+        dropped.add(_top(name))
+        libraries += [v for v in list(getattr(module, "__dict__", {}).values()) if isinstance(v, torch.library.Library)]
+    kept = getattr(torch.library, "_keep_alive", [])
+    libraries += [lib for lib in list(kept) if getattr(lib, "ns", None) in dropped]
+    for lib in libraries:
+        if hasattr(lib, "_destroy") and getattr(lib, "m", None) is not None:
+            lib._destroy()
+    kept[:] = [lib for lib in kept if not (getattr(lib, "ns", None) in dropped)]
 
 
 def _forget_sharding_decisions() -> None:

@@ -38,6 +38,9 @@ Under prediction the spawned processes are the job's ranks, one node of `nprocs`
   prediction. In a one-process prediction the agent's launch stops the run and the job is
   predicted as the ranks it would start, each running the script the agent was given (torchrun's
   nodes and processes per node; an elastic node range or `--no-python` is one line: not modelled).
+  Where the agent is given a function (accelerate's `notebook_launcher`), each rank runs the
+  script again and, at the launch, the function for that rank, as spawn above. Caught at
+  `launch_agent`, which every `elastic_launch` calls, so no agent, store or port is started.
 * where `nprocs` is not the launch's processes per node (a script that spawns a fixed number
   under `--nproc-per-node` or torchrun), the rank stops with one line naming the option to give.
 """
@@ -62,9 +65,10 @@ LIGHTNING = declare("lightning.fabric.utilities.device_parser (and lightning_fab
                     "as that many ranks on one node")
 LIGHTNING_IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that patches Lightning's GPU check "
                            "as its device parser is imported (distributed/spawn.py)")
-ELASTIC = declare("torch.distributed.run", "elastic_launch",
-                  "in a one-process prediction: torchrun's agent started in process (tune run --nproc_per_node N) "
-                  "is predicted as the ranks it would start, each running the script it was given")
+ELASTIC = declare("torch.distributed.launcher.api", "launch_agent",
+                  "torchrun's agent started in process (tune run --nproc_per_node N, accelerate's notebook_launcher): "
+                  "a one-process prediction is made again as its ranks; in a rank, a function it was given runs "
+                  "for that rank, in process")
 LIGHTNING_PARSERS = ("lightning.fabric.utilities.device_parser", "lightning_fabric.utilities.device_parser")
 
 
@@ -109,22 +113,46 @@ def _asking_lightning(sanitize: Callable) -> Callable:
 
 
 def _launching_the_agent() -> Callable:
-    """torch.distributed.run's elastic_launch(config, entrypoint)(*args) in a one-process
-    prediction: the run stops, to be predicted as the agent's ranks running its script."""
-    def elastic_launch(config: Any, entrypoint: Any) -> Callable:
-        def launch(*args: str) -> None:
-            if config.min_nodes != config.max_nodes:
-                raise NotModelledError(f"torchrun started in the program with an elastic node range "
-                                       f"({config.min_nodes}:{config.max_nodes}): predict a fixed --nnodes",
-                                       call_site(1))
-            script = _agents_script(entrypoint, list(args))
-            n, nodes = int(config.nproc_per_node), int(config.max_nodes)
-            runs = " ".join(script[:2]) if script[0] == "-m" else script[0]
-            on = f" on {nodes} nodes" if nodes > 1 else ""
+    """torch.distributed.launcher.api's launch_agent(config, entrypoint, args) (elastic_launch's
+    call, however a program imported it) in a one-process prediction: the run stops, to be
+    predicted as the agent's ranks, running its script, or this script again where the agent was
+    given a function (notebook_launcher)."""
+    def launch_agent(config: Any, entrypoint: Any, args: list, *more: Any, **options: Any) -> Any:
+        if config.min_nodes != config.max_nodes:
+            raise NotModelledError(f"torchrun started in the program with an elastic node range "
+                                   f"({config.min_nodes}:{config.max_nodes}): predict a fixed --nnodes", call_site(1))
+        n, nodes = int(config.nproc_per_node), int(config.max_nodes)
+        on = f" on {nodes} nodes" if nodes > 1 else ""
+        if callable(entrypoint) and not _runs_a_script(entrypoint):
             raise SpawnedRanks(n, f"the program starts torchrun's agent for {_processes(n)} per node{on} running "
-                                  f"{runs} (at {call_site(1)})", nnodes=nodes, script=script)
-        return launch
-    return elastic_launch
+                                  f"{getattr(entrypoint, '__name__', 'a function')} (at {call_site(1)})", nnodes=nodes)
+        script = _agents_script(entrypoint, list(args))
+        runs = " ".join(script[:2]) if script[0] == "-m" else script[0]
+        raise SpawnedRanks(n, f"the program starts torchrun's agent for {_processes(n)} per node{on} running "
+                              f"{runs} (at {call_site(1)})", nnodes=nodes, script=script)
+    return launch_agent
+
+
+def _runs_a_script(entrypoint: Any) -> bool:
+    import torch.distributed.run as torchrun
+
+    return entrypoint is getattr(torchrun, "run_script_path", None)
+
+
+def _agent_in_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
+    """launch_agent in a rank's run: a function it was given runs for this rank, in this process,
+    and the rank's run ends with it (as the agent's worker process does)."""
+    def launch_agent(config: Any, entrypoint: Any, args: list, *more: Any, **options: Any) -> Any:
+        if not callable(entrypoint) or _runs_a_script(entrypoint):
+            raise NotModelledError("torchrun's agent started inside a rank's script: predict its script under "
+                                   "torchrun instead", call_site(1))
+        if int(config.nproc_per_node) != nproc_per_node:
+            raise NotModelledError(f"the script starts torchrun's agent for {config.nproc_per_node} processes where "
+                                   f"the job has {nproc_per_node} per node: predict it with --nproc-per-node "
+                                   f"{config.nproc_per_node}", call_site(1))
+        entrypoint(*args)
+        raise StopPrediction   # the worker process ends here
+    return launch_agent
 
 
 def _agents_script(entrypoint: Any, args: list[str]) -> list[str]:
@@ -175,20 +203,22 @@ class Spawns:
             if owner is not None:
                 self.patches.apply(SPAWN, owner, "spawn", start)
                 self.patches.apply(SPAWN, owner, "start_processes", start)
+        self._agent_is_ranks()
         if self.rank is None:
             self._groups_are_ranks()
-            self._torchrun_is_ranks()
             for name in LIGHTNING_PARSERS:
                 self.patches.when_imported(LIGHTNING_IMPORT, name, lambda name=name: self._lightning_asks(name))
         return self
 
-    def _torchrun_is_ranks(self) -> None:
+    def _agent_is_ranks(self) -> None:
         import torch.distributed as dist
 
         if dist.is_available():
-            import torch.distributed.run as torchrun
+            import torch.distributed.launcher.api as launcher
 
-            self.patches.apply(ELASTIC, torchrun, "elastic_launch", _launching_the_agent())
+            agent = (_launching_the_agent() if self.rank is None
+                     else _agent_in_the_rank(self.rank % self.nproc_per_node, self.nproc_per_node))
+            self.patches.apply(ELASTIC, launcher, "launch_agent", agent)
 
     def _lightning_asks(self, name: str) -> None:
         import sys
