@@ -139,9 +139,10 @@ def _runs_a_script(entrypoint: Any) -> bool:
     return entrypoint is getattr(torchrun, "run_script_path", None)
 
 
-def _agent_in_the_rank(local_rank: int, nproc_per_node: int) -> Callable:
-    """launch_agent in a rank's run: a function it was given runs for this rank, in this process,
-    and the rank's run ends with it (as the agent's worker process does)."""
+def _agent_in_the_rank(nproc_per_node: int) -> Callable:
+    """launch_agent in a rank's run: a function it was given runs for this rank (the rank's
+    variables are torchrun's, as the agent's worker has them), in this process, and the rank's run
+    ends with it (as the agent's worker process does)."""
     def launch_agent(config: Any, entrypoint: Any, args: list, *more: Any, **options: Any) -> Any:
         if not callable(entrypoint) or _runs_a_script(entrypoint):
             raise NotModelledError("torchrun's agent started inside a rank's script: predict its script under "
@@ -217,7 +218,7 @@ class Spawns:
             import torch.distributed.launcher.api as launcher
 
             agent = (_launching_the_agent() if self.rank is None
-                     else _agent_in_the_rank(self.rank % self.nproc_per_node, self.nproc_per_node))
+                     else _agent_in_the_rank(self.nproc_per_node))
             self.patches.apply(ELASTIC, launcher, "launch_agent", agent)
 
     def _lightning_asks(self, name: str) -> None:
