@@ -204,3 +204,23 @@ def test_a_library_with_an_extension_of_its_own_is_imported_afresh_and_the_exten
     assert len(ids) == 1, out   # the same module object, served again
     assert [r.rank for r in result.ranks] == [0, 1]
     assert "extlib" not in sys.modules and "extlib._speedups" not in sys.modules
+
+
+def test_a_package_that_defined_operators_with_torch_library_define_stays(monkeypatch):
+    """torch.library.define keeps its Library for the process (torch.library._keep_alive): the
+    package of that namespace stays, else a rank's import defined its operators again (bitsandbytes,
+    imported by transformers: "Tried to register an operator (bitsandbytes::...) multiple times")."""
+    import types
+
+    import torch.library
+
+    module = types.ModuleType("definedlib")
+    module.__file__ = "/site-packages/definedlib/__init__.py"
+    monkeypatch.setitem(sys.modules, "definedlib", module)
+    assert fresh_libraries.Staying().forgets_module("definedlib", module)
+    lib = torch.library.Library("definedlib", "FRAGMENT")
+    monkeypatch.setattr(torch.library, "_keep_alive", torch.library._keep_alive + [lib])
+    try:
+        assert not fresh_libraries.Staying().forgets_module("definedlib", module)
+    finally:
+        lib._destroy()

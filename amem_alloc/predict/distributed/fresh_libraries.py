@@ -35,6 +35,9 @@ top-level package other than these, which stay, shared by every rank:
   arguments in module globals and refuses to initialise twice) and, CPython loading an extension
   once per process, is served as loaded before when the next rank imports it again, made its new
   package's attribute by the import machinery (KeptExtensions);
+* a package named by the namespace of operators defined with `torch.library.define`
+  (bitsandbytes'): torch keeps their Library for the process, and a second import would define
+  them again ("registered multiple times");
 * a package that defines classes derived from a compiled extension's (other than torch's and the
   standard library's): the extension may have registered them for the process (datasets' pyarrow
   extension types, which a second import cannot register again).
@@ -161,25 +164,18 @@ def forget_libraries() -> None:
 
 
 def _undefine_operators(staying: Staying) -> None:
-    """The operators of the libraries about to be dropped are undefined now, as a Library's
-    finalizer would when it died: a `torch.library.Library` among a dropped module's globals, and
-    one that `torch.library.define` keeps alive for the process (`torch.library._keep_alive`) whose
-    namespace is a dropped package's name. Neither dies by itself (torchao's fake kernels, held by
-    torch's registries, hold their module's Library; bitsandbytes defines its operators with
-    `torch.library.define`), and the next import's definitions met the old ones ("Tried to register
-    an operator (torchao::int_matmul...) ... multiple times")."""
-    dropped, libraries = set(), []
+    """The operators that modules about to be dropped defined with a `torch.library.Library` of
+    their own globals are undefined now, as the Library's finalizer would when it died: torchao's
+    does not die (the fake kernels it registered are held by torch's registries and hold its
+    module's globals), and the next import's definitions met the old ones ("Tried to register an
+    operator (torchao::int_matmul...) ... multiple times"). Operators defined with
+    `torch.library.define` keep their package (_defined_operators)."""
     for name, module in list(sys.modules.items()):
         if module is None or not staying.forgets_module(name, module):
             continue
-        dropped.add(_top(name))
-        libraries += [v for v in list(getattr(module, "__dict__", {}).values()) if isinstance(v, torch.library.Library)]
-    kept = getattr(torch.library, "_keep_alive", [])
-    libraries += [lib for lib in list(kept) if getattr(lib, "ns", None) in dropped]
-    for lib in libraries:
-        if hasattr(lib, "_destroy") and getattr(lib, "m", None) is not None:
-            lib._destroy()
-    kept[:] = [lib for lib in kept if not (getattr(lib, "ns", None) in dropped)]
+        for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, torch.library.Library) and getattr(value, "m", None) is not None:
+                value._destroy()
 
 
 def _forget_sharding_decisions() -> None:
@@ -307,6 +303,7 @@ class Staying:
             while True:
                 modules = list(sys.modules.items())
                 self.tops |= {_top(n) for n, m in modules if n not in self.seen and _registers_in_extension(n, m)}
+                self.tops |= _defined_operators()
                 self.seen.update(n for n, _ in modules)
                 todo = [(n, m) for n, m in modules
                         if n not in self.walked and n not in MAIN and (_top(n) in self.tops or _compiled(m))]
@@ -427,6 +424,14 @@ def _held_tops(module: Any) -> set[str]:
 
 
 _LOOKED_AT = 256   # items of one container _held_value_tops looks at
+
+
+def _defined_operators() -> set[str]:
+    """The namespaces of the operators defined with `torch.library.define` (bitsandbytes'): torch
+    keeps their Library for the process (`torch.library._keep_alive`), so a package of that name
+    stays, as a new import of it would define them again ("registered multiple times"), whether
+    the caller or a rank imported it."""
+    return {getattr(lib, "ns", None) for lib in list(getattr(torch.library, "_keep_alive", []))} - {None}
 
 
 def _held_value_tops(module: Any) -> set[str]:
