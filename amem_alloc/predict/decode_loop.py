@@ -43,6 +43,7 @@ Each loop written out is a note ("written-out"): where, how many steps ran, how 
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import sys
 from dataclasses import dataclass, field
@@ -388,6 +389,7 @@ _ENDS = {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_AB
          "RETURN_CONST", "RAISE_VARARGS", "RERAISE"}
 
 
+@functools.lru_cache(maxsize=1024)   # asked at every step's end, of each frame between model and user
 def _depth_at(code: Any, offset: int) -> int | None:
     """The value stack's height before the instruction at `offset`, by following the bytecode's flow
     from its start and from each exception handler (as the compiler computes co_stacksize)."""
