@@ -8,6 +8,12 @@ on (amem's and runpy's frames above it are left out) — and the exit status is 
 an exception, the code of sys.exit(), 130 for Ctrl-C. amem never turns them into "amem: ..."
 lines. Only problems amem finds before the script starts (no such file or module) are amem's.
 
+A script that ends its process with `os._exit(status)` (to skip its libraries' teardown) ends as
+`sys.exit(status)` would, so what amem writes after it (the prediction, the trace) is still
+written: while the script runs, `os._exit` called by its main thread in this process raises
+ScriptExit. Elsewhere (a forked child, which multiprocessing ends with os._exit; another thread)
+it is Python's. Unlike the real call, the script's own `finally` blocks run on the way out.
+
 Under prediction, amem's own code runs inside the script (fake CUDA tensors), and an exception can
 be amem's although it ends the script: `run(..., amems=...)` lets the caller take those out
 (predict/failures.py decides which). An exception amem raises on purpose for the script to see,
@@ -16,19 +22,43 @@ or as amem's own API refuses a call, is marked `for_the_script(err)`: it is the 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
 import runpy
 import sys
+import threading
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+from .patching import PatchSet, declare
 from .user_input import UsageError
+
+PROCESS_EXIT = declare("os", "_exit", "while the user's script runs: called by its main thread, it ends the script "
+                       "as sys.exit would, so the prediction or trace is still written")
 
 _RUNPY = os.path.dirname(runpy.__file__)
 _AMEM = os.path.dirname(os.path.abspath(__file__))
+
+
+class ScriptExit(SystemExit):
+    """The script called os._exit(status): it ends as sys.exit(status) would."""
+
+
+@contextlib.contextmanager
+def _os_exit_ends_the_script() -> Iterator[None]:
+    """os._exit from the script's main thread in this process raises ScriptExit (see the note above)."""
+    real, pid, main = os._exit, os.getpid(), threading.main_thread()
+
+    def _exit(status: int) -> None:
+        if os.getpid() != pid or threading.current_thread() is not main:
+            real(status)
+        raise ScriptExit(status)
+    with PatchSet() as patches:
+        patches.apply(PROCESS_EXIT, os, "_exit", _exit)
+        yield
 
 
 class ScriptFailed(Exception):
@@ -166,7 +196,8 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     argv_before, path_before = sys.argv, list(sys.path)
     sys.argv = [target, *args]
     try:
-        return _run_as_main(target, module, reraise, explain, amems)
+        with _os_exit_ends_the_script():
+            return _run_as_main(target, module, reraise, explain, amems)
     finally:
         sys.argv = argv_before
         sys.path[:] = path_before

@@ -3,6 +3,7 @@ calls answer from the prediction; data-dependent code stops with one line naming
 the user's own errors keep their traceback and status; bad input is one line; --json, --trace
 (opened by torch's _memory_viz and amem's replay/report) and --report."""
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -280,6 +281,41 @@ def test_the_users_own_error_keeps_its_traceback_and_status(tmp_path):
     assert f'File "{script}", line 4, in f' in proc.stderr and "amem_alloc" not in proc.stderr.split("KeyError")[0]
     script.write_text("import sys\nsys.exit(7)\n")
     assert amem("--", "python", script).returncode == 7
+
+
+OS_EXIT = textwrap.dedent("""\
+    import multiprocessing, os, torch
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    child = os.fork()
+    if child == 0:
+        os._exit(9)   # a forked child ends as Python ends it
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 9
+    worker = multiprocessing.get_context("fork").Process(target=print, args=("in the child",))
+    worker.start(); worker.join()
+    assert worker.exitcode == 0
+    y = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    os._exit({status})
+    raise AssertionError("os._exit returned")
+""")
+
+
+@pytest.mark.parametrize("status", [0, 5])
+def test_a_script_ending_with_os_exit_ends_as_sys_exit_would(tmp_path, status):
+    """os._exit (a script skipping its libraries' teardown) ends the script, not amem: with 0 the
+    prediction is printed and its JSON written; its folders are removed as at any end."""
+    script, out, scratch = tmp_path / "ends.py", tmp_path / "p.json", tmp_path / "scratch"
+    script.write_text(OS_EXIT.format(status=status))
+    scratch.mkdir()
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--json", out, "--", "python", script],
+                       env={**os.environ, "TMPDIR": str(scratch)}, timeout=300)
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert "os._exit returned" not in proc.stderr and "in the child" in proc.stdout
+    if status == 0:
+        torch_policy = next(r for r in json.loads(out.read_text())["policies"] if r["policy"] == "torch")
+        assert torch_policy["peak_allocated"] == 96 * MiB
+    else:
+        assert "exit status 5" in proc.stderr and not out.exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("amem-")] == []
 
 
 def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp_path):

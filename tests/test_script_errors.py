@@ -45,9 +45,10 @@ def test_run_keeps_a_torch_out_of_memory_error_as_the_scripts(tmp_path):
     assert f'File "{script}", line 2' in proc.stderr and "torch.OutOfMemoryError: CUDA out of memory" in proc.stderr
 
 
-@pytest.mark.parametrize("code, status", [("sys.exit(7)", 7), ("sys.exit('bye')", 1), ("raise KeyboardInterrupt", 130)])
+@pytest.mark.parametrize("code, status", [("sys.exit(7)", 7), ("sys.exit('bye')", 1), ("raise KeyboardInterrupt", 130),
+                                          ("os._exit(6)", 6)])
 def test_run_gives_pythons_exit_status(tmp_path, code, status):
-    script = _script(tmp_path, f"import sys\n{code}\n")
+    script = _script(tmp_path, f"import os, sys\n{code}\n")
     proc = run_command([AMEM, "run", str(script)])
     assert proc.returncode == status, proc.stderr
 
