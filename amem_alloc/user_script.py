@@ -26,6 +26,7 @@ import contextlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import runpy
 import sys
 import threading
@@ -40,6 +41,7 @@ PROCESS_EXIT = declare("os", "_exit", "while the user's script runs: called by i
                        "as sys.exit would, so the prediction or trace is still written")
 
 _RUNPY = os.path.dirname(runpy.__file__)
+_ENTRY_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import \w+", re.M)   # pip's console-script template
 _AMEM = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -212,6 +214,9 @@ def _run_as_main(target: str, module: bool, reraise: tuple, explain,
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.path.insert(0, str(Path(target).resolve().parent))
+            entry = console_script_entry(target)
+            if entry is not None:   # a command pip installed: its package is the program's code
+                _count_package_as_program(entry)
             runpy.run_path(target, run_name="__main__")
     except SystemExit as done:
         return exit_status(done.code)
@@ -228,6 +233,20 @@ def _run_as_main(target: str, module: bool, reraise: tuple, explain,
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0
+
+
+def console_script_entry(path: str) -> str | None:
+    """The module a command pip installed (`litgpt`, `tune`: a Python file without .py whose
+    `from MODULE import main` calls the entry point) runs, or None for any other script."""
+    if path.endswith(".py"):
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(2048)
+    except OSError:
+        return None
+    found = _ENTRY_IMPORT.search(head)
+    return found.group(1) if found and head.startswith("#!") else None
 
 
 def _count_package_as_program(module: str) -> None:

@@ -365,3 +365,35 @@ def test_a_python_command_on_path_runs_as_its_script(tmp_path):
                        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "argv ['--lr', '1']" in proc.stdout and "4.00 MiB" in proc.stdout
+
+
+def test_a_pip_installed_commands_package_is_the_users_code(tmp_path):
+    """A command pip installed (`from PACKAGE.cli import main`) runs its package as the program, as
+    `python -m` does: the notes' lines are the package's, not the command's file with the package
+    as the library line below it."""
+    import site
+
+    user_base = tmp_path / "user"
+    packages = Path(site.getusersitepackages().replace(site.getuserbase(), str(user_base), 1))
+    (packages / "ctool").mkdir(parents=True)
+    (packages / "ctool" / "__init__.py").write_text("")
+    (packages / "ctool" / "cli.py").write_text(textwrap.dedent("""\
+        import torch
+
+        def main():
+            loss = torch.randn(1024, device="cuda").sum()
+            print("loss", loss.item())
+    """))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "ctool"
+    command.write_text(f"#!{sys.executable}\nimport sys\nfrom ctool.cli import main\n"
+                       "if __name__ == '__main__':\n    sys.exit(main())\n")
+    command.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUSERBASE": str(user_base),
+           "PYTHONPATH": str(packages)}
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--gpu", "H100", "--", "ctool"], env=env,
+                       timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    note = next(line for line in proc.stdout.splitlines() if "item() of a CUDA tensor" in line)
+    assert note.rstrip().endswith("at ctool/cli.py:5"), note
