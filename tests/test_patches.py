@@ -42,27 +42,37 @@ def applied(monkeypatch):
 
 def _concrete() -> dict:
     """Each declared attribute that can be found by its owner's dotted path: its object's own value
-    (every declaring module imported first, so the catalogue is whole)."""
+    (every declaring module imported first, so the catalogue is whole, and every owner imported
+    before any value is read: importing one may change another's, as Lightning Fabric's
+    wrappers.py replaces torch.compile)."""
     from amem_alloc.predict import patch_table
 
     patch_table.markdown()
+    owners = {}
+    for p in patching.CATALOGUE:
+        for owner in p.owner.split(", "):
+            if owner != "os.environ":
+                owners.setdefault(owner, _owner(owner))
     out = {}
     for p in patching.CATALOGUE:
         for owner in p.owner.split(", "):
-            if owner == "os.environ":
-                continue
-            try:
-                obj = importlib.import_module(owner)
-            except ImportError:
-                module, _, name = owner.rpartition(".")
-                try:
-                    obj = getattr(importlib.import_module(module), name)
-                except (ImportError, AttributeError, ValueError):
-                    continue
-            if p.attribute.isidentifier():
+            obj = owners.get(owner)
+            if obj is not None and p.attribute.isidentifier():
                 own = getattr(obj, "__dict__", {})
                 out[(owner, p.attribute)] = own.get(p.attribute, "<absent>") if hasattr(own, "get") else None
     return out
+
+
+def _owner(owner: str):
+    """The module or class a dotted path names, or None where it cannot be found."""
+    try:
+        return importlib.import_module(owner)
+    except ImportError:
+        module, _, name = owner.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None
 
 
 def _train_step():

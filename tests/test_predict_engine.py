@@ -74,6 +74,20 @@ def test_cpu_tensors_are_fake_too_and_moving_them_allocates_on_cuda():
     assert [size for kind, _, size, _ in s.ops if kind == ALLOC] == [400]
 
 
+def test_pinned_copies_answer_is_pinned_as_torch_does():
+    """pin_memory makes an ordinary copy here; is_pinned answers for it and its views, and for
+    nothing else (a pinned tensor of many elements failed: the lookup compared tensors by ==)."""
+    with FakeCudaSession():
+        host = torch.randn(1000)
+        pinned = host.pin_memory()
+        assert pinned.is_pinned() and pinned[10:].is_pinned()
+        assert not host.is_pinned() and not torch.empty(1000).is_pinned()
+        assert not pinned.cuda(non_blocking=True).is_pinned()
+        assert torch.equal(pinned, host)
+        made = torch.empty(1000, pin_memory=True)
+        assert made.is_pinned() and not torch.empty(1000).is_pinned()
+
+
 def test_fake_tensors_have_distinct_addresses_as_real_ones_do():
     """data_ptr() of fake tensors (meta underneath, where it is 0 for all): distinct per live
     storage, a view's is its storage's plus its offset, the storage's own data_ptr() agrees, and a

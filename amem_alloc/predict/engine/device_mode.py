@@ -209,7 +209,8 @@ class DeviceMode(TorchFunctionMode):
             args = (self._read_elements(args[0]),) + tuple(args[1:])
         device = device_type(kwargs.get("device")) or self._default_device()
         kwargs = dict(kwargs)
-        if kwargs.pop("pin_memory", False) and device == "cpu":
+        pin = bool(kwargs.pop("pin_memory", False)) and device == "cpu"
+        if pin:
             notes_mod.record(notes_mod.STAND_IN, "pinned host memory (pin_memory=True): ordinary host memory")
         if device == "meta" and spoofing():   # meta asked for by code that sees fake tensors as CUDA: a meta
             # tensor, as torch makes it (no memory anywhere); where fake tensors show meta (unspoofed), meta is theirs
@@ -219,7 +220,10 @@ class DeviceMode(TorchFunctionMode):
                 self.storages.see(out, "meta", name)
             return out
         if device == "cpu" or device == "meta":
-            return func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; (meta: see above)
+            out = func(*args, **kwargs)   # the CPU is real: data, indices, bookkeeping; (meta: see above)
+            if pin and isinstance(out, torch.Tensor):
+                self.session.pinned.add(out)
+            return out
         kwargs["device"] = META
         with OnDevice(device):
             out = func(*args, **kwargs)

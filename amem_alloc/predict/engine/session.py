@@ -60,6 +60,7 @@ from .values import DataDependentError
 from .collector import CollectorWatch
 from .storages import Storages, user_frames
 from .known import KnownValues
+from .pinned import PinnedHost
 
 __all__ = ["AllocInfo", "AllocationListener", "FakeCudaSession", "DataDependentError"]
 
@@ -115,6 +116,7 @@ class FakeCudaSession:
         self.know = classify.Knowledge()
         self.storages = Storages(self._on_alloc, self._on_free)
         self.known = KnownValues()   # the real values of small fake tensors made from known data
+        self.pinned = PinnedHost()   # host memory the program pinned (pinned.py)
         self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self.gathered_params: set[int] = set()   # keys of FSDP's unsharded parameters (_unsharding)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from typing import Any
 
 import torch
@@ -95,7 +94,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     """Every change the session makes to torch, through `patches`."""
     _autocast(session, patches)
     _init(patches)
-    _host(patches)
+    _host(session, patches)
     _compile(session, patches)
     _storages(session, patches)
     _backward(session, patches)
@@ -141,10 +140,10 @@ def _init(patches: PatchSet) -> None:
             patches.apply(INIT, init, name, _value_only(fn))
 
 
-def _host(patches: PatchSet) -> None:
+def _host(session: Any, patches: PatchSet) -> None:
     """Parameters are fake wherever they are made, and pinning makes an ordinary copy (see the note)."""
     orig_new = torch.nn.Parameter.__new__
-    pinned = weakref.WeakSet()
+    pinned = session.pinned
 
     def parameter(cls, data=None, requires_grad=True):
         if isinstance(data, torch.Tensor) and not is_fake(data):
@@ -161,7 +160,7 @@ def _host(patches: PatchSet) -> None:
 
     patches.apply(PARAMETER, torch.nn.Parameter, "__new__", parameter)
     patches.apply(PIN, torch.Tensor, "pin_memory", pin_memory)
-    patches.apply(IS_PINNED, torch.Tensor, "is_pinned", lambda t, device=None: t in pinned)
+    patches.apply(IS_PINNED, torch.Tensor, "is_pinned", lambda t, device=None: not is_fake(t) and pinned.holds(t))
 
 
 # ============================================================================ torch.compile
