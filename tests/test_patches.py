@@ -6,7 +6,6 @@ and the table docs/predict.md shows is the catalogue of every declaration."""
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import sys
 from pathlib import Path

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from .. import notes as notes_mod
 
 FUSABLE = ("Adam", "AdamW", "SGD")   # torch.optim's optimizers with a fused CUDA kernel
