@@ -152,3 +152,24 @@ def test_everything_is_restored_even_on_error():
         assert getattr(torch.cuda, name) is fn
     assert torch.cuda.memory._dump_snapshot is DUMP and not hasattr(torch.cuda, "_dump_snapshot")
     assert not torch.cuda.is_available()
+
+
+def test_raw_bytes_from_the_caching_allocator_are_allocations():
+    """torch.cuda.caching_allocator_alloc/delete (CuPy's bridge to torch's allocator, extensions):
+    a block of the bytes asked for, at a device address, until deleted; an address it did not
+    give is refused as torch refuses it (the script's error)."""
+    seen = []
+
+    def body():
+        first = torch.cuda.caching_allocator_alloc(64 * MiB)
+        second = torch.cuda.memory.caching_allocator_alloc(32 * MiB, 0, torch.cuda.current_stream())
+        seen.append((first != second, torch.cuda.memory_allocated()))
+        torch.cuda.caching_allocator_delete(first)
+        seen.append(torch.cuda.memory_allocated())
+        torch.cuda.caching_allocator_delete(second)
+        with pytest.raises(RuntimeError, match="invalid device pointer"):
+            torch.cuda.caching_allocator_delete(second)
+
+    result = amem_alloc.predict(body, gpu="H100", policies=["torch"])
+    assert seen == [(True, 96 * MiB), 32 * MiB]
+    assert result.rows[0].peak_allocated == 96 * MiB

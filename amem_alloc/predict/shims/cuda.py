@@ -62,7 +62,7 @@ from ..run import NOTE, RunRecorder
 CUDA_NAMES = ("is_available", "is_initialized", "init", "_lazy_init", "device_count", "current_device", "set_device",
               "device", "device_of", "_exchange_device", "_maybe_exchange_device", "get_device_properties",
               "get_device_name", "get_device_capability", "is_bf16_supported",
-              "mem_get_info", "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream",
+              "mem_get_info", "caching_allocator_alloc", "caching_allocator_delete", "synchronize", "Stream", "Event", "stream", "StreamContext", "current_stream",
               "default_stream", "set_stream", "memory_allocated", "max_memory_allocated", "memory_reserved",
               "max_memory_reserved", "memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
               "reset_max_memory_cached", "memory_stats", "memory_summary", "empty_cache", "_record_memory_history",
@@ -100,6 +100,7 @@ class CudaShims:
         from .generators import CudaGenerators
 
         self.rng = CudaGenerators(device_count)   # the devices' generators (generators.py)
+        self.raw_blocks: dict[int, Any] = {}   # address -> the fake bytes caching_allocator_alloc gave
         self.patches = PatchSet()
 
     # ---------------------------------------------------------------- device
@@ -140,6 +141,20 @@ class CudaShims:
         self._check(device)
         reserved = self.live.stats().get("reserved_bytes.all.current", 0)
         return max(0, self.gpu.usable - reserved), self.gpu.total_memory
+
+    def caching_allocator_alloc(self, size: int, device: Any = None, stream: Any = None) -> int:
+        """Raw bytes from the caching allocator (CuPy's bridge, extensions): a fake block of `size`
+        bytes, recorded as any allocation, its address handed back; held until deleted."""
+        import torch
+
+        index = self._check(device)
+        block = torch.empty(int(size), dtype=torch.uint8, device=torch.device("cuda", index))
+        self.raw_blocks[block.data_ptr()] = block
+        return block.data_ptr()
+
+    def caching_allocator_delete(self, mem_ptr: int) -> None:
+        if self.raw_blocks.pop(int(mem_ptr), None) is None:
+            raise for_the_script(RuntimeError(f"invalid device pointer: {mem_ptr:#x} (not from caching_allocator_alloc)"))
 
     def _device_class(self) -> type:
         shims = self
@@ -242,6 +257,8 @@ class CudaShims:
             "get_device_capability": self.get_device_capability,
             "is_bf16_supported": lambda *a, **k: self.gpu.capability >= (8, 0),
             "mem_get_info": self.mem_get_info,
+            "caching_allocator_alloc": self.caching_allocator_alloc,
+            "caching_allocator_delete": self.caching_allocator_delete,
             "synchronize": self.synchronize,
             "Stream": FakeStream,
             "Event": FakeEvent,
