@@ -173,3 +173,39 @@ def test_raw_bytes_from_the_caching_allocator_are_allocations():
     result = amem_alloc.predict(body, gpu="H100", policies=["torch"])
     assert seen == [(True, 96 * MiB), 32 * MiB]
     assert result.rows[0].peak_allocated == 96 * MiB
+
+
+@pytest.mark.parametrize("activities", ["cpu+cuda", "cuda"])
+def test_the_profilers_cuda_activity_is_off_as_torch_turns_it_off_without_cuda(capfd, activities):
+    """torch.profiler asked for CUDA activity: off, as torch does where CUDA is not available, and
+    noted (with it on, torch recorded a CUDA event per op, each failing with a C++ warning and its
+    stack); the CPU's events are profiled instead, also where only CUDA's were asked for."""
+    from torch.profiler import ProfilerActivity, profile
+
+    asked = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if activities == "cpu+cuda" else [])
+    names = []
+
+    def body():
+        with profile(activities=asked) as prof:
+            torch.randn(64, 64, device="cuda").relu()
+        names.extend(event.key for event in prof.key_averages())
+
+    result = amem_alloc.predict(body, gpu="H100", policies=["torch"])
+    assert "Failed to record CUDA event" not in capfd.readouterr().err
+    assert any("profiler: CUDA activity off" in str(note) for note in result.notes)
+    assert "aten::relu" in names
+
+
+def test_an_external_profilers_capture_range_returns_at_once():
+    """torch.cuda.profiler.start/stop and its profile() context (nsys's cudaProfilerApi capture
+    range) asked the driver and stopped the prediction; they return at once, noted."""
+    def body():
+        torch.cuda.profiler.start()
+        torch.randn(8, device="cuda")
+        torch.cuda.profiler.stop()
+        with torch.cuda.profiler.profile():
+            torch.randn(8, device="cuda")
+
+    result = amem_alloc.predict(body, gpu="H100", policies=["torch"])
+    said = [note["what"].split(":")[0] for note in result.notes if "torch.cuda.profiler" in note["what"]]
+    assert said == ["torch.cuda.profiler.start()", "torch.cuda.profiler.stop()"] * 2

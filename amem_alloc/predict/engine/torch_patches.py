@@ -28,7 +28,14 @@ The changes, and why:
   initialise CUDA. The default dtype and default device a script sets (`set_default_tensor_type`,
   `set_default_device("cuda")`, which DeviceMode follows) are put back when the session ends;
 * `torch._C._scatter` and `_gather`: torch.nn.DataParallel's split and join on the one device
-  predicted, in ops the modes record (data_parallel.py).
+  predicted, in ops the modes record (data_parallel.py);
+* `torch.autograd.profiler.profile.__init__` (what `torch.profiler.profile` runs too): CUDA
+  activity is off, as torch turns it off where CUDA is not available (the shims say it is, and
+  torch would then record a CUDA event per op, each failing with a C++ warning and its stack);
+  noted. The CPU's events are profiled instead, also where only CUDA's were asked for (torch
+  refuses a profiler with no activity). `torch.cuda.profiler.start`/`stop` (an external
+  profiler's capture range, nsys's `--capture-range=cudaProfilerApi`) return at once, noted: they
+  would ask the driver.
 """
 from __future__ import annotations
 
@@ -84,6 +91,11 @@ LEGACY_TYPES = declare_many("torch.cuda", legacy_types.NAMES,
 DEFAULT_TENSOR_TYPE = declare("torch", "set_default_tensor_type",
                               "a CUDA type makes factories without a device allocate on (fake) CUDA")
 
+PROFILER = declare("torch.autograd.profiler.profile", "__init__",
+                   "CUDA activity off, as torch turns it off where CUDA is not available (noted)")
+CAPTURE_RANGE = declare_many("torch.cuda.profiler", ["start", "stop"],
+                             "an external profiler's capture range: returns at once (it would ask the driver), noted")
+
 _UNSHARDING = {"alloc_storage", "_alloc_storage"}   # FSDP2's _fsdp_param.py, FSDP1's distributed/utils.py
 _EAGER_BACKENDS = ("eager", "aot_eager")   # torch.compile backends that run the captured graph eagerly
 COMPILE_NOTE = ("torch.compile(backend={backend!r}): runs as eager (only inductor's compiled code is "
@@ -100,6 +112,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _backward(session, patches)
     _grouping(session, patches)
     _legacy_types(session, patches)
+    _profiler(patches)
     data_parallel.install(patches)
 
 
@@ -423,6 +436,34 @@ def _legacy_types(session: Any, patches: PatchSet) -> None:
         if _default_device_context() is not device:
             torch.set_default_device(device.device if device is not None else None)
     patches.callback(restore)
+
+
+# ============================================================================ the profiler
+PROFILER_NOTE = ("torch.profiler: CUDA activity off (nothing runs on a GPU here); the profile has the CPU's "
+                 "events only, also where only CUDA's were asked for")
+CAPTURE_NOTE = ("torch.cuda.profiler.{name}(): an external profiler's capture range (cudaProfiler API); returned "
+                "at once, nothing runs on a GPU here")
+
+
+def _profiler(patches: PatchSet) -> None:
+    """torch's profiler without CUDA activity (see the note)."""
+    cls = torch.autograd.profiler.profile
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def without_cuda(self, *args, **kwargs):
+        if kwargs.get("use_cuda") or kwargs.get("use_device") == "cuda":   # (use_cuda: torch before 2.14)
+            kwargs.update({"use_device": None, "use_cpu": True, **({"use_cuda": False} if "use_cuda" in kwargs else {})})
+            notes_mod.record(notes_mod.STAND_IN, PROFILER_NOTE, where=notes_mod.call_site(2))
+        init(self, *args, **kwargs)
+    patches.apply(PROFILER, cls, "__init__", without_cuda)
+    import torch.cuda.profiler as capture
+
+    def capture_range(name: str):
+        def mark() -> None:
+            notes_mod.record(notes_mod.STAND_IN, CAPTURE_NOTE.format(name=name), where=notes_mod.call_site(2))
+        return mark
+    patches.apply_all(CAPTURE_RANGE, capture, {name: capture_range(name) for name in ("start", "stop")})
 
 
 def _default_device_context() -> Any:
