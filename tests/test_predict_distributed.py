@@ -654,6 +654,18 @@ def test_object_collectives_answer_from_the_ranks_own_objects():
                          1: ["torch.distributed.all_gather_object", "torch.distributed.broadcast_object_list"]}
 
 
+def test_zero_consolidation_gives_other_ranks_shards_without_state(capfd):
+    """ZeroRedundancyOptimizer.consolidate_state_dict (tests/predict_models/dist_zero.py, 2 ranks):
+    its own object broadcast unpickled zero bytes on rank 0 ("EOFError: Ran out of input"), the
+    script's failure to read; rank 0 now holds its own shard's states and the other's parameter
+    groups, and says so; rank 1 sends its shard by torch's own code."""
+    result = _predict("dist_zero.py", 2, ranks=(0, 1))
+    assert "consolidated: 2 states, 4 parameters" in capfd.readouterr().out
+    said = [n["what"] for n in result.rank(0).prediction.notes if n["kind"] == "stand-in"]
+    assert any(what.startswith("ZeroRedundancyOptimizer.consolidate_state_dict") for what in said), said
+    assert not any("ZeroRedundancyOptimizer" in n["what"] for n in result.rank(1).prediction.notes)
+
+
 def test_accelerate_loop_under_torchrun_runs_every_rank_with_its_ddp_model_state(monkeypatch):
     """A plain accelerate loop (tests/programs/accelerate_loop.py: bf16, accelerator.accumulate)
     under torchrun with 2 processes: accelerate keeps its distributed state in process-wide

@@ -15,6 +15,13 @@ passes the value every rank computed alike), `all_gather_object` fills every slo
 rank's object and `gather_object` does so on the destination. Each answer is noted as a stand-in.
 The source rank's broadcast runs torch's own code. Not counted: the small staging tensors that
 NCCL's object collectives put on the GPU (the pickled bytes and their sizes, freed at once).
+
+`ZeroRedundancyOptimizer.consolidate_state_dict(to)` gathers each rank's shard of the optimizer
+state on rank `to` by an object broadcast of its own (zero_redundancy_optimizer.py's
+`_broadcast_object`), which unpickled zero bytes there ("EOFError: Ran out of input"). A receiving
+rank gets a stand-in of the source's shard: its parameter groups as the source's optimizer
+numbers them, without state entries (the consolidated state lives on the CPU: the GPU's memory is
+the same; not counted are the receive buffers the bytes would pass through on the GPU). Noted.
 """
 from __future__ import annotations
 
@@ -23,6 +30,9 @@ from typing import Any
 from .. import notes
 
 FUNCTIONS = ("broadcast_object_list", "all_gather_object", "gather_object")
+ZERO_NOTE = ("ZeroRedundancyOptimizer.consolidate_state_dict: other ranks' shards of the optimizer state are their "
+             "parameter groups without state (the fake process group carries no values between ranks; the "
+             "consolidated state is host memory)")
 
 
 def _rank_in(group: Any) -> int:
@@ -65,3 +75,39 @@ def replacements(originals: dict[str, Any]) -> dict[str, Any]:
 
     return {"broadcast_object_list": broadcast_object_list, "all_gather_object": all_gather_object,
             "gather_object": gather_object}
+
+
+def zero_replacements(zero: Any) -> dict[str, Any]:
+    """ZeroRedundancyOptimizer's `consolidate_state_dict` (which optimizer consolidates) and the
+    module's `_broadcast_object` (a receiving rank's stand-in), given the module `zero`."""
+    consolidating: list = []
+    consolidate, broadcast = zero.ZeroRedundancyOptimizer.consolidate_state_dict, zero._broadcast_object
+
+    def consolidate_state_dict(self: Any, *args: Any, **kwargs: Any) -> None:
+        consolidating.append(self)
+        try:
+            return consolidate(self, *args, **kwargs)
+        finally:
+            consolidating.pop()
+
+    def _broadcast_object(obj: Any, src_rank: int, *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        if dist.get_rank() == src_rank or not consolidating:
+            return broadcast(obj, src_rank, *args, **kwargs)
+        group = kwargs.get("group", args[0] if args else None)
+        notes.record(notes.STAND_IN, ZERO_NOTE)
+        return _shard_without_state(consolidating[-1], dist.get_group_rank(group or dist.group.WORLD, src_rank))
+
+    return {"consolidate_state_dict": consolidate_state_dict, "_broadcast_object": _broadcast_object}
+
+
+def _shard_without_state(optimizer: Any, group_rank: int) -> dict:
+    """The state_dict the optimizer's shard on `group_rank` would send, less its state: its parameter
+    groups, their parameters numbered as torch.optim numbers them (from 0, group after group)."""
+    groups, first = [], 0
+    for group in optimizer._partition_parameters()[group_rank]:
+        count = len(group["params"])
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(first, first + count))})
+        first += count
+    return {"state": {}, "param_groups": groups}

@@ -48,6 +48,10 @@ INIT_PROCESS_GROUP = declare("torch.distributed, torch.distributed.distributed_c
                              "every process group is torch's fake one (no network), for this rank of the launch")
 OBJECT_COLLECTIVES = declare_many("torch.distributed, torch.distributed.distributed_c10d", object_collectives.FUNCTIONS,
                                   "object collectives answer from the rank's own objects (object_collectives.py)")
+ZERO_CONSOLIDATE = declare("torch.distributed.optim.ZeroRedundancyOptimizer", "consolidate_state_dict",
+                           "which optimizer consolidates, for its receiving ranks' stand-ins (object_collectives.py)")
+ZERO_BROADCAST = declare("torch.distributed.optim.zero_redundancy_optimizer", "_broadcast_object",
+                         "a rank receiving another's optimizer shard gets a stand-in (object_collectives.py)")
 ACCELERATOR = declare("torch._C", "_get_accelerator", "the accelerator is CUDA (torch asks the C++ runtime)")
 VERIFY_PARAMS = declare("torch.distributed", "_verify_params_across_processes",
                         "DDP's check of parameter shapes across ranks: nothing to compare with one rank at a time")
@@ -165,12 +169,21 @@ class FakeWorld:
         self.patches.apply(ACCELERATOR, torch._C, "_get_accelerator", lambda: torch.device("cuda"))
         barrier.install(self.patches, (dist, c10d), lambda ids: ids is not None or self.backend in (None, "nccl"))
         self.patches.apply(VERIFY_PARAMS, dist, "_verify_params_across_processes", lambda *args, **kwargs: None)
+        self._zero_consolidation()
         self.patches.apply(TORCH_META, torch, "meta", torch.cuda)
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         self.patches.apply(FSDP1_INIT, FullyShardedDataParallel, "__init__",
                            _refusing_cpu_offload(FullyShardedDataParallel.__init__))
         return self
+
+    def _zero_consolidation(self) -> None:
+        import torch.distributed.optim.zero_redundancy_optimizer as zero
+
+        replaced = object_collectives.zero_replacements(zero)
+        self.patches.apply(ZERO_CONSOLIDATE, zero.ZeroRedundancyOptimizer, "consolidate_state_dict",
+                           replaced["consolidate_state_dict"])
+        self.patches.apply(ZERO_BROADCAST, zero, "_broadcast_object", replaced["_broadcast_object"])
 
     def _count_nccl_groups(self) -> None:
         """The session hears how many communicators NCCL would hold (predict/context.py)."""
