@@ -58,6 +58,23 @@ def test_unknown_values_still_get_stand_ins():
     assert len(lines) == 4, lines   # noise, found_inf once written, big, garbage
 
 
+def test_a_check_that_every_element_holds_holds_on_unknown_values():
+    """`all()` of unknown values (a distribution's support check, an assert) is true, as on a GPU
+    where the program works, and noted as assumed: the zero stand-in made torch.distributions raise
+    "found invalid values" at every log_prob. An `any()` test of a fault stays false (zero)."""
+    with FakeCudaSession() as s:
+        noise = torch.randn(64, device="cuda")
+        assert (noise == noise).all() and torch.isfinite(noise).all(dim=0).item() is True
+        assert not torch.isnan(noise).any()
+        normal = torch.distributions.Normal(torch.zeros(64, device="cuda"), torch.ones(64, device="cuda"))
+        assert normal.log_prob(normal.rsample((4,))).shape == (4, 64)
+        policy = torch.distributions.Categorical(logits=torch.randn(8, 6, device="cuda"))
+        assert policy.log_prob(policy.sample()).shape == (8,)
+    assumed = [n for n in s.notes if n.kind == "assumed"]
+    assert len(assumed) >= 4 and all(n.seen == {"expected": [True], "upper": [True]} for n in assumed), \
+        [(n.what, n.seen) for n in assumed]
+
+
 def test_integer_tensors_are_shadowed_up_to_a_larger_cap():
     """Indices and masks decide sizes and branches: they are shadowed up to MAX_INDEX_ELEMENTS
     (floating tensors up to MAX_ELEMENTS)."""

@@ -10,7 +10,8 @@ what CUDA allocates. So a read gets a stand-in and the run goes on:
 * a number (`item()`, `float()`, `int()`, `bool()`, `if t:`, a formatted loss) is zero of the
   tensor's kind: 0.0, 0 or False. Zero is finite, so GradScaler finds no inf and takes every
   step, `clip_grad_norm_(error_if_nonfinite=True)` passes, and a "stop if the loss is nan" test
-  does not stop;
+  does not stop (a check that *every* element holds, `all()`, is true instead: an assumed value,
+  rules/data_dependent.py);
 * an array (`numpy()`, `tolist()`, `np.asarray(t)`) is zeros of the tensor's shape;
 * text (`print(t)`, `repr`, `str`) says that the tensor holds no value, with its device, shape and
   dtype.

@@ -357,6 +357,18 @@ def randperm(func, args, kwargs, out, known, shape_rule):
     return [_assume(out, value, value)]
 
 
+@rule(Stage.VALUES, aten_op("all"), aten_op("_is_all_true"), source="aten/src/ATen/native/ReduceOps.cpp")
+def every(func, args, kwargs, out, known, shape_rule):
+    """A check that every element holds (a distribution's support, `assert (x >= 0).all()`) holds,
+    as on the GPU where the program works: a zero stand-in failed it (torch.distributions raised
+    "found invalid values" at every log_prob), where a zero read makes an `any()` test of a fault
+    (a nan, an inf) pass too."""
+    if shape_rule is None or not isinstance(out, torch.Tensor):
+        return []
+    value = torch.ones(tuple(out.shape), dtype=torch.bool)
+    return [_assume(out, value, value)]
+
+
 @rule(Stage.VALUES, *(aten_op(n) for n in _INTEGRAL), source="aten/src/ATen/native/UnaryOps.cpp")
 def integral(func, args, kwargs, out, known, shape_rule):
     """floor/ceil/round/trunc hold integers: a clamp of them to a small range is a level choice."""
