@@ -114,7 +114,7 @@ class Recorder(TorchDispatchMode):
         if real and not _decomposes(func) and self.session.known.writes_real(func, args, kwargs):
             # a real tensor written from fake ones (losses[k] = loss): on the CPU, with known values or stand-ins
             return self.session.known.into_real(func, args, kwargs, self.storages.device_of)
-        if any(a.dim() > 0 for a in real):
+        if any(a.dim() > 0 for a in real) and not rules.host_inputs(func, args, kwargs):
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
         device = self._device(func, args_leaves, asked=_asks_meta(args_leaves))

@@ -86,6 +86,12 @@ def layout(func, args, kwargs, out):
     return out if found is None else found.fn(args, kwargs, out)
 
 
+def host_inputs(func, args, kwargs) -> bool:
+    """Whether a CUDA op's host tensors stay on the host (its kernel reads them there)."""
+    found = lookup(Stage.HOST_INPUTS, func)
+    return found is not None and found.fn(args, kwargs)
+
+
 def host_outputs(func, args, kwargs) -> tuple[int, ...]:
     """Positions, among a CUDA op's tensor outputs, of those CUDA does not allocate on the device."""
     found = lookup(Stage.HOST_OUTPUTS, func)

@@ -32,6 +32,9 @@ Stages, in the order an op meets them, and what each rule takes and returns:
                   its CUDA kernel allocates (scratch.py), freed once the op has run.
     LAYOUT        (args, kwargs, out) -> out. After a CUDA op's meta kernel: the output as CUDA's
                   kernel lays it out (a convolution's channels-last output).
+    HOST_INPUTS   (args, kwargs) -> bool. Before a CUDA op: whether the host tensors it is given
+                  stay on the host, where its CUDA kernel reads them (a packed sequence's lengths
+                  and batch sizes); others are moved onto the fake device.
     HOST_OUTPUTS  (name, args, kwargs) -> positions. After a CUDA op: outputs, by position among
                   its tensor outputs, that CUDA keeps on the host (not device memory).
     SIZES         (func, args, kwargs, known, rule) -> Sized, NO_BOUND, or None when the op's
@@ -57,6 +60,7 @@ class Stage(enum.Enum):
     AUTOGRAD = "autograd"
     KERNEL = "kernel"
     LAYOUT = "layout"
+    HOST_INPUTS = "host inputs"
     HOST_OUTPUTS = "host outputs"
     SIZES = "sizes"
     VALUES = "values"

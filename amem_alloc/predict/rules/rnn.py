@@ -15,13 +15,18 @@ needs, sized by cudnnGetRNNTempSpaceSizes) and a workspace, which no source give
 On a fake tensor torch runs its own per-step implementation (matmuls and cells, their outputs
 saved for backward) instead; `note_kernel` says so wherever an RNN runs, and the figures are those
 of torch's implementation.
+
+A packed sequence (`pack_padded_sequence`) keeps its lengths and batch sizes on the host, where
+CUDA's kernels read them (aten/src/ATen/native/PackedSequence.cpp, RNN.cpp): the ops taking them
+keep them there (a HOST_INPUTS rule), where a host tensor given to a CUDA op is otherwise moved
+onto the fake device.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import notes
-from .registry import Stage, rule
+from .registry import Stage, aten_op, rule
 
 KERNEL_NOTE = ("{name} on CUDA: cuDNN's RNN kernel (its reserve buffer for backward and its workspace) is not "
                "modelled; torch's own per-step implementation's allocations stand in for it")
@@ -51,3 +56,11 @@ def note_kernel(func, args, kwargs, mode):
     if isinstance(data, torch.Tensor) and mode.storages.device_of(data) == "cuda":
         notes.record(notes.NOT_MODELLED, KERNEL_NOTE.format(name=func.__name__.upper().replace("_", " ")))
     return None
+
+
+@rule(Stage.HOST_INPUTS, aten_op("_pack_padded_sequence"), aten_op("_pack_padded_sequence_backward"),
+      aten_op("_pad_packed_sequence"), aten_op("lstm.data"), aten_op("gru.data"), aten_op("rnn_tanh.data"),
+      aten_op("rnn_relu.data"), source="aten/src/ATen/native/PackedSequence.cpp (lengths, batch_sizes: CPU)")
+def packed_sequence_sizes(args, kwargs) -> bool:
+    """A packed sequence's lengths and batch sizes stay host tensors (see the note)."""
+    return True
