@@ -129,7 +129,8 @@ def test_grad_scaler_tensors_are_device_allocations_and_its_ops_run_in_place():
 def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_while_a_session_runs():
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF if meta_kernels._exists(n)]
+    names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS
+             if meta_kernels._exists(n)]
     before = {n: has(f"aten::{n}", "Meta") for n in names}
     s = FakeCudaSession(**A100)
     with s:
@@ -382,3 +383,33 @@ def test_clip_grad_norm_with_foreach_takes_cudas_branch_and_its_partial_results(
     chunks = -(-512 * 300 // 65536)   # the largest gradient, 153,600 elements: 3 chunks
     assert temps == {"_foreach_norm:output_per_tensor": 4 * chunks * 4, "_foreach_norm:global_output": 320 * 4,
                      "_foreach_norm:global_norm": 4}
+
+
+@pytest.mark.parametrize("lengths", ["tensors", "lists"])
+def test_ctc_loss_backward_returns_the_log_probs_gradient_and_takes_log_beta(lengths):
+    """LossCTC.cu's backward: torch ships no Meta kernel for `_ctc_loss_backward` (the script
+    stopped, "cannot model NotImplementedError"); it returns the gradient, contiguous like the
+    log-probabilities, after `log_beta` (like `log_alpha`: batch x T x (2 S + 1)) and the batch's
+    lengths and offsets (int64) on the device. The forward's two outputs (its loss per sequence
+    and `log_alpha`) are allocations too."""
+    steps, batch, classes, longest = 50, 4, 20, 30
+    with FakeCudaSession() as s:
+        log_probs = torch.randn(steps, batch, classes, device="cuda").log_softmax(2).detach().requires_grad_()
+        targets = torch.randint(1, classes, (batch, longest), device="cuda")
+        s.marker("forward")
+        if lengths == "tensors":
+            loss = F.ctc_loss(log_probs, targets, torch.full((batch,), steps), torch.full((batch,), longest))
+        else:
+            loss = F.ctc_loss(log_probs, targets, [steps] * batch, [longest] * batch)
+        s.marker("backward")
+        loss.backward()
+        assert log_probs.grad.shape == (steps, batch, classes)
+    ops = allocs(s, "backward")
+    alpha = batch * steps * (2 * longest + 1) * 4
+    forward = [size for op, size in allocs(s, "forward", "backward") if op.startswith("_ctc_loss.")]
+    assert forward == [batch * 4, alpha]   # (a data-dependent size's outputs were not recorded at all)
+    taken = [(op, size) for op, size in ops if op.startswith("_ctc_loss_backward:")]
+    assert taken == [("_ctc_loss_backward:log_beta", alpha)] + [
+        (f"_ctc_loss_backward:{what}", 8 * batch) for what in ("target lengths", "input lengths", "batch offsets")]
+    assert ("_ctc_loss_backward.Tensor" if lengths == "tensors" else "_ctc_loss_backward.default",
+            steps * batch * classes * 4) in ops

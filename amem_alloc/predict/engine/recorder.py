@@ -92,8 +92,8 @@ class Recorder(TorchDispatchMode):
             func, args, kwargs, strict, self.session.known, self.session.shape_rule())
         if read is None:
             return _UNANSWERED
-        if isinstance(read[0], torch.Tensor):   # a shape from values, taken at its upper bound
-            self._see(read[0], self._device(func, args_leaves), func.__name__)
+        if any(isinstance(t, torch.Tensor) for t in tree_leaves(read[0])):   # a shape from values (every
+            self._see(read[0], self._device(func, args_leaves), func.__name__)   # output: ctc_loss's two)
         return read[0]
 
     def _read_known(self, func, known, args_leaves):

@@ -21,11 +21,18 @@ which applies autocast's lists (autocast.py) to each call, as CUDA's dispatcher 
   as torch's composite-tensor branch does (gather, masked_fill, sum: the same memory, no value);
 * probability targets (`cross_entropy_loss_prob_target`): `-(logp * target' [* weight])` summed.
 Without autocast torch's own composite runs on the meta tensors as on CUDA, so it is left alone.
+
+CTC loss's backward on CUDA (aten/src/ATen/native/cuda/LossCTC.cu, ctc_loss_backward_gpu_template)
+allocates, beside the gradient it returns (meta_kernels.py): `log_beta`, empty like `log_alpha`
+(batch x input length x 2 * target length + 1), and the target lengths, input lengths and batch
+offsets as int64 tensors of the batch on the device.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .registry import Stage, aten_op, rule
 
 _NAMES = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
 
@@ -92,3 +99,13 @@ def _prob_target(logp, target, weight, reduction, smoothing, class_dim):
     if reduction == "sum":
         return -term.sum()
     return -term.sum(class_dim)
+
+
+@rule(Stage.KERNEL, aten_op("_ctc_loss_backward"), source="aten/src/ATen/native/cuda/LossCTC.cu (ctc_loss_backward_gpu_template)")
+def ctc_backward(args, kwargs, scratch, session):
+    """log_beta, and the lengths and batch offsets on the device (see the note)."""
+    log_alpha = args[6] if len(args) > 6 else kwargs["log_alpha"]
+    scratch.take(log_alpha.numel() * log_alpha.element_size(), "log_beta")
+    batch = log_alpha.shape[0]
+    for what in ("target lengths", "input lengths", "batch offsets"):
+        scratch.take(8 * batch, what)

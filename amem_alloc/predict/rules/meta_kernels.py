@@ -1,4 +1,5 @@
-"""Meta kernels for CUDA-only ops that torch ships without one: fused optimizers, AMP's scaler ops.
+"""Meta kernels for ops whose CUDA kernel torch ships without a Meta one: fused optimizers, AMP's
+scaler ops, CTC loss's backward.
 
 Design note
 -----------
@@ -13,6 +14,11 @@ as kernel arguments (MultiTensorApply.cuh), so they allocate nothing on the devi
 kernels therefore only return, and are registered (torch.library, dispatch key Meta) only where
 `torch._C._dispatch_has_kernel_for_dispatch_key` says torch has none, by each prediction session
 while it runs (MetaKernels): outside one, torch is as it was.
+
+`_ctc_loss_backward` (both overloads) returns the gradient of its log-probabilities, a tensor of
+their shape and dtype, contiguous (LossCTC.cu: `at::full_like(log_probs, neginf,
+LEGACY_CONTIGUOUS_MEMORY_FORMAT)`); its kernel's own temporaries are a KERNEL rule
+(rules/losses.py).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", 
             "_fused_adagrad_", "_fused_adagrad_.tensor_lr", "_fused_adam_", "_fused_adamw_",
             "_amp_foreach_non_finite_check_and_unscale_")
 RETURNS_SELF = ("_amp_update_scale_",)
+LIKE_LOG_PROBS = ("_ctc_loss_backward", "_ctc_loss_backward.Tensor")
 
 def _nothing(*args, **kwargs):
     return None
@@ -29,6 +36,10 @@ def _nothing(*args, **kwargs):
 
 def _first(*args, **kwargs):
     return args[0]
+
+
+def _like_log_probs(grad, log_probs, *args, **kwargs):
+    return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
 
 
 def _exists(name: str) -> bool:
@@ -46,7 +57,7 @@ class MetaKernels:
         self.registered: list[str] = []
 
     def __enter__(self) -> "MetaKernels":
-        for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first)):
+        for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first), (LIKE_LOG_PROBS, _like_log_probs)):
             for name in names:
                 if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
                     if self.library is None:
