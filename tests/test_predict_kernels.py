@@ -129,7 +129,7 @@ def test_grad_scaler_tensors_are_device_allocations_and_its_ops_run_in_place():
 def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_while_a_session_runs():
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS
+    names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS + meta_kernels.NOT_NESTED
              if meta_kernels._exists(n)]
     before = {n: has(f"aten::{n}", "Meta") for n in names}
     s = FakeCudaSession(**A100)
@@ -413,3 +413,19 @@ def test_ctc_loss_backward_returns_the_log_probs_gradient_and_takes_log_beta(len
         (f"_ctc_loss_backward:{what}", 8 * batch) for what in ("target lengths", "input lengths", "batch offsets")]
     assert ("_ctc_loss_backward.Tensor" if lengths == "tensors" else "_ctc_loss_backward.default",
             steps * batch * classes * 4) in ops
+
+
+def test_a_transformer_encoder_with_a_padding_mask_in_inference_runs_its_padded_path():
+    """nn.TransformerEncoder in inference with a padding mask asks whether the mask is left-aligned
+    (to drop the padding into a nested tensor): no Meta kernel, and the script stopped. The answer
+    is no, and the padded path runs, said where the figures are."""
+    from amem_alloc.predict.rules import meta_kernels
+
+    with FakeCudaSession() as s:
+        layer = torch.nn.TransformerEncoderLayer(64, 8, batch_first=True)
+        encoder = torch.nn.TransformerEncoder(layer, 2).cuda().eval()
+        x = torch.randn(4, 16, 64, device="cuda")
+        with torch.inference_mode():
+            out = encoder(x, src_key_padding_mask=torch.zeros(4, 16, dtype=torch.bool, device="cuda"))
+        assert out.shape == (4, 16, 64) and not out.is_nested
+    assert [n.what for n in s.notes if n.kind == "not-modelled"] == [meta_kernels.NESTED_NOTE]
