@@ -13,7 +13,9 @@ So while a prediction runs, a fake tensor's bytes are zeros of its size: the fil
 safetensors file of the right shapes and dtypes, as the program would write it, with zeros where
 the values would be (no value is computed under prediction). The zeros come from one buffer shared
 by every tensor of a save (its largest tensor's size), so saving a large model costs no more host
-memory than its largest tensor. The first such save at each call site is noted.
+memory than its largest tensor. The first such save at each call site is noted. A save holding
+fake tensors to a file that was there before the prediction goes to a scratch copy instead
+(saved_files.py).
 """
 from __future__ import annotations
 
@@ -28,7 +30,12 @@ from .values import is_fake
 TO_ARRAY = declare("safetensors.torch", "_to_ndarray, _tobytes",
                    "a fake tensor's bytes, which safetensors reads from its address, are zeros of its size (its "
                    "address is no memory of this process)")
+WRITE = declare("safetensors.torch", "serialize_file",
+                "a file saved from fake tensors never overwrites one that was there (saved_files.py)")
+READ = declare("safetensors.torch", "safe_open", "load_file of a path saved to a scratch copy reads the copy "
+               "(saved_files.py)")
 NOTE = "safetensors file written from fake tensors: their values are zeros (no value is computed under prediction)"
+_FAKE_IN_SAVE: list = []   # [True] once a save being flattened met a fake tensor
 _ZEROS: list = []   # the shared buffer of zero bytes, as large as the largest tensor saved so far
 
 
@@ -50,6 +57,7 @@ def _as_array(original: Any) -> Any:
         if not is_fake(tensor):
             return original(tensor)
         notes.record(notes.STAND_IN, NOTE)
+        _FAKE_IN_SAVE[:] = [True]
         return _zero_bytes(_nbytes(tensor)), tensor
     return to_ndarray
 
@@ -60,17 +68,33 @@ def _as_bytes(original: Any) -> Any:
         if not is_fake(tensor):
             return original(tensor, name)
         notes.record(notes.STAND_IN, NOTE)
+        _FAKE_IN_SAVE[:] = [True]
         return bytes(_nbytes(tensor))
     return tobytes
 
 
-def install(patches: PatchSet) -> None:
+def _kept_apart(original: Any, saved: Any) -> Any:
+    """serialize_file(tensors, filename, ...), after the tensors were flattened: a save that met a
+    fake tensor writes where `saved` (saved_files.SavedFiles) says."""
+    def serialize_file(tensors, filename, *args, **kwargs):
+        met_fake, _FAKE_IN_SAVE[:] = bool(_FAKE_IN_SAVE), []
+        return original(tensors, saved.target(filename) if met_fake else filename, *args, **kwargs)
+    return serialize_file
+
+
+def install(patches: PatchSet, saved: Any) -> None:
     """The patches above, where safetensors is installed."""
     try:
         import safetensors.torch as st
     except Exception:   # not installed, or a build this code does not know: nothing to patch
         return
+    _FAKE_IN_SAVE[:] = []
     if hasattr(st, "_to_ndarray"):
         patches.apply(TO_ARRAY, st, "_to_ndarray", _as_array(st._to_ndarray))
     if hasattr(st, "_tobytes"):
         patches.apply(TO_ARRAY, st, "_tobytes", _as_bytes(st._tobytes))
+    if hasattr(st, "serialize_file"):
+        patches.apply(WRITE, st, "serialize_file", _kept_apart(st.serialize_file, saved))
+    if hasattr(st, "safe_open"):
+        opener = st.safe_open
+        patches.apply(READ, st, "safe_open", lambda filename, *args, **kwargs: opener(saved.source(filename), *args, **kwargs))

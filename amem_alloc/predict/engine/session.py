@@ -47,7 +47,7 @@ from . import children
 from . import stream_uses
 from . import torch_patches
 from . import library_threads
-from . import bitsandbytes_paged, safetensors_files
+from . import bitsandbytes_paged, safetensors_files, saved_files
 from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
@@ -117,6 +117,7 @@ class FakeCudaSession:
         self.storages = Storages(self._on_alloc, self._on_free)
         self.known = KnownValues()   # the real values of small fake tensors made from known data
         self.pinned = PinnedHost()   # host memory the program pinned (pinned.py)
+        self.saved_files = saved_files.SavedFiles()   # checkpoints the program saved (saved_files.py)
         self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self.gathered_params: set[int] = set()   # keys of FSDP's unsharded parameters (_unsharding)
@@ -189,7 +190,8 @@ class FakeCudaSession:
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
-            safetensors_files.install(self.patches)   # a fake tensor's bytes in a safetensors file: zeros
+            saved_files.install(self.patches, self.saved_files)   # checkpoints never over a file that was there
+            safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes in a safetensors file: zeros
             library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
             bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator
         except BaseException:

@@ -1,0 +1,114 @@
+"""Checkpoints a predicted script saves: never written over a file that was there before.
+
+Design note
+-----------
+A script saves checkpoints as it trains (`torch.save`, safetensors under `save_pretrained`), and
+under prediction the tensors it saves are fake: the file holds zeros where the values would be
+(torch writes a fake storage's bytes as zeros; safetensors_files.py). Written over a file that was
+there before the prediction (the checkpoint of a real run, in the same output folder) it would
+destroy that file. So a save holding fake tensors, to a path that exists and that this prediction
+did not write itself, goes to a scratch folder instead, under the same name; a later `torch.load`
+(or safetensors' `load_file`) of that path in the same prediction reads the copy, and the user's
+file is untouched. A new path
+is written where the script names it. Both are noted at the script's line. The scratch folder is
+removed when the prediction ends.
+
+Not covered: other writers (numpy, json, a library's own format) write what they write; a test of
+the path (`os.path.exists`) and `safe_open` where a library bound it at import (transformers) see
+the user's file, which holds the same names and shapes where it is the same program's.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from ...patching import PatchSet, declare
+from .. import notes
+from .values import is_fake
+
+SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
+               "there: it goes to a scratch copy (saved_files.py)")
+LOAD = declare("torch, torch.serialization", "load", "a path saved to a scratch copy is read from it (saved_files.py)")
+KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake tensors (zeros for values) went "
+             "to a scratch copy, which later loads read; the file is untouched")
+NEW_NOTE = "{path} written from fake tensors: zeros where the values would be (no value is computed under prediction)"
+_MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
+
+
+class SavedFiles:
+    """The paths this prediction wrote, and those it kept apart in its scratch folder."""
+
+    def __init__(self) -> None:
+        self.folder: str | None = None
+        self.copies: dict[str, str] = {}   # the user's path (real) -> its scratch copy
+        self.written: set[str] = set()     # paths this prediction created where the script named them
+
+    def target(self, path: Any) -> Any:
+        """Where a save of fake tensors to `path` writes (see the note)."""
+        real = os.path.realpath(os.fspath(path))
+        if real in self.copies:
+            return self.copies[real]
+        if real in self.written or not os.path.exists(real):
+            if real not in self.written:
+                notes.record(notes.STAND_IN, NEW_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
+            self.written.add(real)
+            return path
+        if self.folder is None:
+            self.folder = tempfile.mkdtemp(prefix="amem-saved-")
+        copy = os.path.join(self.folder, f"{len(self.copies)}-{os.path.basename(real)}")
+        self.copies[real] = copy
+        notes.record(notes.STAND_IN, KEPT_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
+        return copy
+
+    def source(self, path: Any) -> Any:
+        """Where a load of `path` reads: its scratch copy, if a save went there."""
+        return self.copies.get(os.path.realpath(os.fspath(path)), path)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def _is_path(f: Any) -> bool:
+    return isinstance(f, (str, os.PathLike))
+
+
+def holds_fake(obj: Any, depth: int = 0) -> bool:
+    """Whether a saved object holds a fake tensor (state dicts, modules, plain objects)."""
+    if isinstance(obj, torch.Tensor):
+        return is_fake(obj)
+    if depth >= _MAX_DEPTH:
+        return False
+    if isinstance(obj, dict):
+        return any(holds_fake(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return any(holds_fake(v, depth + 1) for v in obj)
+    if isinstance(obj, torch.nn.Module):
+        return any(is_fake(t) for t in (*obj.parameters(), *obj.buffers()))
+    attributes = getattr(obj, "__dict__", None)
+    return isinstance(attributes, dict) and holds_fake(attributes, depth + 1)
+
+
+def install(patches: PatchSet, saved: SavedFiles) -> None:
+    """torch.save and torch.load through `saved` (see the note); the scratch folder goes at the end."""
+    import torch.serialization as serialization
+
+    save, load = serialization.save, serialization.load
+
+    def save_apart(obj, f, *args, **kwargs):
+        if _is_path(f) and holds_fake(obj):
+            f = saved.target(f)
+        return save(obj, f, *args, **kwargs)
+
+    def load_copy(f, *args, **kwargs):
+        return load(saved.source(f) if _is_path(f) else f, *args, **kwargs)
+
+    for owner in (torch, serialization):
+        patches.apply(SAVE, owner, "save", save_apart)
+        patches.apply(LOAD, owner, "load", load_copy)
+    patches.callback(saved.close)

@@ -1,0 +1,89 @@
+"""Checkpoints a predicted script saves (amem_alloc/predict/engine/saved_files.py): a save of fake
+tensors never overwrites a file that was there before the prediction (a real run's checkpoint in
+the same folder): it goes to a scratch copy, which later loads of that path read, and the output
+says so; a new path is written where the script names it, noted; real data is saved as it is."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import amem_alloc  # noqa: E402
+from amem_alloc.predict.engine import saved_files  # noqa: E402
+
+
+def _notes(result) -> list[str]:
+    return [n["what"] for n in result.notes if n["kind"] == "stand-in"]
+
+
+def _model_state():
+    model = torch.nn.Linear(64, 32).cuda()
+    return model, {"model": model.state_dict(), "step": 3}
+
+
+def test_a_checkpoint_that_was_there_is_untouched_and_loads_read_the_copy(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"a real run's checkpoint")
+    seen = {}
+
+    def train():
+        model, state = _model_state()
+        torch.save(state, path)
+        back = torch.load(path, map_location="cuda")
+        seen["keys"], seen["shape"] = sorted(back["model"]), tuple(back["model"]["weight"].shape)
+        seen["on"], seen["size"] = back["model"]["weight"].device.type, os.path.getsize(path)
+
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "amem-saved-*")))
+    result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
+    assert path.read_bytes() == b"a real run's checkpoint"
+    assert seen == {"keys": ["bias", "weight"], "shape": (32, 64), "on": "cuda", "size": len(b"a real run's checkpoint")}
+    assert saved_files.KEPT_NOTE.format(path=path) in _notes(result)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "amem-saved-*"))) == before   # the copy is gone
+
+
+def test_a_new_checkpoint_is_written_where_the_script_names_it_and_said_so(tmp_path):
+    path = tmp_path / "out" / "ckpt.pt"
+    path.parent.mkdir()
+
+    def train():
+        model, state = _model_state()
+        torch.save(state, path)
+        torch.save(state, path)   # saved again: its own file, written again in place
+        assert sorted(torch.load(path)["model"]) == ["bias", "weight"]
+
+    result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
+    assert path.exists()
+    assert _notes(result).count(saved_files.NEW_NOTE.format(path=path)) == 1
+
+
+def test_real_data_is_saved_over_a_file_as_the_script_asks(tmp_path):
+    path = tmp_path / "stats.pt"
+    path.write_bytes(b"old")
+
+    def prepare():
+        torch.save({"mean": torch.tensor([0.5, 0.25]), "count": 7}, path)
+
+    result = amem_alloc.predict(prepare, gpu="H100", policies=["torch"])
+    loaded = torch.load(path)
+    assert torch.equal(loaded["mean"], torch.tensor([0.5, 0.25])) and loaded["count"] == 7
+    assert not any(str(path) in what for what in _notes(result))
+
+
+def test_a_safetensors_file_that_was_there_is_untouched(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"a real run's weights")
+    seen = {}
+
+    def train():
+        model, _ = _model_state()
+        st.save_file(model.state_dict(), str(path))
+        seen["keys"] = sorted(st.load_file(str(path), device="cuda"))
+
+    result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
+    assert path.read_bytes() == b"a real run's weights" and seen["keys"] == ["bias", "weight"]
+    assert saved_files.KEPT_NOTE.format(path=path) in _notes(result)
