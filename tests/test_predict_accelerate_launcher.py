@@ -90,3 +90,32 @@ def test_accelerate_launch_predicts_what_the_launcher_runs(tmp_path):
                          env={"ACCELERATE_MIXED_PRECISION": "bf16"})
     peaks = [[r["policies"][0]["peak_allocated"] for r in d["ranks"]] for d in (ranks, direct)]
     assert peaks[0] == peaks[1] and len(peaks[0]) == 2
+
+
+SHUFFLED = """
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+acc = Accelerator()
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.AdamW(model.parameters())
+loader = DataLoader(TensorDataset(torch.randn(256, 64)), batch_size=8, shuffle=True)
+model, opt, loader = acc.prepare(model, opt, loader)
+for (x,) in loader:
+    acc.backward(model(x).square().mean())
+    opt.step()
+    opt.zero_grad()
+print("epoch done on", acc.process_index)
+"""
+
+
+def test_a_shuffled_loader_on_two_processes_syncs_its_generator(tmp_path):
+    """accelerate prepares a shuffled DataLoader by broadcasting its sampler's generator state from
+    process 0 and setting it (synchronize_rng_states: to the device, broadcast, back to the host):
+    the state came back a fake host tensor and torch.Generator.set_state refused it ("RNG state
+    must be a torch.ByteTensor"), so every multi-process accelerate program with a shuffled
+    loader failed as the script's error. A known value brought to the host is the real tensor."""
+    script = tmp_path / "shuffled.py"
+    script.write_text(SHUFFLED)
+    proc, ranks = _predict(tmp_path, "shuffled", "accelerate", "launch", "--num_processes", "2", str(script))
+    assert len(ranks["ranks"]) == 2

@@ -75,6 +75,21 @@ def test_a_check_that_every_element_holds_holds_on_unknown_values():
         [(n.what, n.seen) for n in assumed]
 
 
+def test_a_known_value_brought_to_the_host_is_the_real_tensor():
+    """`.cpu()` of a fake tensor whose value is known gives the real host tensor torch would (a
+    generator's state sent through the device and back: torch.Generator.set_state takes only a
+    real ByteTensor); an unknown value stays a fake host tensor."""
+    from amem_alloc.predict.engine.values import is_fake
+
+    with FakeCudaSession():
+        generator = torch.Generator()
+        state = generator.get_state().to("cuda").cpu()
+        assert not is_fake(state) and torch.equal(state, generator.get_state())
+        generator.set_state(state)
+        assert torch.arange(4, device="cuda").cpu().tolist() == [0, 1, 2, 3]
+        assert is_fake(torch.randn(4, device="cuda").cpu())
+
+
 def test_integer_tensors_are_shadowed_up_to_a_larger_cap():
     """Indices and masks decide sizes and branches: they are shadowed up to MAX_INDEX_ELEMENTS
     (floating tensors up to MAX_ELEMENTS)."""

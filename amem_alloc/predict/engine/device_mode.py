@@ -235,6 +235,12 @@ class DeviceMode(TorchFunctionMode):
         # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)
         return out
 
+    def _known(self, t):
+        """The real value of fake tensor `t` where it is known and not assumed (known.py), else None."""
+        known = self.session.known
+        with torch._C.DisableTorchFunction():
+            return None if known.is_assumed(t) else known.value(t)
+
     def _to(self, func, args, kwargs):
         t = args[0]
         target, options = _parse_to(func, args, kwargs, self._type)
@@ -246,6 +252,10 @@ class DeviceMode(TorchFunctionMode):
             return torch.Tensor.to(t, **options)            # real stays real
         if target == source:
             return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
+        if target == "cpu":
+            value = self._known(t)
+            if value is not None:   # a value the program knows, brought to the host: the real tensor,
+                return torch.Tensor.to(value, **{**options, "copy": True})   # as torch gives it (known.py)
         with OnDevice(target):   # a copy across devices: torch copies even when nothing else changes
             return torch.Tensor.to(t, device=META, **{**options, "copy": True})
 

@@ -33,6 +33,11 @@ Rules, per op the recorder sees (execution.Recorder):
   broke a library's own bookkeeping: DDP's reducer copies its bucket indices back from the device
   into a CPU tensor, and read zeros crashed it (a segfault in backward).
 
+A known value brought to the host (`.cpu()`, `.to("cpu")`) is the real host tensor torch would
+give, not a fake one (engine/device_mode.py): accelerate sends a generator's state through the
+device and back, and `torch.Generator.set_state` takes only a real byte tensor. An assumed value
+stays fake there (its reads are noted).
+
 A stand-in number is an ordinary number once handed out: `losses[k] = loss.item()` writes 0.0
 (the stand-in, noted where `.item()` read it) into a known tensor, which stays known, holding it.
 
