@@ -195,6 +195,43 @@ def test_optimizer_steps_in_a_backward_pass_are_one_step(tmp_path):
     assert "stopped after 3 optimizer steps" in data["stopped_after"]
 
 
+MANUAL_UPDATES = textwrap.dedent("""
+    import torch
+    model = torch.nn.Linear(256, 256).cuda()
+    {before}
+    for i in range(10000):
+        loss = model(torch.randn(32, 256, device="cuda")).square().mean()
+        model.zero_grad()
+        loss.backward()
+        torch.autograd.grad(model(torch.randn(4, 256, device="cuda")).sum(), model.weight)   # not a step
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-0.1)
+        {step}
+        print("iteration", i, "done")
+""")
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_a_script_without_an_optimizer_counts_its_backward_passes_as_steps(tmp_path, optimizer):
+    """PyTorch's word_language_model updates its parameters itself: no optimizer ever steps, so
+    --steps never stopped it (an epoch of 661 batches ran into the 600 s timeout: no prediction).
+    Without an optimizer each backward pass is a step, said in a note; with one (here made but
+    stepped every 4th iteration, as gradient accumulation does), only its steps count."""
+    script = tmp_path / "manual.py"
+    before = "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)" if optimizer else ""
+    step = "if i % 4 == 3: optimizer.step()" if optimizer else ""
+    script.write_text(MANUAL_UPDATES.format(before=before, step=step))
+    js = tmp_path / "p.json"
+    proc = amem("--steps", "3", "--json", js, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = 11 if optimizer else 2
+    assert f"iteration {last - 1} done" in proc.stdout and f"iteration {last} done" not in proc.stdout
+    data = json.loads(js.read_text())
+    said = [n for n in data["notes"] if n["kind"] == "assumed" and "no torch.optim optimizer" in n["what"]]
+    assert len(said) == (0 if optimizer else 1) and all(n["where"].endswith("manual.py:8") for n in said), said
+
+
 def test_a_script_past_its_timeout_ends_with_one_line(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text("import torch\nx = torch.randn(8, device='cuda')\nwhile True:\n    x = x * 2\n")

@@ -18,7 +18,8 @@ traceback from its first frame); a KeyboardInterrupt goes on to the command, whi
 * time: past `timeout` seconds the script is stopped (`PredictionTimeout`) and no prediction is
   printed: what it would have allocated later is unknown.
 
-Each optimizer step is a "step" marker in the recorded program.
+Each optimizer step is a "step" marker in the recorded program; in a script that made no optimizer
+(it updates its parameters itself), each backward pass is, and the output says so.
 
 An exception that ends the script is the script's (its traceback printed, its exit status:
 user_script.ScriptFailed) unless failures.py finds it amem's own failure: then it ends the run as
@@ -125,9 +126,28 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
             return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
                                                                     SpawnedRanks, KeyboardInterrupt),
-                                         amems=amems_failure_of(argv, run))
+                                         amems=amems_failure_of(argv, run), on_backward_step=_note_backward_steps)
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)
+
+
+BACKWARD_STEPS_NOTE = ("the script made no torch.optim optimizer (it updates its parameters itself): each backward "
+                       "pass is a step for --steps")
+
+
+def _note_backward_steps() -> None:
+    """The note, at the script's backward() call: the frames above the step-counting wrapper."""
+    import sys
+
+    from . import notes
+
+    frame, frames = sys._getframe(1), []
+    while frame is not None and frame.f_code.co_filename == user_script.__file__:   # the wrapper's own
+        frame = frame.f_back
+    while frame is not None and frame.f_code.co_filename != user_script.__file__:   # up to the runner
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    notes.record(notes.ASSUMED, BACKWARD_STEPS_NOTE, where=notes.frames_site(tuple(frames)))
 
 
 def amems_failure_of(argv: list[str], run: Any):
