@@ -22,6 +22,7 @@ or as amem's own API refuses a call, is marked `for_the_script(err)`: it is the 
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import importlib.machinery
 import importlib.util
@@ -47,6 +48,7 @@ PROCESS_EXIT = declare("os", "_exit", "while the user's script runs: called by i
                        "as sys.exit would, so the prediction or trace is still written")
 
 _RUNPY = os.path.dirname(runpy.__file__)
+_MISSING = object()
 _ENTRY_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import \w+", re.M)   # pip's console-script template
 _AMEM = os.path.dirname(os.path.abspath(__file__))
 
@@ -198,10 +200,14 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     torch.OutOfMemoryError as the run's OOM); so does an exception for which `amems(err)` returns
     an exception (amem's own failure, predict/failures.py), that one, raised from err. Where
     `explain(err)` gives a line (amem run: the script's first CUDA call on a machine with no GPU),
-    that line is printed instead of the traceback. The caller's sys.argv and sys.path are theirs
-    again afterwards: an in-process prediction (amem_alloc.fit, a rank) leaves no script folder behind.
+    that line is printed instead of the traceback. The caller's sys.argv, sys.path, sys.stdout and
+    sys.stderr and the builtins are theirs again afterwards: an in-process prediction (amem_alloc.fit,
+    a rank) leaves no script folder behind, and what amem prints after the script is not swallowed by
+    a `print` the script replaced (torchvision's references silence it on every rank but 0) or sent to
+    a log file it made the standard output.
     """
-    argv_before, path_before = sys.argv, list(sys.path)
+    argv_before, path_before, streams = sys.argv, list(sys.path), (sys.stdout, sys.stderr)
+    builtins_before = dict(vars(builtins))
     sys.argv = [target, *args]
     try:
         with _os_exit_ends_the_script():
@@ -209,6 +215,8 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     finally:
         sys.argv = argv_before
         sys.path[:] = path_before
+        sys.stdout, sys.stderr = streams
+        _put_back(vars(builtins), builtins_before)
 
 
 def _run_as_main(target: str, module: bool, reraise: tuple, explain,
@@ -239,6 +247,15 @@ def _run_as_main(target: str, module: bool, reraise: tuple, explain,
         print_script_error(err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     return 0
+
+
+def _put_back(table: dict, before: dict) -> None:
+    """`table` as `before` was: what was added removed, what was replaced or removed put back."""
+    for name in [n for n in table if n not in before]:
+        del table[name]
+    for name, value in before.items():
+        if table.get(name, _MISSING) is not value:
+            table[name] = value
 
 
 def console_script_entry(path: str) -> str | None:

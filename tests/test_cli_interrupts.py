@@ -213,3 +213,23 @@ def test_kill_9_of_compare_ends_its_children(tmp_path):
     proc.kill()
     proc.communicate(timeout=BOUND_S)
     _wait_for(f"child {child} to end with its parent", lambda: _gone(child))
+
+
+def test_kill_ends_predict_with_one_line_and_its_scratch_folders_removed(tmp_path):
+    """SIGTERM (kill PID; `timeout` when its limit passes) ended amem predict at once: nothing
+    printed, and its scratch folders (the stand-in nvidia-smi's, the child watch's) left in the
+    temporary folder. It unwinds now: "amem predict: terminated", 143, the folders gone."""
+    script = tmp_path / "long.py"
+    script.write_text(SLEEPER.replace("while True:", "print('first step done', flush=True)\nwhile True:"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code = "import sys, amem_command; sys.argv = ['amem', *sys.argv[1:]]; sys.exit(amem_command.main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "predict", "--", "python", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**_env(), "TMPDIR": str(scratch)}, cwd=ROOT, start_new_session=True)
+    _wait_for("the script's first step", lambda: [p for p in scratch.iterdir() if p.name.startswith("amem-")]
+              and proc.stdout.readline().startswith("first step done"))
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=BOUND_S)
+    assert proc.returncode == 128 + signal.SIGTERM and err.endswith("amem predict: terminated\n"), (proc.returncode, err)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("amem-")] == []

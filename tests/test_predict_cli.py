@@ -355,6 +355,39 @@ def test_a_script_ending_with_os_exit_ends_as_sys_exit_would(tmp_path, status):
     assert [p.name for p in scratch.iterdir() if p.name.startswith("amem-")] == []
 
 
+SILENCED = textwrap.dedent("""\
+    import builtins, os, sys, torch, torch.distributed as dist
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if dist.get_rank() != 0:
+        builtins.print = lambda *args, **kwargs: None   # torchvision's setup_for_distributed
+    else:
+        sys.stdout = open(os.path.join(os.path.dirname(__file__), "train.log"), "w")   # a logger's tee
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print("trained")
+""")
+
+
+@pytest.mark.parametrize("launch", [["python"], ["torchrun", "--nproc_per_node", "2"]])
+def test_a_print_or_standard_output_the_script_replaced_does_not_swallow_the_prediction(tmp_path, launch):
+    """torchvision's references replace builtins.print on every rank but 0, and the prediction of a
+    torchrun job printed nothing at all (exit 0): the ranks run in this process, one after the
+    other. The builtins and standard streams are put back after the script; what it printed into
+    its own log stays there."""
+    script = tmp_path / "silenced.py"
+    script.write_text(SILENCED)
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--", *launch, str(script)],
+                       timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "peak allocated" in proc.stdout and "trained" not in proc.stdout
+    assert "trained" in (tmp_path / "train.log").read_text()
+
+
 def test_a_module_runs_as_python_m_runs_it_and_its_package_is_the_users_code(tmp_path):
     """`-- python -m pkg.train` (and torchrun -m): the working folder on the path as python -m puts
     it, sys.argv as the module sees it, and the package's lines named as the user's in the notes.

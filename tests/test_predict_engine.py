@@ -355,8 +355,8 @@ def test_the_deadline_waits_while_a_free_is_being_recorded():
         x = torch.empty(10, device="cuda")
         del x
         s.storages.on_free = record
-    assert frames and script._in_dropping_callback(frames[0])
-    assert not script._in_dropping_callback(sys._getframe())
+    assert frames and script.in_dropping_callback(frames[0])
+    assert not script.in_dropping_callback(sys._getframe())
 
 
 def test_the_deadline_waits_while_the_collectors_callback_runs():
@@ -378,7 +378,7 @@ def test_the_deadline_waits_while_the_collectors_callback_runs():
     watch = CollectorWatch(Notes(), recording=None)
     watch.counting, watch.freed = True, [SimpleNamespace(requested=512, frames=[])]
     watch._phase("stop", {})
-    assert frames and script._in_dropping_callback(frames[0])
+    assert frames and script.in_dropping_callback(frames[0])
 
 
 # ============================================================================ autograd as CUDA runs it

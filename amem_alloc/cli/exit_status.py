@@ -7,3 +7,4 @@ NOT_MODELLED = 4       # amem predict: the run cannot be predicted (CUDA graphs,
 DOES_NOT_FIT = 5       # amem predict --check: a policy predicted does not fit the card
 TIMEOUT = 124          # amem predict: past --timeout, as timeout(1) says it
 INTERRUPTED = 130      # Ctrl-C, as a shell says it (128 + SIGINT)
+TERMINATED = 143       # SIGTERM under compare and predict, as a shell says it (128 + SIGTERM)

@@ -27,7 +27,8 @@ Exit status, the same for every command (the names are cli/exit_status.py's):
     130  Ctrl-C, at any moment (start-up too: the console script is amem_command.py, outside the
          package), one line: `amem COMMAND: interrupted`; also a KeyboardInterrupt the script raises
          under predict, compare and fit
-    143  amem compare ended by SIGTERM (`amem compare: terminated`; its children ended first)
+    143  amem compare or predict ended by SIGTERM (`amem COMMAND: terminated`; compare's children
+         ended first, predict's scratch folders removed)
     the script's own status, under run, compare and predict: its traceback is printed as Python
          prints it, from its own frames (user_script.py, the one script runner)
 
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_command(_parser(), argv)
         command = f"amem {args.command}"
         return args.func(args)
-    except KeyboardInterrupt:  # the same line wherever it lands: parsing, importing torch, a run
+    except KeyboardInterrupt as stopped:  # the same line wherever it lands: parsing, importing torch, a run
+        if type(stopped).__name__ == "Terminated":   # SIGTERM under predict (predict/stop_signals.py)
+            print(f"{command}: terminated", file=sys.stderr)
+            return exit_status.TERMINATED
         print(f"{command}: interrupted", file=sys.stderr)
         return exit_status.INTERRUPTED
     except ValueError as err:  # UsageError, SnapshotError, a bad value or configuration

@@ -90,6 +90,13 @@ def _spawned_ranks(args: argparse.Namespace, spawned: Any) -> int:
 
 
 def predict_command(args: argparse.Namespace) -> int:
+    from ..predict.stop_signals import unwinding
+
+    with unwinding():   # Ctrl-C and SIGTERM unwind the run (its scratch folders removed), one line
+        return _predict_command(args)
+
+
+def _predict_command(args: argparse.Namespace) -> int:
     from . import predict_ranks
 
     if predict_ranks.wanted(args):   # --nproc-per-node / --nnodes / --rank, or -- torchrun ...

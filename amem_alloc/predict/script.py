@@ -74,7 +74,7 @@ class _Deadline:
         self.armed = seconds > 0 and threading.current_thread() is threading.main_thread()
 
     def _fire(self, signum: int, frame: Any) -> None:
-        if _in_dropping_callback(frame):
+        if in_dropping_callback(frame):
             return   # raised there, Python would print "Exception ignored in ..." and drop it: next tick
         raise PredictionTimeout(self.seconds, call_site(1))
 
@@ -90,7 +90,7 @@ class _Deadline:
             signal.signal(signal.SIGALRM, self.previous)
 
 
-def _in_dropping_callback(frame: Any) -> bool:
+def in_dropping_callback(frame: Any) -> bool:
     """Whether `frame` runs inside one of amem's callbacks whose exceptions Python drops: the
     weak-reference callback that records a storage's free (storages.py), the garbage collector's
     phase callback (collector.py). An exception there cannot reach the script."""
