@@ -124,8 +124,9 @@ def _how_to_use(step: dict) -> str:
 def _at_peak(d: dict, top: int) -> list[str]:
     allocated, cats = d["at_peak_allocated"], d["at_peak"]
     during = f", in {d['at_peak_phase']}" if d.get("at_peak_phase") else ""
-    lines = ["", f"At the peak ({format_bytes(allocated)} allocated{during}, after allocator call "
-                 f"{d['at_peak_op'] + 1} of {d['program']['ops']}):"]
+    lines = ["", f"At the peak ({format_bytes(allocated)} requested, each request rounded to 512 B: a policy's "
+                 f"allocated adds its own rounding{during}, after allocator call {d['at_peak_op'] + 1} of "
+                 f"{d['program']['ops']}):"]
     most = d.get("category_peaks") or {}
     order = list(cats) + [k for k in most if k not in cats]
     body = [[k, format_bytes(cats.get(k, 0)), _share(cats.get(k, 0), allocated),
