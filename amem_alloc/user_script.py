@@ -38,12 +38,6 @@ from typing import Callable, Iterator
 from .patching import PatchSet, declare
 from .user_input import UsageError
 
-OPTIMIZER_MADE = declare("torch.optim.Optimizer", "__init__",
-                        "while a script's steps are counted: whether it made an optimizer (without one, each "
-                        "backward pass is a step)")
-BACKWARD_PASS = declare("torch.autograd", "backward",
-                        "while a script's steps are counted: a backward pass ends a step where the script made "
-                        "no optimizer (it updates its parameters itself)")
 PROCESS_EXIT = declare("os", "_exit", "while the user's script runs: called by its main thread, it ends the script "
                        "as sys.exit would, so the prediction or trace is still written")
 
@@ -283,83 +277,3 @@ def _count_package_as_program(module: str) -> None:
         return
     for location in (spec.submodule_search_locations or []) if spec else []:
         code_files.run_as_program(location)
-
-
-def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on_backward_step=None) -> int:
-    """Runs the script or module (run(); argv as target_of reads it) and counts its optimizer
-    steps, calling on_step(n) after the n-th; returns the count. A step taken inside another
-    (an optimizer container such as torchtitan's, itself an Optimizer, stepping its parts) is
-    part of that one. Steps taken during a backward pass (an optimizer per parameter, stepped by
-    its gradient hook: torchtune's `optimizer_in_bwd`) are one step, counted as that backward
-    ends. A script that made no torch.optim optimizer when a backward pass ends (it updates its
-    parameters itself: PyTorch's word_language_model) counts that backward pass as its step,
-    `on_backward_step()` called before the first such. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-    steps, depth, backward, made = [0], [0], [None], [False]   # backward: the pass whose end counts a step
-
-    def enter(optimizer, args, kwargs) -> None:
-        depth[0] += 1
-
-    def count(optimizer, args, kwargs) -> None:
-        depth[0] = max(depth[0] - 1, 0)
-        if depth[0]:
-            return
-        task = torch._C._current_graph_task_id()
-        if task == -1:
-            counted()
-        elif backward[0] != task:
-            backward[0] = task
-            torch.autograd.Variable._execution_engine.queue_callback(counted)
-
-    def counted() -> None:
-        backward[0] = None
-        steps[0] += 1
-        if on_step is not None:
-            on_step(steps[0])
-
-    target, args, module = target_of(argv)
-    hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
-    def backward_step() -> None:
-        if on_backward_step is not None and not steps[0]:
-            on_backward_step()
-        counted()
-
-    try:
-        with _backward_steps(made, backward_step):
-            status = run(target, args, module=module, reraise=reraise, amems=amems)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if status != 0:
-        raise ScriptFailed(name_of(argv), status)
-    return steps[0]
-
-
-@contextlib.contextmanager
-def _backward_steps(made: list, counted: Callable[[], None]) -> Iterator[None]:
-    """While the script runs: `made[0]` says whether it made an optimizer; a backward pass (not
-    one nested in another) that ends with none made is a step, `counted()`."""
-    import torch
-
-    init, backward = torch.optim.Optimizer.__init__, torch.autograd.backward
-    nested = [0]
-
-    def optimizer_init(self, *args, **kwargs):
-        made[0] = True
-        return init(self, *args, **kwargs)
-
-    def backward_pass(*args, **kwargs):
-        nested[0] += 1
-        try:
-            out = backward(*args, **kwargs)
-        finally:
-            nested[0] -= 1
-        if not made[0] and not nested[0] and torch._C._current_graph_task_id() == -1:
-            counted()
-        return out
-    with PatchSet() as patches:
-        patches.apply(OPTIMIZER_MADE, torch.optim.Optimizer, "__init__", optimizer_init)
-        patches.apply(BACKWARD_PASS, torch.autograd, "backward", backward_pass)
-        yield

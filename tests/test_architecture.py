@@ -146,7 +146,8 @@ TIERS = {
     # the top-level modules that talk to _C and torch, and the leaves they share
     "runtime": {"_autoenable", "allocator", "atomic_write", "calibration", "categories", "code_files", "config", "cuda",
                 "devices", "doctor", "introspection", "near_names", "patching", "policies", "provenance_format", "recording",
-                "snapshot_dump", "sources", "stacks", "torch_patch", "user_input", "user_script", "version"},
+                "script_steps", "snapshot_dump", "sources", "stacks", "torch_patch", "user_input", "user_script",
+                "version"},
     # torch's snapshot format read and checked, and what is rebuilt or exported from a snapshot
     "formats": {"snapshot", "timeline", "trace_export"},
     # the packages that do amem's work on that data (the replay program format is replay/program.py);
@@ -264,7 +265,7 @@ PREDICT_TIERS = {
     "rules": 2,
     "engine": 3,
     "shims": 4, "analysis": 4, "script": 4, "decode_loop": 4,
-    "whatif": 5,
+    "whatif": 5, "stop_signals": 5,
     "api": 6,
     "fit": 7, "distributed": 7,
     "patch_table": 8, "__init__": 8,

@@ -232,6 +232,30 @@ def test_a_script_without_an_optimizer_counts_its_backward_passes_as_steps(tmp_p
     assert len(said) == (0 if optimizer else 1) and all(n["where"].endswith("manual.py:8") for n in said), said
 
 
+def test_notes_made_in_backward_name_the_line_that_called_it(tmp_path):
+    """A note made in backward names the line that called backward(), as the forward's names the
+    forward's: no frame of amem's between the two may end the search for the user's line (a
+    wrapper in the script runner's own file did, and every backward note read "at ?")."""
+    script = tmp_path / "convs.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        torch.backends.cudnn.benchmark = True
+        net = torch.nn.Conv2d(3, 16, 3).cuda()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        out = net(torch.randn(8, 3, 64, 64, device="cuda", requires_grad=True))
+        out.mean().backward()
+        opt.step()
+    """))
+    js = tmp_path / "p.json"
+    proc = amem("--json", js, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    search = {n["what"].split(" (")[0]: n["where"] for n in json.loads(js.read_text())["notes"]
+              if "benchmark search workspace" in n["what"]}
+    assert search["cuDNN benchmark search workspace, forward"].startswith("convs.py:5")
+    assert search["cuDNN benchmark search workspace, backward data"] == "convs.py:6"
+    assert search["cuDNN benchmark search workspace, backward filter"] == "convs.py:6"
+
+
 def test_a_script_past_its_timeout_ends_with_one_line(tmp_path):
     script = tmp_path / "forever.py"
     script.write_text("import torch\nx = torch.randn(8, device='cuda')\nwhile True:\n    x = x * 2\n")

@@ -152,7 +152,7 @@ def test_compare_a_script_counts_its_optimizer_steps_and_shows_its_output(tmp_pa
 def test_an_optimizer_container_stepping_its_parts_is_one_step(tmp_path):
     """torchtitan's OptimizersContainer is an Optimizer whose step() steps each part: one step of
     the training loop, not 1 + parts (prediction's --steps counts these)."""
-    from amem_alloc import user_script
+    from amem_alloc import script_steps
 
     script = tmp_path / "container.py"
     script.write_text(textwrap.dedent("""
@@ -171,5 +171,5 @@ def test_an_optimizer_container_stepping_its_parts_is_one_step(tmp_path):
         torch.optim.SGD(params, lr=0.1).step()
     """))
     seen = []
-    assert user_script.run_steps([str(script)], seen.append) == 4
+    assert script_steps.run_steps([str(script)], seen.append) == 4
     assert seen == [1, 2, 3, 4]

@@ -45,12 +45,12 @@ class _Enough(BaseException):
 
 
 def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int = 0, amems=None) -> dict:
-    """Runs the user's script as Python would (user_script.run_steps); a step is an optimizer.step().
+    """Runs the user's script as Python would (script_steps.run_steps); a step is an optimizer.step().
     After `steps` steps (0: none) the script is stopped there. ScriptFailed if it exits non-zero
     (its traceback is on stderr by then); KeyboardInterrupt goes on; amem's own failure inside the
     script (`amems`, predict/failures.py) is raised as failures.AmemFailure, not as the script's.
     """
-    from .. import user_script
+    from .. import script_steps, user_script
 
     done = [0]
 
@@ -62,7 +62,7 @@ def _run_script(argv: list[str], on_step=None, reraise: tuple = (), steps: int =
             raise _Enough
 
     try:
-        made = user_script.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt), amems=amems)
+        made = script_steps.run_steps(argv, step, (*reraise, _Enough, KeyboardInterrupt), amems=amems)
     except _Enough:
         made = done[0]
     _, args, _ = user_script.target_of(argv)

@@ -32,7 +32,7 @@ import signal
 import threading
 from typing import Any
 
-from .. import user_script
+from .. import script_steps, user_script
 from . import failures, repeat
 from .notes import NotModelledError, call_site
 from .engine.values import DataDependentError
@@ -123,7 +123,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
 
     try:
         with _Deadline(timeout):
-            return user_script.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
+            return script_steps.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
                                                                     SpawnedRanks, KeyboardInterrupt),
                                          amems=amems_failure_of(argv, run), on_backward_step=_note_backward_steps)
@@ -136,18 +136,9 @@ BACKWARD_STEPS_NOTE = ("the script made no torch.optim optimizer (it updates its
 
 
 def _note_backward_steps() -> None:
-    """The note, at the script's backward() call: the frames above the step-counting wrapper."""
-    import sys
-
     from . import notes
 
-    frame, frames = sys._getframe(1), []
-    while frame is not None and frame.f_code.co_filename == user_script.__file__:   # the wrapper's own
-        frame = frame.f_back
-    while frame is not None and frame.f_code.co_filename != user_script.__file__:   # up to the runner
-        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    notes.record(notes.ASSUMED, BACKWARD_STEPS_NOTE, where=notes.frames_site(tuple(frames)))
+    notes.record(notes.ASSUMED, BACKWARD_STEPS_NOTE)
 
 
 def amems_failure_of(argv: list[str], run: Any):
