@@ -491,3 +491,15 @@ def test_a_pip_installed_commands_package_is_the_users_code(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     note = next(line for line in proc.stdout.splitlines() if "item() of a CUDA tensor" in line)
     assert note.rstrip().endswith("at ctool/cli.py:5"), note
+
+
+def test_a_warning_torch_raises_for_the_script_is_shown_at_the_scripts_line(tmp_path):
+    """torch's warnings name their caller's line; under prediction that frame was amem's device
+    mode (`device_mode.py:161: UserWarning: dropout2d: ...`). It is the script's line again."""
+    script = tmp_path / "warns.py"
+    script.write_text("import torch\nimport torch.nn.functional as F\n"
+                      "F.dropout2d(torch.randn(4, 8, device='cuda'), 0.5, training=True)\n")
+    proc = amem("--", "python", script)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warned = [line for line in proc.stderr.splitlines() if "UserWarning: dropout2d" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"{script}:3: UserWarning"), proc.stderr[-2000:]

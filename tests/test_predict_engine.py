@@ -403,3 +403,17 @@ def test_gradients_reaching_one_tensor_are_summed_in_place_as_cudas_engine_does(
     assert _backward_adds(size) == 0
     monkeypatch.setattr(autograd, "SOLE_USES", (-1, -1))   # the rule never applies: one add out of place
     assert _backward_adds(size) == 1
+
+
+def test_share_memory_of_a_cuda_tensor_does_nothing_as_on_cuda():
+    """Hogwild training shares its model before starting workers (`model.share_memory()`): for a
+    CUDA tensor torch does nothing, and a fake one went down the CPU path and raised
+    ("_share_fd_: only available on CPU"). A host tensor is still shared for real."""
+    with FakeCudaSession() as s:
+        model = torch.nn.Linear(64, 64).cuda()
+        assert model.share_memory() is model
+        weight = model.weight
+        assert weight.share_memory_() is weight and weight.is_shared()
+        host = torch.zeros(4).share_memory_()
+        assert host.is_shared()
+    assert [size for kind, _, size, _ in s.ops if kind == ALLOC] == [64 * 64 * 4, 64 * 4]

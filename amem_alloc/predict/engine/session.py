@@ -47,7 +47,7 @@ from . import children
 from . import stream_uses
 from . import torch_patches
 from . import library_threads
-from . import bitsandbytes_paged, safetensors_files, saved_files
+from . import bitsandbytes_paged, safetensors_files, saved_files, warning_sites
 from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
@@ -193,6 +193,7 @@ class FakeCudaSession:
             saved_files.install(self.patches, self.saved_files)   # checkpoints never over a file that was there
             safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes in a safetensors file: zeros
             library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
+            warning_sites.install(self.patches)   # warnings at the program's line, not amem's
             bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator
         except BaseException:
             self._leave()

@@ -42,7 +42,7 @@ take and return); none of them knows an op by name: each is a lookup.
 """
 from __future__ import annotations
 
-from . import attention, autograd, convolution, cublas, data_dependent, dropout, embedding, flex_attention, foreach, losses, meta_kernels, norms, rnn  # noqa: F401 (register)
+from . import attention, autograd, convolution, cublas, data_dependent, dropout, embedding, flex_attention, foreach, losses, meta_kernels, norms, rnn, shared_memory  # noqa: F401 (register)
 from .cublas import workspace_bytes as cublas_workspace_bytes
 from .data_dependent import values
 from .registry import NOT_APPLICABLE, Stage, lookup
