@@ -15,17 +15,15 @@ from __future__ import annotations
 from .registry import Stage, rule
 
 
+def _fake_cuda(args, mode) -> bool:
+    return bool(args) and mode.storages.device_of(args[0]) == "cuda"
+
+
 @rule(Stage.FUNCTION, "share_memory_", source="torch/storage.py (share_memory_: a no-op for CUDA)")
 def share_memory(func, args, kwargs, mode):
-    tensor = args[0] if args else None
-    if tensor is not None and mode.storages.device_of(tensor) == "cuda":
-        return tensor
-    return None
+    return args[0] if _fake_cuda(args, mode) else None
 
 
 @rule(Stage.FUNCTION, "is_shared", source="torch/_tensor.py (is_shared: always True for CUDA tensors)")
 def is_shared(func, args, kwargs, mode):
-    tensor = args[0] if args else None
-    if tensor is not None and mode.storages.device_of(tensor) == "cuda":
-        return True
-    return None
+    return True if _fake_cuda(args, mode) else None
