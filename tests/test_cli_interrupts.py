@@ -233,3 +233,39 @@ def test_kill_ends_predict_with_one_line_and_its_scratch_folders_removed(tmp_pat
     out, err = proc.communicate(timeout=BOUND_S)
     assert proc.returncode == 128 + signal.SIGTERM and err.endswith("amem predict: terminated\n"), (proc.returncode, err)
     assert [p.name for p in scratch.iterdir() if p.name.startswith("amem-")] == []
+
+
+def test_a_stop_signal_landing_in_a_dropping_callback_is_sent_again(monkeypatch):
+    """Ctrl-C raised inside the garbage collector's phase callback was printed as "Exception
+    ignored in: <bound method CollectorWatch._phase ...>" and lost: the run went on. There the
+    handler sends the signal again a moment later; elsewhere Ctrl-C raises KeyboardInterrupt and
+    SIGTERM Terminated (a KeyboardInterrupt: every path that lets Ctrl-C through lets it through)."""
+    from types import SimpleNamespace
+
+    from amem_alloc.predict import stop_signals
+    from amem_alloc.predict.engine.collector import CollectorWatch
+
+    frames, resent = [], []
+
+    class Notes:
+        def add(self, *args):
+            frames.append(sys._getframe(1))   # the callback's own frame
+
+    watch = CollectorWatch(Notes(), recording=None)
+    watch.counting, watch.freed = True, [SimpleNamespace(requested=512, frames=[])]
+    watch._phase("stop", {})
+
+    class Timer:
+        def __init__(self, delay, fn, args):
+            resent.append((fn, args))
+
+        def start(self):
+            pass
+    monkeypatch.setattr(stop_signals.threading, "Timer", Timer)
+    assert stop_signals._handler(signal.SIGINT, frames[0]) is None
+    assert resent == [(signal.raise_signal, (signal.SIGINT,))]
+    with pytest.raises(KeyboardInterrupt) as raised:
+        stop_signals._handler(signal.SIGINT, sys._getframe())
+    assert type(raised.value) is KeyboardInterrupt
+    with pytest.raises(stop_signals.Terminated):
+        stop_signals._handler(signal.SIGTERM, sys._getframe())
