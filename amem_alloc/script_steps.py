@@ -28,10 +28,12 @@ BACKWARD_PASS = declare("torch.autograd", "backward",
                         "while a script's steps are counted: a backward pass ends a step where the script made "
                         "no optimizer (it updates its parameters itself)")
 
+
 def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on_backward_step=None) -> int:
     """Runs the script or module (user_script.run; argv as target_of reads it) and counts its steps
     (see the note), calling on_step(n) after the n-th and `on_backward_step()` before the first
-    backward pass counted as a step; returns the count. ScriptFailed if it exits non-zero (its traceback is on stderr by then)."""
+    backward pass counted as a step; returns the count. ScriptFailed if it exits non-zero (its
+    traceback is on stderr by then)."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -57,13 +59,13 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
         if on_step is not None:
             on_step(steps[0])
 
-    target, args, module = target_of(argv)
-    hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     def backward_step() -> None:
         if on_backward_step is not None and not steps[0]:
             on_backward_step()
         counted()
 
+    target, args, module = target_of(argv)
+    hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     try:
         with _backward_steps(made, backward_step):
             status = run(target, args, module=module, reraise=reraise, amems=amems)
