@@ -108,6 +108,7 @@ def _shard_without_state(optimizer: Any, group_rank: int) -> dict:
     groups, first = [], 0
     for group in optimizer._partition_parameters()[group_rank]:
         count = len(group["params"])
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(first, first + count))})
+        settings = {k: v for k, v in group.items() if k != "params"}
+        groups.append({**settings, "params": list(range(first, first + count))})
         first += count
     return {"state": {}, "param_groups": groups}

@@ -23,7 +23,10 @@ class PinnedHost:
         storage = t.untyped_storage()
         address = storage.data_ptr()
         by_address = self._by_address
-        by_address[address] = weakref.ref(storage, lambda ref: by_address.get(address) is ref and by_address.pop(address))
+        def forget(ref: weakref.ref) -> None:   # (a later storage at the address has its own entry)
+            if by_address.get(address) is ref:
+                del by_address[address]
+        by_address[address] = weakref.ref(storage, forget)
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether `t`'s storage is one pinned here."""

@@ -97,4 +97,5 @@ def install(patches: PatchSet, saved: Any) -> None:
         patches.apply(WRITE, st, "serialize_file", _kept_apart(st.serialize_file, saved))
     if hasattr(st, "safe_open"):
         opener = st.safe_open
-        patches.apply(READ, st, "safe_open", lambda filename, *args, **kwargs: opener(saved.source(filename), *args, **kwargs))
+        patches.apply(READ, st, "safe_open",
+                      lambda filename, *args, **kwargs: opener(saved.source(filename), *args, **kwargs))

@@ -191,7 +191,7 @@ class FakeCudaSession:
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
             saved_files.install(self.patches, self.saved_files)   # checkpoints never over a file that was there
-            safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes in a safetensors file: zeros
+            safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes there: zeros
             library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
             warning_sites.install(self.patches)   # warnings at the program's line, not amem's
             bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator

@@ -453,7 +453,9 @@ def _profiler(patches: PatchSet) -> None:
     @functools.wraps(init)
     def without_cuda(self, *args, **kwargs):
         if kwargs.get("use_cuda") or kwargs.get("use_device") == "cuda":   # (use_cuda: torch before 2.14)
-            kwargs.update({"use_device": None, "use_cpu": True, **({"use_cuda": False} if "use_cuda" in kwargs else {})})
+            kwargs.update(use_device=None, use_cpu=True)
+            if "use_cuda" in kwargs:
+                kwargs["use_cuda"] = False
             notes_mod.record(notes_mod.STAND_IN, PROFILER_NOTE, where=notes_mod.call_site(2))
         init(self, *args, **kwargs)
     patches.apply(PROFILER, cls, "__init__", without_cuda)
