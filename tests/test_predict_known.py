@@ -66,9 +66,10 @@ def test_a_check_that_every_element_holds_holds_on_unknown_values():
         noise = torch.randn(64, device="cuda")
         assert (noise == noise).all() and torch.isfinite(noise).all(dim=0).item() is True
         assert not torch.isnan(noise).any()
-        normal = torch.distributions.Normal(torch.zeros(64, device="cuda"), torch.ones(64, device="cuda"))
+        normal = torch.distributions.Normal(torch.zeros(64, device="cuda"), torch.ones(64, device="cuda"),
+                                            validate_args=True)   # (a library may turn the default off)
         assert normal.log_prob(normal.rsample((4,))).shape == (4, 64)
-        policy = torch.distributions.Categorical(logits=torch.randn(8, 6, device="cuda"))
+        policy = torch.distributions.Categorical(logits=torch.randn(8, 6, device="cuda"), validate_args=True)
         assert policy.log_prob(policy.sample()).shape == (8,)
     assumed = [n for n in s.notes if n.kind == "assumed"]
     assert len(assumed) >= 4 and all(n.seen == {"expected": [True], "upper": [True]} for n in assumed), \
