@@ -63,3 +63,23 @@ def shared_traces_dir() -> Path:
         if folder.is_dir():
             return folder
     return ROOT.parent / "shared" / "traces"
+
+
+def collector_callback_frame():
+    """A frame inside the garbage collector's phase callback (predict/engine/collector.py), one of
+    the callbacks whose exceptions Python drops: what the deadline and the stop signals test for."""
+    from types import SimpleNamespace
+
+    from amem_alloc.predict.engine.collector import CollectorWatch
+
+    frames = []
+
+    class Notes:
+        def add(self, *args):
+            frames.append(sys._getframe(1))   # the callback's own frame
+
+    watch = CollectorWatch(Notes(), recording=None)
+    watch.counting, watch.freed = True, [SimpleNamespace(requested=512, frames=[])]
+    watch._phase("stop", {})
+    assert frames, "the collector's callback noted nothing"
+    return frames[0]

@@ -240,20 +240,10 @@ def test_a_stop_signal_landing_in_a_dropping_callback_is_sent_again(monkeypatch)
     ignored in: <bound method CollectorWatch._phase ...>" and lost: the run went on. There the
     handler sends the signal again a moment later; elsewhere Ctrl-C raises KeyboardInterrupt and
     SIGTERM Terminated (a KeyboardInterrupt: every path that lets Ctrl-C through lets it through)."""
-    from types import SimpleNamespace
-
     from amem_alloc.predict import stop_signals
-    from amem_alloc.predict.engine.collector import CollectorWatch
+    from helpers import collector_callback_frame
 
-    frames, resent = [], []
-
-    class Notes:
-        def add(self, *args):
-            frames.append(sys._getframe(1))   # the callback's own frame
-
-    watch = CollectorWatch(Notes(), recording=None)
-    watch.counting, watch.freed = True, [SimpleNamespace(requested=512, frames=[])]
-    watch._phase("stop", {})
+    resent = []
 
     class Timer:
         def __init__(self, delay, fn, args):
@@ -262,7 +252,7 @@ def test_a_stop_signal_landing_in_a_dropping_callback_is_sent_again(monkeypatch)
         def start(self):
             pass
     monkeypatch.setattr(stop_signals.threading, "Timer", Timer)
-    assert stop_signals._handler(signal.SIGINT, frames[0]) is None
+    assert stop_signals._handler(signal.SIGINT, collector_callback_frame()) is None
     assert resent == [(signal.raise_signal, (signal.SIGINT,))]
     with pytest.raises(KeyboardInterrupt) as raised:
         stop_signals._handler(signal.SIGINT, sys._getframe())

@@ -363,22 +363,10 @@ def test_the_deadline_waits_while_the_collectors_callback_runs():
     """The garbage collector's phase callback (engine/collector.py) is one whose exceptions Python
     drops too: the deadline raised there once printed "Exception ignored in: <bound method
     CollectorWatch._phase ...>" with a traceback at the user (a loaded machine, --timeout 1)."""
-    import sys
-    from types import SimpleNamespace
-
     from amem_alloc.predict import script
-    from amem_alloc.predict.engine.collector import CollectorWatch
+    from helpers import collector_callback_frame
 
-    frames = []
-
-    class Notes:
-        def add(self, *args):
-            frames.append(sys._getframe(1))   # the callback's own frame
-
-    watch = CollectorWatch(Notes(), recording=None)
-    watch.counting, watch.freed = True, [SimpleNamespace(requested=512, frames=[])]
-    watch._phase("stop", {})
-    assert frames and script.in_dropping_callback(frames[0])
+    assert script.in_dropping_callback(collector_callback_frame())
 
 
 # ============================================================================ autograd as CUDA runs it
