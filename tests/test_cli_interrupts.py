@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -213,6 +214,14 @@ def test_kill_9_of_compare_ends_its_children(tmp_path):
     proc.kill()
     proc.communicate(timeout=BOUND_S)
     _wait_for(f"child {child} to end with its parent", lambda: _gone(child))
+    # the child's scratch folders are named by it; the next prediction's removes them (scratch.py)
+    from amem_alloc.predict import scratch
+
+    left = list(Path(tempfile.gettempdir()).glob(f"amem-*-{child}-*"))
+    assert left, "the killed child made its scratch folders under its own process id"
+    for kind in ("children", "nvidia-smi"):
+        scratch.remove_orphans(kind)
+    assert not [p for p in left if p.exists()]
 
 
 def test_kill_ends_predict_with_one_line_and_its_scratch_folders_removed(tmp_path):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -79,11 +80,11 @@ def test_the_machines_own_nvidia_smi_answers_and_nothing_is_noted(monkeypatch, t
 def test_the_standins_folder_is_removed_when_the_prediction_ends(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    nvidia_smi.tempfile.tempdir = None   # tempfile reads TMPDIR again
+    tempfile.tempdir = None   # tempfile reads TMPDIR again
     try:
         seen = []
         amem_alloc.predict(lambda: seen.append(os.environ["PATH"].split(os.pathsep)[0]), gpu="H100")
     finally:
-        nvidia_smi.tempfile.tempdir = None
+        tempfile.tempdir = None
     assert os.path.basename(seen[0]).startswith(nvidia_smi.FOLDER_PREFIX)
     assert not os.path.exists(seen[0])

@@ -24,9 +24,9 @@ import multiprocessing.process
 import os
 import shutil
 import sys
-import tempfile
 
 from ...patching import PatchSet, declare
+from .. import scratch
 from ..notes import NotModelledError, call_site
 
 ENV = "AMEM_PREDICT_CHILD_REPORTS"
@@ -112,7 +112,7 @@ class ChildWatch:
         self.patches = PatchSet()
 
     def __enter__(self) -> "ChildWatch":
-        self.folder = tempfile.mkdtemp(prefix="amem-children-")
+        self.folder = scratch.make("children")
         self.patches.setenv(CHILD_FOLDER, ENV, self.folder)
         original = multiprocessing.process.BaseProcess.start
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import torch
 
 from ...patching import PatchSet, declare
-from .. import notes
+from .. import notes, scratch
 from .values import is_fake
 
 SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
@@ -58,7 +57,7 @@ class SavedFiles:
             self.written.add(real)
             return path
         if self.folder is None:
-            self.folder = tempfile.mkdtemp(prefix="amem-saved-")
+            self.folder = scratch.make("saved")
         copy = os.path.join(self.folder, f"{len(self.copies)}-{os.path.basename(real)}")
         self.copies[real] = copy
         notes.record(notes.STAND_IN, KEPT_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))

@@ -24,16 +24,16 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...patching import PatchSet, declare
-from .. import notes
+from .. import notes, scratch
 
 PROGRAM = "nvidia-smi"
 CARDS_ENV = "AMEM_NVIDIA_SMI_CARDS"
-FOLDER_PREFIX = "amem-nvidia-smi-"
+SCRATCH_KIND = "nvidia-smi"
+FOLDER_PREFIX = f"{scratch.PREFIX}{SCRATCH_KIND}-"
 STANDIN = Path(__file__).with_name("nvidia_smi_standin.py")
 NOTE = ("nvidia-smi: amem's stand-in answered for the predicted cards, idle (this machine has no "
         "nvidia-smi); its figures are not the run's")
@@ -52,7 +52,7 @@ def install(patches: PatchSet, gpu: Any, device_count: int) -> None:
     if found is not None and not Path(found).parent.name.startswith(FOLDER_PREFIX):
         return   # the machine's own
     if found is None:
-        folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        folder = Path(scratch.make(SCRATCH_KIND))
         patches.callback(shutil.rmtree, folder, True)
         _write_program(folder / PROGRAM)
         patches.setenv(PATH_CHANGE, "PATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PATH")])))
