@@ -28,7 +28,7 @@ from .. import notes, rules
 from . import values
 from .devices import META, explicit_device, implicit_device, leaves, unspoofed, wrapper_subclass
 from .meta_cache import MetaCache
-from .storages import Storages
+from .storages import Storages, refuse_sparse
 
 _CREATE_ON_TARGET = {"_to_copy", "to", "copy"}   # ops whose output goes to the copy's target device
 _UNANSWERED = object()
@@ -118,6 +118,8 @@ class Recorder(TorchDispatchMode):
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
         device = self._device(func, args_leaves, asked=_asks_meta(args_leaves))
+        if device == "cuda":
+            refuse_sparse(func, args_leaves, kwargs)
         temporaries = rules.before_op(func, args, kwargs, self.session) if device == "cuda" else ()
         if device == "cuda" and "cudnn" in func.__name__:   # cudnn_batch_norm, cuDNN attention: cuDNN starts
             self.session.uses("cudnn")

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from ...code_files import is_script_runner, is_traced_file
+from ..notes import NotModelledError, call_site
 
 _RUNNER, _TRACED, _SKIPPED = 0, 1, 2
 _CODE_KIND: dict = {}   # code object -> _RUNNER, _TRACED or _SKIPPED (asked on every allocation)
@@ -56,12 +57,34 @@ FAKE_ADDRESS_BASE = 0x7F00_0000_0000   # where fake device addresses start (a CU
 ADDRESS_ALIGN = 512                     # CUDA's allocator aligns every block to 512 bytes
 
 
+SPARSE = ("sparse tensors on the GPU ({layout}; nn.Embedding/EmbeddingBag(sparse=True) makes its gradient "
+          "one): a prediction models dense tensors only (sparse=False makes the gradient dense)")
+_DENSE = (torch.strided, torch._mkldnn)
+_SPARSE_MAKERS = ("to_sparse", "sparse_coo_tensor", "sparse_compressed_tensor", "sparse_csr_tensor",
+                  "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor")   # op names, leading _ dropped
+
+
+def refuse_sparse(func, args_leaves: list, kwargs: dict) -> None:
+    """A CUDA op making or taking a sparse tensor is amem's stated limit (fake tensors are dense
+    meta storages: a sparse one has none), raised at the user's line before torch fails on it."""
+    layouts = [a.layout for a in args_leaves if isinstance(a, torch.Tensor) and a.layout not in _DENSE]
+    if kwargs.get("layout") not in (None, *_DENSE):
+        layouts.append(kwargs["layout"])
+    if not layouts and func.__name__.split(".")[0].lstrip("_").startswith(_SPARSE_MAKERS):
+        layouts.append(torch.sparse_coo)   # a sparse constructor or conversion
+    if layouts:
+        raise NotModelledError(SPARSE.format(layout=str(layouts[0]).replace("torch.", "")), call_site(2))
+
+
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage:
     """The storage behind `t`, through functorch's wrappers (vmap's BatchedTensor, grad's wrapper:
-    create_block_mask vmaps the mask function over fake tensors), which have none of their own."""
+    create_block_mask vmaps the mask function over fake tensors), which have none of their own. A
+    fake sparse tensor (a meta one: the user's own are CPU or CUDA) is amem's stated limit."""
     try:
         return t.untyped_storage()
     except NotImplementedError:
+        if t.layout not in _DENSE and t.device.type == "meta":
+            raise NotModelledError(SPARSE.format(layout=str(t.layout).replace("torch.", ""))) from None
         while torch._C._functorch.is_functorch_wrapped_tensor(t):
             t = torch._C._functorch.get_unwrapped(t)
         return t.untyped_storage()
