@@ -17,6 +17,11 @@ the same lists:
   with dtype=float32 when its first argument is a floating CUDA tensor (no copy: the kernel
   writes float32).
 * promote (cat, stack, addcmul, ...): mixed floating arguments are cast to the widest.
+* libraries' own autocast kernels: torchvision's RoI ops and deformable convolution run in
+  float32 (lower-precision arguments cast) and their outputs are cast back to the input's dtype;
+  its `nms` runs in float32 (torchvision/csrc/ops/autocast/). Detection models under
+  `torch.autocast` (torchvision's references with `--amp`) call them with half features and
+  float32 boxes, which the op itself refuses.
 
 The casts are real ops on the fake tensors, so autograd records their ToCopyBackward nodes and
 the recorder sees their allocations, as on CUDA.
@@ -43,6 +48,11 @@ FP32 = {"acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2"
         "rms_norm"}
 FP32_OPT_DTYPE = {"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
                   "linalg_matrix_norm", "sum"}
+# ops of libraries whose AutocastCUDA kernel runs them in float32 (torchvision/csrc/ops/autocast/*.cpp:
+# `cached_cast(kFloat, ...)` of each floating argument), the outputs cast back to the input's dtype or not
+FP32_THEN_BACK = {"torchvision::roi_align", "torchvision::roi_pool", "torchvision::ps_roi_align",
+                  "torchvision::ps_roi_pool", "torchvision::deform_conv2d"}
+FP32_ONLY = {"torchvision::nms"}
 PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put", "scatter_add",
            "tensordot", "stack", "cat", "concat", "concatenate", "index_copy"}
 
@@ -105,6 +115,9 @@ def _map(x, fn):
 def call(func, name, args, kwargs, mode):
     from .. import rules as cuda_rules
     lower = torch.get_autocast_dtype("cuda")
+    qualified = _qualified(func)
+    if qualified in FP32_THEN_BACK or qualified in FP32_ONLY:
+        return _in_fp32(func, name, args, kwargs, mode, back=qualified in FP32_THEN_BACK)
     if name in LOWER:
         args, kwargs = _map(args, lambda a: _cast(a, lower, mode)), {k: _map(v, lambda a: _cast(a, lower, mode))
                                                                     for k, v in kwargs.items()}
@@ -127,6 +140,28 @@ def call(func, name, args, kwargs, mode):
         return cuda_rules.function(func, name, args, kwargs, mode)
     with _off():
         return cuda_rules.function(func, name, args, kwargs, mode)
+
+
+def _qualified(func) -> str | None:
+    """"namespace::name" of a torch.ops operator (packet or overload), else None."""
+    name = getattr(func, "_qualified_op_name", None)   # OpOverloadPacket
+    if name is None and isinstance(func, torch._ops.OpOverload):
+        name = func._schema.name
+    return name
+
+
+def _in_fp32(func, name, args, kwargs, mode, back: bool):
+    """A library op whose autocast kernel casts its floating arguments to float32, runs the op with
+    autocast off, and (back) casts each output to the first argument's dtype."""
+    from .. import rules as cuda_rules
+    first = args[0] if args else None
+    to32 = lambda a: _cast(a, torch.float32, mode) if _eligible(a, mode) else a  # noqa: E731
+    args, kwargs = _map(args, to32), {k: _map(v, to32) for k, v in kwargs.items()}
+    with _off():
+        out = cuda_rules.function(func, name, args, kwargs, mode)
+    if not back or not isinstance(first, torch.Tensor):
+        return out
+    return _map(out, lambda t: t.to(first.dtype) if isinstance(t, torch.Tensor) and t.dtype != first.dtype else t)
 
 
 class _off:
