@@ -6,6 +6,7 @@ tensor meet the rules (rules/, the FUNCTION stage). engine/__init__.py says how 
 """
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any, Callable
 
@@ -67,7 +68,8 @@ class DeviceMode(TorchFunctionMode):
     def __init__(self, storages: Storages, session: Any):
         super().__init__()
         self.storages, self.session = storages, session
-        self._opening = None   # the Python-level function whose body _open has just started
+        self.closed = False   # the session ended: a program's thread still running passes calls through
+        self._per_thread = threading.local()   # _opening, per thread (the program's threads run this mode too)
         self.getters = {torch.Tensor.device: self._device, torch.Tensor.is_cuda: lambda t: self._type(t) == "cuda",
                         torch.Tensor.is_cpu: lambda t: self._type(t) == "cpu",
                         torch.Tensor.is_meta: lambda t: self._type(t) == "meta"}
@@ -87,8 +89,19 @@ class DeviceMode(TorchFunctionMode):
         kind = self._type(t)
         return torch.device("cuda", cuda_index()) if kind == "cuda" else torch.device(kind)
 
+    @property
+    def _opening(self):
+        """The Python-level function whose body _open has just started, in this thread."""
+        return getattr(self._per_thread, "opening", None)
+
+    @_opening.setter
+    def _opening(self, func) -> None:
+        self._per_thread.opening = func
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.closed:
+            return func(*args, **kwargs)
         if self._opening is not None:   # the first call in an opened body (see _open)
             if func is self._opening:
                 self._opening = None

@@ -62,8 +62,11 @@ class Recorder(TorchDispatchMode):
         self.storages, self.session = storages, session
         self.cache = MetaCache()
         self.last_op = None   # the previous op's name (AUTOGRAD rules ask what it made)
+        self.closed = False   # the session ended: a program's thread still running passes calls through
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.closed:
+            return func(*args, **(kwargs or {}))
         with unspoofed():   # inside an op, fake tensors are what they are: meta
             return self._dispatch(func, types, args, kwargs or {})
 

@@ -46,7 +46,7 @@ from ..run import RunRecorder
 from . import children
 from . import stream_uses
 from . import torch_patches
-from . import library_threads
+from . import threads
 from . import bitsandbytes_paged, safetensors_files, saved_files, warning_sites
 from . import triton_launches
 
@@ -192,7 +192,7 @@ class FakeCudaSession:
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
             saved_files.install(self.patches, self.saved_files)   # checkpoints never over a file that was there
             safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes there: zeros
-            library_threads.install(self.patches)   # libraries' CUDA work on the program's thread
+            threads.install(self.patches, lambda: self._modes)   # the program's threads see fake CUDA too
             warning_sites.install(self.patches)   # warnings at the program's line, not amem's
             bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator
         except BaseException:
@@ -208,6 +208,7 @@ class FakeCudaSession:
 
     def __exit__(self, *exc) -> None:
         for m in reversed(self._modes):
+            m.closed = True   # a program's thread still running with them passes its calls through
             m.__exit__(None, None, None)
         self._modes = []
         stream_uses.finish(self.stream_uses)
