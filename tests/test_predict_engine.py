@@ -136,7 +136,7 @@ def test_strict_value_reads_raise_naming_the_users_line(code):
 @pytest.mark.parametrize("code, expected", [
     ("loss.item()", 0.0), ("bool(loss > 0)", False), ("float(loss)", 0.0), ("int(n)", 0),
     ("loss.cpu().numpy().tolist()", 0.0), ("f'{loss:.3f}'", "0.000"), ("n.tolist()", 0),
-    ("repr(loss).startswith('tensor(<no value')", True), ("bool(torch.isinf(loss).any())", False),
+    ("repr(loss).startswith('tensor(<no value')", True), ("bool((loss.abs() > 1e30).any())", False),
 ])
 def test_value_reads_get_a_stand_in_and_a_note_at_the_users_line(code, expected):
     with FakeCudaSession() as s:

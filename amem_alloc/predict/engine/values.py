@@ -30,7 +30,9 @@ both rules where they differ. Ops with no upper bound (`bincount` without `minle
 
 A value read from *assumed* values (known.py: an `if` on a router's choice, `counts.tolist()`)
 answers the rule's value and is an "assumed" note with what each rule gave: the notes say which
-branch each such stand-in chose. A zero stand-in's note says so too ("False: the `if` is not taken").
+branch each such stand-in chose. A zero stand-in read by `bool()` is noted "False" (`if t:` is not
+taken, `if not t:` is). A check for a nan or an inf is answered from assumed values
+(rules/data_dependent.py: the values are numbers), not from a zero.
 """
 from __future__ import annotations
 
@@ -122,8 +124,7 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
         dtype, shape = t.dtype, tuple(t.shape)
     zero = zero_of(dtype)
     if name in _NUMBER_READS:
-        branch = ": the `if` is not taken" if name in ("__bool__", "__nonzero__") else ""
-        notes.record(notes.STAND_IN, f"{what}: {zero!r}{branch}", where=where)
+        notes.record(notes.STAND_IN, f"{what}: {zero!r}", where=where)
         value = zero
         if name == "__index__" or name == "__int__":
             return int(value.real if isinstance(value, complex) else value)

@@ -369,6 +369,30 @@ def every(func, args, kwargs, out, known, shape_rule):
     return [_assume(out, value, value)]
 
 
+@rule(Stage.VALUES, aten_op("isnan"), aten_op("isinf"), aten_op("isposinf"), aten_op("isneginf"),
+      aten_op("eq.Tensor"), aten_op("ne.Tensor"), aten_op("eq.Scalar"), aten_op("ne.Scalar"),
+      source="aten/src/ATen/native/TensorCompare.cpp")
+def finite(func, args, kwargs, out, known, shape_rule):
+    """The values of a program that works on the GPU are numbers: a check for a nan or an inf finds
+    none. `isnan`/`isinf` are all False; `isfinite` (torch's composite: `x == x` times
+    `x.abs() != inf`) all True, and so `x != x` is all False, a comparison with an infinity as
+    with a finite number. A zero stand-in read a finite loss as not finite (ultralytics stopped
+    as on a nan, `if not torch.isfinite(loss)`) and skipped steps as GradScaler-style checks do."""
+    if shape_rule is None or not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+        return []
+    name = func.__name__.split(".")[0]
+    if name in ("eq", "ne"):
+        other = _arg(args, kwargs, 1, "other")
+        infinite = isinstance(other, float) and math.isinf(other)
+        if not (other is args[0] or infinite):
+            return []
+        holds = (name == "eq") == (other is args[0])   # x == x and x != inf hold; x != x and x == inf do not
+    else:
+        holds = False
+    value = torch.full(tuple(out.shape), holds, dtype=torch.bool)
+    return [_assume(out, value, value)]
+
+
 @rule(Stage.VALUES, *(aten_op(n) for n in _INTEGRAL), source="aten/src/ATen/native/UnaryOps.cpp")
 def integral(func, args, kwargs, out, known, shape_rule):
     """floor/ceil/round/trunc hold integers: a clamp of them to a small range is a level choice."""
