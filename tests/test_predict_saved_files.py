@@ -87,3 +87,29 @@ def test_a_safetensors_file_that_was_there_is_untouched(tmp_path):
     result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
     assert path.read_bytes() == b"a real run's weights" and seen["keys"] == ["bias", "weight"]
     assert saved_files.KEPT_NOTE.format(path=path) in _notes(result)
+
+
+def test_a_saved_fake_tensor_holds_zeros_in_a_file_and_in_a_buffer(tmp_path):
+    """torch.save copies a fake storage into a fresh host buffer: that buffer kept whatever the host
+    allocator's memory held (NaN and inf among it: ultralytics, reloading its last.pt, called the
+    checkpoint corrupted). Inside a save the unknown values are zeros."""
+    import io
+
+    loaded = []
+
+    def program():
+        for _ in range(8):   # host memory of the same size, freed with non-zero bytes in it
+            junk = torch.full((4096,), float("nan"))
+            del junk
+        weight = torch.randn(4096, device="cuda") * 3
+        buffer = io.BytesIO()
+        torch.save({"w": weight}, buffer)
+        buffer.seek(0)
+        loaded.append(torch.load(buffer, map_location="cpu")["w"])
+        torch.save({"w": weight}, tmp_path / "w.pt")
+        loaded.append(torch.load(tmp_path / "w.pt", map_location="cpu")["w"])
+
+    amem_alloc.predict(program, gpu="H100")
+    with torch._C.DisableTorchFunction():
+        assert [t.device.type for t in loaded] == ["cpu", "cpu"]
+        assert all(t.shape == (4096,) and torch.count_nonzero(t) == 0 for t in loaded)

@@ -114,6 +114,7 @@ class KnownValues:
         self.roots_read: set[int] = set()      # ranks whose unknown broadcast values were read
         self._written: dict = {}   # func -> positions of the arguments it writes
         self._kinds: dict = {}     # func -> _NEVER, _OVERWRITE, _SHAPE or _ORDINARY
+        self.saving = 0            # > 0 inside a save (saved_files.py): unknown values written as zeros
 
     # ------------------------------------------------------------------ single tensors
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
@@ -363,6 +364,11 @@ class KnownValues:
             return v
         with torch._C.DisableTorchFunction():
             real_args, real_kwargs = tree_map(real, args), tree_map(real, kwargs)
+            if stood_in and self.saving:   # torch.save's host copy of a fake storage: a fresh buffer,
+                written = list(self._targets(func, args, kwargs))   # zeros as the docs say (not its garbage)
+                for t in written:
+                    t.zero_()
+                return written[0] if len(written) == 1 else tuple(written)
             if stood_in:   # the CPU tensor keeps what it held: a library's own bookkeeping (DDP's reducer
                 # copies its bucket indices back from the device) must not read zeros it never wrote
                 source = "a CUDA tensor's value" if stood_in[0] == "cuda" else "a value computed on the GPU"

@@ -93,8 +93,10 @@ def holds_fake(obj: Any, depth: int = 0) -> bool:
     return isinstance(attributes, dict) and holds_fake(attributes, depth + 1)
 
 
-def install(patches: PatchSet, saved: SavedFiles) -> None:
-    """torch.save and torch.load through `saved` (see the note); the scratch folder goes at the end."""
+def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
+    """torch.save and torch.load through `saved` (see the note); the scratch folder goes at the end.
+    Inside a save, a fake tensor's unknown values are written as zeros (known.py: `saving`), to a
+    file or a buffer alike."""
     import torch.serialization as serialization
 
     save, load = serialization.save, serialization.load
@@ -102,7 +104,11 @@ def install(patches: PatchSet, saved: SavedFiles) -> None:
     def save_apart(obj, f, *args, **kwargs):
         if _is_path(f) and holds_fake(obj):
             f = saved.target(f)
-        return save(obj, f, *args, **kwargs)
+        known.saving += 1
+        try:
+            return save(obj, f, *args, **kwargs)
+        finally:
+            known.saving -= 1
 
     def load_copy(f, *args, **kwargs):
         return load(saved.source(f) if _is_path(f) else f, *args, **kwargs)

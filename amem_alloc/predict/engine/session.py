@@ -190,7 +190,7 @@ class FakeCudaSession:
             self.stream_uses = stream_uses.install(self)   # record_stream: frees held for other streams
             self.collector.install(self.patches)   # gc's callback and gc.collect, for the session
             triton_launches.install(self, self.patches)   # the program's own Triton kernels run nothing
-            saved_files.install(self.patches, self.saved_files)   # checkpoints never over a file that was there
+            saved_files.install(self.patches, self.saved_files, self.known)   # checkpoints never over a file that was there
             safetensors_files.install(self.patches, self.saved_files)   # a fake tensor's bytes there: zeros
             threads.install(self.patches, lambda: self._modes)   # the program's threads see fake CUDA too
             warning_sites.install(self.patches)   # warnings at the program's line, not amem's
