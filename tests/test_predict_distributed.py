@@ -762,6 +762,37 @@ def test_a_rank_that_reads_what_its_root_sent_is_recorded_after_that_root(tmp_pa
         assert not [n for n in prediction.notes if n["kind"] == "stand-in"], prediction.notes
 
 
+PAD_ACROSS = """
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+dist.init_process_group("nccl")
+logits = torch.randn(4, 128, device="cuda")
+size = torch.tensor(logits.shape, device="cuda")[None]            # accelerate's pad_across_processes
+sizes = torch.empty(dist.get_world_size() * size.numel(), dtype=size.dtype, device="cuda")
+dist.all_gather_into_tensor(sizes, size)
+functional = fc.all_gather_tensor(size, 0, dist.group.WORLD)
+print("rank", dist.get_rank(), "sizes", sizes.view(-1, 2).cpu().tolist(), functional.cpu().tolist())
+padded = logits.new_zeros(4, max(int(s[1]) for s in sizes.view(-1, 2)))
+padded[:, :128] = logits
+"""
+
+
+def test_an_all_gather_of_known_values_gives_every_rank_this_ranks_value(tmp_path, capfd):
+    """accelerate pads each rank's tensors to the largest of the ranks' sizes, gathered with
+    all_gather_into_tensor: the gathered sizes were unknown (torch's fake group copies nothing
+    from a 2-d input into a flat output), read as zeros, and the padding failed ("The expanded size
+    of the tensor (0) must match ... 128"), so every multi-GPU Trainer evaluation stopped as the
+    script's failure. The ranks run one program: each rank's slot holds this rank's value."""
+    script = tmp_path / "pad.py"
+    script.write_text(PAD_ACROSS)
+    result = predict_ranks(launch_mod.Launch(2, 1, (0, 1)), [str(script)], "H100", "torch", steps=0, timeout=300,
+                           workers=1)
+    out = capfd.readouterr().out
+    for r in (0, 1):
+        assert f"rank {r} sizes [[4, 128], [4, 128]] [[4, 128], [4, 128]]" in out, out
+        assert not [n for n in result.rank(r).prediction.notes if n["kind"] == "stand-in"]
+
+
 COALESCED = """
 import torch, torch.distributed as dist
 dist.init_process_group("nccl")

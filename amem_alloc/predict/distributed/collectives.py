@@ -41,7 +41,9 @@ forked after it) is given what an earlier root sent: the job's `sent` table keep
 each broadcast's root sent, by process group and the broadcast's number on it (every rank runs the
 same script, so their n-th broadcasts on a group match). A receiving rank whose root has not been
 recorded before it (`--rank 1` alone; a root of higher rank) has unknown values there: a read gets a
-stand-in and a note.
+stand-in and a note. An all-gather into one tensor (`all_gather_into_tensor`, the functional
+`all_gather_tensor`) of known values gives every rank's slot this rank's value: the ranks run one
+program (accelerate gathers each rank's tensor sizes so, to pad them to the largest).
 Not modelled: NCCL's own device memory (its channels, buffers and user-buffer registration live
 outside the caching allocator: cudaMalloc or cuMem by NCCL itself) and `TORCH_NCCL_*` tuning.
 """
@@ -119,6 +121,10 @@ class CollectiveMode(TorchDispatchMode):
             self.session.storages.on_free(flat)
         if func is _c10d.broadcast_.default:
             self._broadcast_values(args)
+        elif func is _c10d._allgather_base_.default:   # all_gather_into_tensor(output, input, group)
+            self._gathered_values(args[0], args[1], _unboxed(args[2]).size())
+        elif func is _functional.all_gather_into_tensor.default:   # (input, group_size, group_name)
+            self._gathered_values(out, args[0], args[1])
         if self._is_async(func, args, kwargs):
             stream = self.nccl_stream(self._group(func, args))
             stream_uses.launched(stream)
@@ -129,9 +135,8 @@ class CollectiveMode(TorchDispatchMode):
     def _broadcast_values(self, args) -> None:
         """The root keeps the known values it sent; another rank gets what an earlier root sent, or
         unknown values (see above). args: (tensors, process_group, root_rank, ...)."""
-        import torch.distributed as dist
 
-        group = dist.ProcessGroup.unbox(args[1]) if isinstance(args[1], torch.ScriptObject) else args[1]
+        group = _unboxed(args[1])
         name = _group_name(group)
         n = self.broadcasts[name] = self.broadcasts.get(name, 0) + 1
         known = self.session.known
@@ -143,6 +148,19 @@ class CollectiveMode(TorchDispatchMode):
                         self.sent[(name, n, i)] = value.clone()
             else:
                 _receive(known, t, self.sent.get((name, n, i)), _global_rank(group, args[2]))
+
+    def _gathered_values(self, output: torch.Tensor, input: torch.Tensor, world: int) -> None:
+        """An all-gather into one tensor of known values: every rank's slot holds this rank's value
+        (the ranks run one program: accelerate gathers each rank's tensor sizes to pad them all to
+        the largest, and read zeros there). torch's fake group copies nothing into a flat output
+        from a tensor of more than one dimension, so the value is written here."""
+        known = self.session.known
+        value = known.value(input)
+        if value is None or not isinstance(output, torch.Tensor) or output.numel() != world * input.numel():
+            return
+        with torch._C.DisableTorchFunction():
+            gathered = value.reshape(-1).repeat(world).reshape(output.shape)
+        _receive(known, output, gathered, root=0)
 
     def waited(self) -> None:
         """The current stream waits for the NCCL streams: frees held for them complete."""
@@ -182,11 +200,17 @@ class CollectiveMode(TorchDispatchMode):
         return self.session.storages.alloc_extra(nbytes, f"nccl_{func.__name__.split('.')[0]}_flat")
 
 
-def _group_name(group: Any) -> Any:
+def _unboxed(group: Any) -> Any:
+    """The ProcessGroup a c10d op was given (boxed as a ScriptObject)."""
     if isinstance(group, torch.ScriptObject):
         import torch.distributed as dist
 
-        group = dist.ProcessGroup.unbox(group)
+        return dist.ProcessGroup.unbox(group)
+    return group
+
+
+def _group_name(group: Any) -> Any:
+    group = _unboxed(group)
     return getattr(group, "group_name", None) or id(group)
 
 
