@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import site
+import sys
 import sysconfig
 
 import torch
@@ -21,13 +22,30 @@ _SCRIPT_RUNNER = os.path.join(_AMEM_DIR, "user_script.py")
 
 
 def _library_dirs() -> tuple[str, ...]:
-    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *_installed_elsewhere()}
     try:
         dirs.update(site.getsitepackages())
         dirs.add(site.getusersitepackages())
     except AttributeError:   # a virtualenv's old site module
         pass
     return tuple(sorted(d for d in dirs if d))
+
+
+def _installed_elsewhere() -> list[str]:
+    """Folders on the import path, beside site-packages, that pip installed packages into
+    (`pip install --target DIR`, then PYTHONPATH=DIR): they hold a package's `*.dist-info`. The
+    current folder (the program's own) never counts."""
+    here = {"", os.getcwd()}
+    found = []
+    for entry in sys.path:
+        if entry in here or not os.path.isdir(entry):
+            continue
+        try:
+            if any(name.endswith(".dist-info") for name in os.listdir(entry)):
+                found.append(os.path.abspath(entry))
+        except OSError:
+            continue
+    return found
 
 
 _LIBRARIES = _library_dirs()

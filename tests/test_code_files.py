@@ -1,0 +1,29 @@
+"""Which files are the user's (code_files.py): a package pip installed into a folder of its own
+(`pip install --target DIR`, used through PYTHONPATH) is a library, as in site-packages; a
+plain folder on PYTHONPATH (the user's own modules) stays the user's."""
+import subprocess
+import sys
+
+from helpers import environment_without_amem, ROOT
+
+
+def _ask(tmp_path, pythonpath: list) -> list:
+    code = ("import sys; from amem_alloc import code_files as c; "
+            "print([c.is_user_file(p) for p in sys.argv[1:]], [c.short_path(p) for p in sys.argv[1:]])")
+    env = environment_without_amem()
+    env["PYTHONPATH"] = ":".join([*map(str, pythonpath), str(ROOT)])
+    files = [str(tmp_path / "target" / "somelib" / "core.py"), str(tmp_path / "mine" / "helpers.py")]
+    out = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_a_package_installed_with_target_is_a_library_and_a_plain_folder_the_users(tmp_path):
+    (tmp_path / "target" / "somelib").mkdir(parents=True)
+    (tmp_path / "target" / "somelib" / "core.py").write_text("")
+    (tmp_path / "target" / "somelib-1.0.dist-info").mkdir()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "helpers.py").write_text("")
+    line = _ask(tmp_path, [tmp_path / "target", tmp_path / "mine"])
+    assert line.startswith("[False, True]") and "'somelib/core.py'" in line, line
