@@ -130,6 +130,7 @@ def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS + meta_kernels.NOT_NESTED
+             + meta_kernels.OUT_OF_DEFAULT
              if meta_kernels._exists(n)]
     before = {n: has(f"aten::{n}", "Meta") for n in names}
     s = FakeCudaSession(**A100)
@@ -429,3 +430,26 @@ def test_a_transformer_encoder_with_a_padding_mask_in_inference_runs_its_padded_
             out = encoder(x, src_key_padding_mask=torch.zeros(4, 16, dtype=torch.bool, device="cuda"))
         assert out.shape == (4, 16, 64) and not out.is_nested
     assert [n.what for n in s.notes if n.kind == "not-modelled"] == [meta_kernels.NESTED_NOTE]
+
+
+def test_scaled_mm_into_an_output_buffer_takes_what_the_default_form_takes():
+    """inductor's code for torchao's float8 training calls `_scaled_mm.out` with a buffer of its own;
+    torch has a Meta kernel for `_scaled_mm` only ("cannot model NotImplementedError:
+    aten::_scaled_mm.out ..."). The out= form writes the default's result shape into the buffer:
+    the same memory as the default form, which makes that buffer itself."""
+    import amem_alloc
+
+    def program(into_buffer: bool):
+        a = torch.empty(256, 512, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.empty(1024, 512, device="cuda").to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device="cuda")
+        if into_buffer:
+            out = torch.empty(256, 1024, device="cuda", dtype=torch.bfloat16)
+            got = torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, out=out)
+            assert got is out
+        else:
+            got = torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+        assert got.shape == (256, 1024) and got.dtype == torch.bfloat16
+
+    peaks = [amem_alloc.predict(program, into, gpu="H100").row("torch").peak_allocated for into in (True, False)]
+    assert peaks[0] == peaks[1] > 0

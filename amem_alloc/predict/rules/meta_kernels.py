@@ -20,6 +20,11 @@ their shape and dtype, contiguous (LossCTC.cu: `at::full_like(log_probs, neginf,
 LEGACY_CONTIGUOUS_MEMORY_FORMAT)`); its kernel's own temporaries are a KERNEL rule
 (rules/losses.py).
 
+`_scaled_mm.out` (the FP8 matmul inductor's generated code calls with its own output buffer:
+torchao's float8 training under torch.compile) has no Meta kernel where `_scaled_mm` has one: it
+writes the default overload's result shape into `out` (resized, as an out= kernel does), which
+is how torch's CUDA out= kernel treats it (Blas.cpp `_scaled_mm_out_cuda`).
+
 `_nested_tensor_from_mask_left_aligned` (nn.TransformerEncoder's test, in inference with a padding
 mask, whether its fast path may drop the padding into a nested tensor) answers False: the
 encoder runs its padded path, whose memory holds every padded position (at least what the nested
@@ -35,6 +40,7 @@ IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", 
 RETURNS_SELF = ("_amp_update_scale_",)
 LIKE_LOG_PROBS = ("_ctc_loss_backward", "_ctc_loss_backward.Tensor")
 NOT_NESTED = ("_nested_tensor_from_mask_left_aligned",)
+OUT_OF_DEFAULT = ("_scaled_mm.out",)   # out= overloads whose default overload has a Meta kernel
 NESTED_NOTE = ("nn.TransformerEncoder's fast path in inference (the padding dropped into a nested tensor) is not "
                "modelled: its padded path stands in (every padded position held)")
 
@@ -48,6 +54,15 @@ def _first(*args, **kwargs):
 
 def _like_log_probs(grad, log_probs, *args, **kwargs):
     return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
+def _out_of_default(op_name: str):
+    """The Meta kernel of `op_name`'s out= overload: the default overload's result, into `out`."""
+    def kernel(*args, out, **kwargs):
+        result = getattr(torch.ops.aten, op_name).default(*args, **kwargs)
+        out.resize_(result.shape)
+        return out
+    return kernel
 
 
 def _not_nested(*args, **kwargs) -> bool:
@@ -73,12 +88,12 @@ class MetaKernels:
 
     def __enter__(self) -> "MetaKernels":
         for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first), (LIKE_LOG_PROBS, _like_log_probs),
-                              (NOT_NESTED, _not_nested)):
+                              (NOT_NESTED, _not_nested), (OUT_OF_DEFAULT, None)):
             for name in names:
                 if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
                     if self.library is None:
                         self.library = torch.library.Library("aten", "IMPL")
-                    self.library.impl(name, kernel, "Meta")
+                    self.library.impl(name, kernel or _out_of_default(name.partition(".")[0]), "Meta")
                     self.registered.append(name)
         return self
 
