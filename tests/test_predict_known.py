@@ -228,3 +228,21 @@ def test_a_write_that_cannot_run_on_the_cpu_makes_its_target_unknown():
         torch.ops.amem_known_test.bump_(t)
         assert t.tolist() == [0.0] * 3
     assert [n.what for n in _stand_ins(s)] == ["tolist() of a CUDA tensor: zeros"]
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_known_data_moved_to_the_device_keeps_its_values_under_inference_mode(mode):
+    """Under inference mode `Tensor.to` reaches the recorder whole (`to.dtype_layout`, a composite)
+    and `torch.tensor(data, device=)` dispatches a `detach_`: the host tensor was made fake before
+    the composite opened, and the factory's value was not kept. transformers' padding-mask check
+    then read an assumed True and its (B, 1, T, T) mask was never allocated."""
+    with FakeCudaSession() as s:
+        with mode():
+            moved = torch.tensor([1, 0, 1]).to("cuda")
+            made = torch.tensor([1, 0, 1], device="cuda")
+            cuda = torch.tensor([[1, 1], [0, 1]]).cuda()
+            noise = torch.randn(3, device="cuda")
+            assert moved.tolist() == made.tolist() == [1, 0, 1] and cuda.tolist() == [[1, 1], [0, 1]]
+            assert bool((moved == 0).any()) and not bool(cuda.all())
+        assert s.known.value(noise) is None   # random values are never known
+    assert not [n for n in s.notes if n.kind in ("stand-in", "assumed")], [n.what for n in s.notes]

@@ -240,10 +240,12 @@ class DeviceMode(TorchFunctionMode):
         kwargs["device"] = META
         with OnDevice(device):
             out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)) and self.storages.key_of(out) is None:
-            self.storages.see(out, device, name)   # torch.tensor(data, device=) reaches no dispatch mode
-            if out.numel() <= known_mod.cap(out.dtype):   # nor does the value it holds (known.py)
-                kwargs["device"] = "cpu"
+        if isinstance(out, torch.Tensor) and not wrapper_subclass(type(out)):
+            unseen = self.storages.key_of(out) is None
+            if unseen:   # torch.tensor(data, device=) reaches no dispatch mode (under inference mode, its detach_ does)
+                self.storages.see(out, device, name)
+            if (unseen or name in _FROM_DATA) and out.numel() <= known_mod.cap(out.dtype) and self._known(out) is None:
+                kwargs["device"] = "cpu"   # nor does the value it holds (known.py)
                 self.session.known.remember(out, func(*args, **kwargs))
         # (a DTensor's storage is a global-size stand-in: its local tensor is what was allocated)
         return out

@@ -117,7 +117,9 @@ class Recorder(TorchDispatchMode):
         if real and not _decomposes(func) and self.session.known.writes_real(func, args, kwargs):
             # a real tensor written from fake ones (losses[k] = loss): on the CPU, with known values or stand-ins
             return self.session.known.into_real(func, args, kwargs, self.storages.device_of)
-        if any(a.dim() > 0 for a in real) and not rules.host_inputs(func, args, kwargs):
+        if any(a.dim() > 0 for a in real) and not _decomposes(func) and not rules.host_inputs(func, args, kwargs):
+            # (a composite opened below meets its host tensors op by op: a copy of known data to the
+            # device, `to.dtype_layout` under inference mode, keeps their values)
             args, kwargs = _fakeify(args, kwargs)
             args_leaves = leaves(args, kwargs)
         device = self._device(func, args_leaves, asked=_asks_meta(args_leaves))
