@@ -172,6 +172,9 @@ def script_argv(target: list[str]) -> list[str] | None:
         return [user_script.MODULE, *target[1:]]
     if target and not target[0].endswith(".py"):
         console = console_script(target[0])
+        if console is None and _command_path(target[0]) is None:
+            raise ValueError(f"{target[0]!r}: no such command (not on PATH nor beside this Python); give its "
+                             "path, or -- python script.py args...")
         if console is None:
             raise ValueError(f"{target[0]!r} is not a Python script; use -- python script.py args...")
         target = [console, *target[1:]]
@@ -182,13 +185,7 @@ def console_script(name: str) -> str | None:
     """The path of a Python program without .py: a file, a command of amem's own environment or one
     on PATH, whose first line runs Python (`litgpt`, `tune`, `lightning` as pip installs them), else
     None."""
-    import shutil
-
-    if os.sep in name:
-        path = name if Path(name).is_file() else None
-    else:
-        path = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                        os.environ.get("PATH", "")]))
+    path = _command_path(name)
     if path is None:
         return None
     try:
@@ -198,6 +195,15 @@ def console_script(name: str) -> str | None:
         return None
     words = first[2:].decode("utf-8", "replace").split() if first.startswith(b"#!") else []
     return path if any(Path(w).name.startswith(PYTHONS) for w in words[:2]) else None
+
+
+def _command_path(name: str) -> str | None:
+    """The file a command names: a path, or a command of amem's own environment or on PATH."""
+    import shutil
+
+    if os.sep in name:
+        return name if Path(name).is_file() else None
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
 def add_policy_option(p: argparse.ArgumentParser, default: str) -> None:

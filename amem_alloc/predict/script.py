@@ -167,4 +167,8 @@ def stopped_after_line(done: int, steps: int, written_out: int = 0) -> str | Non
     if steps and done >= steps:
         return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
                 "to its end): the figures cover what ran until then")
+    if done == 1 and steps != 1:
+        return ("the script ended after 1 optimizer step: the figures cover that step; a second step, run "
+                "with the optimizer's state already held, often peaks higher (give the script more data or "
+                "epochs to see it)")
     return None
