@@ -339,3 +339,31 @@ def test_argwhere_ctc_loss_lstsq_and_unique_dim_consecutive_are_sized_by_their_r
     kinds = {n.what.split("(")[0]: n.kind for n in s.notes}
     assert kinds == {"nonzero": "upper-bound", "ctc_loss": "assumed", "linalg.lstsq": "upper-bound",
                      "unique": "upper-bound"}, s.notes.as_list()
+
+
+def test_unique_of_values_picked_from_few_has_at_most_that_many():
+    """A detector's evaluation: class labels made by arange, expanded to every box, picked by the
+    boxes a score threshold keeps (an upper bound: all of them); torchvision's batched_nms loops
+    over `unique(labels)`, one nms per class. At "every element distinct" that was a round per box
+    (90,000 in Faster R-CNN's: its evaluation never ended); the labels hold at most the 90 classes
+    they were picked from."""
+    from unittest import mock
+
+    import torchvision
+    from torchvision.ops import boxes as box_ops
+
+    with FakeCudaSession() as s:
+        scores = torch.rand(300, 91, device="cuda")
+        labels = torch.arange(91, device="cuda").view(1, -1).expand_as(scores)
+        scores, labels = scores[:, 1:].reshape(-1), labels[:, 1:].reshape(-1)
+        kept = torch.where(scores > 0.05)[0]
+        labels, scores = labels[kept], scores[kept]
+        assert labels.shape == (27000,) and torch.unique(labels).shape == (90,)
+        nms, rounds = box_ops.nms, []
+        with mock.patch.object(box_ops, "nms", lambda *a: rounds.append(1) or nms(*a)):
+            keep = torchvision.ops.batched_nms(torch.rand(27000, 4, device="cuda"), scores, labels, 0.5)
+        assert keep.shape == (27000,) and len(rounds) == 90
+        assert torch.unique(torch.randint(3, 8, (100,), device="cuda")).shape == (5,)
+        assert torch.unique(torch.randn(100, device="cuda")).shape == (100,)   # nothing bounds it
+    sized = [n.what for n in s.notes if "unique()" in n.what]
+    assert any("at most the different values" in w for w in sized) and any("every element distinct" in w for w in sized)

@@ -61,7 +61,10 @@ the model; this module only stores and propagates):
   once per rule, so a size computed from them is known under both (the notes give both), and their
   outputs are assumed too. Reads of assumed values are stand-ins, and noted as such (values.py);
 * *counts*: the number of nonzero elements of an unknown mask whose values no shadow holds, where
-  the program fixed it (`mask[idx] = 1` on zeros sets len(idx) of them; `a | b`, `cat` add up).
+  the program fixed it (`mask[idx] = 1` on zeros sets len(idx) of them; `a | b`, `cat` add up);
+* *distinct values*: at most how many different values an unknown tensor holds, where it was
+  picked from a tensor that holds few (`labels[keep]` of class labels made by `arange`): a
+  `unique()` of it has at most that many.
 """
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ __all__ = ["KnownValues", "MAX_ELEMENTS", "MAX_INDEX_ELEMENTS", "SAME"]
 
 MAX_ELEMENTS = 1 << 16         # floating tensors: positions, scalars, small constants
 MAX_INDEX_ELEMENTS = 1 << 22   # integer and bool tensors: indices, masks, counts (sizes and branches)
+MAX_DISTINCT_COUNTED = 1 << 20  # the largest known value whose distinct values are counted (a unique())
 SAME = "same"                  # an assumed value that is the same under both shape rules
 META, CPU = torch.device("meta"), torch.device("cpu")
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
@@ -109,6 +113,7 @@ class KnownValues:
         self.by_id: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self.assumed: dict[int, object] = {}   # id(storage) -> its buffer under the other rule, SAME or None
         self.counts: dict[int, int] = {}       # id(storage) -> nonzero elements of an unknown mask
+        self.distinct: dict[int, int] = {}     # id(storage) -> at most this many distinct values (unknown tensor)
         self.integral: set[int] = set()        # id(storage): unknown, but holds integers (floor's output)
         self.awaited: dict[int, int] = {}      # id(storage) -> the rank whose broadcast it holds, unknown here
         self.roots_read: set[int] = set()      # ranks whose unknown broadcast values were read
@@ -179,6 +184,26 @@ class KnownValues:
             self.counts[sid] = max(0, min(int(n), t.numel()))
             weakref.finalize(st, self.counts.pop, sid, None)
 
+    def distinct_values(self, t: torch.Tensor) -> int | None:
+        """At most how many different values fake tensor `t` holds: from its value, or from what
+        it was picked from (distinct), or None."""
+        v = self.value(t)
+        if v is not None:
+            if v.numel() > MAX_DISTINCT_COUNTED:
+                return None
+            with torch._C.DisableTorchFunction():
+                return int(torch.unique(v).numel())
+        return self.distinct.get(id(t.untyped_storage()))
+
+    def set_distinct(self, t: torch.Tensor, n: int) -> None:
+        """Unknown fake tensor `t` holds at most `n` different values (all of its storage's)."""
+        st = t.untyped_storage()
+        sid = id(st)
+        if sid not in self.by_id and n < t.numel():
+            if sid not in self.distinct:
+                weakref.finalize(st, self.distinct.pop, sid, None)
+            self.distinct[sid] = int(n)
+
     def is_integral(self, t: torch.Tensor) -> bool:
         """Whether fake tensor `t` holds integers: an integer dtype, or floor/ceil/round/trunc's output."""
         return not t.dtype.is_floating_point or id(t.untyped_storage()) in self.integral
@@ -190,6 +215,8 @@ class KnownValues:
                 self.assume(*fact[1:])
             elif fact[0] == "count":
                 self.set_count(*fact[1:])
+            elif fact[0] == "distinct":
+                self.set_distinct(*fact[1:])
             elif fact[0] == "integral" and fact[1].numel() <= MAX_INDEX_ELEMENTS:
                 st = fact[1].untyped_storage()
                 self.integral.add(id(st))
@@ -204,6 +231,7 @@ class KnownValues:
         self.by_id[sid] = (weakref.ref(st, lambda _, sid=sid, buf=buf: self._died(sid, buf)), buf)
         self.assumed.pop(sid, None)
         self.counts.pop(sid, None)
+        self.distinct.pop(sid, None)
         self.awaited.pop(sid, None)
         return buf
 
@@ -218,6 +246,7 @@ class KnownValues:
         self.by_id.pop(sid, None)
         self.assumed.pop(sid, None)
         self.counts.pop(sid, None)
+        self.distinct.pop(sid, None)
 
     def await_root(self, t: torch.Tensor, rank: int) -> None:
         """`t` holds what rank `rank` broadcast, unknown in this process (forgotten)."""
@@ -330,7 +359,7 @@ class KnownValues:
 
     def written(self, func, args: tuple, kwargs: dict) -> None:
         """An op whose inputs are not all known: what it writes is unknown from now on."""
-        if not (self.by_id or self.counts):
+        if not (self.by_id or self.counts or self.distinct):
             return
         for t in self._written_tensors(func, args, kwargs):
             self.forget(t)

@@ -185,6 +185,11 @@ def unique(func, args, kwargs, known, shape_rule):
         out = _unique2(x, True, _arg(args, kwargs, 2, "return_inverse", False))[:2]
     else:
         out = _unique2(x, *args[1:4], **kwargs)
+    at_most = known.distinct_values(x) if known is not None else None
+    if at_most is not None and at_most < x.numel():
+        out = (_empty((at_most,), x.dtype),) + tuple(out[1:2]) + \
+            ((_empty((at_most,), torch.long) if out[2].numel() else out[2],) if len(out) > 2 else ())
+        return Sized(out, "unique(): at most the different values its input can hold", at_most, True)
     return Sized(out, "unique(): every element distinct", x.numel(), True)
 
 
@@ -465,5 +470,27 @@ def copy(func, args, kwargs, out, known, shape_rule):
     x = args[0]
     if x.dtype.is_floating_point or x.dtype.is_complex or not isinstance(out, torch.Tensor):
         return []
-    n = known.count(x)
-    return [] if n is None else [("count", out, n)]
+    n, distinct = known.count(x), known.distinct_values(x)
+    return ([] if n is None else [("count", out, n)]) + ([] if distinct is None else [("distinct", out, distinct)])
+
+
+@rule(Stage.VALUES, aten_op("randint"), source="aten/src/ATen/native/TensorFactories.cpp")
+def randint(func, args, kwargs, out, known, shape_rule):
+    """Random integers in [low, high) hold at most high - low different values."""
+    low, high = (args[0], args[1]) if func.__name__.split(".")[1].startswith("low") else (0, args[0])
+    if not isinstance(out, torch.Tensor) or not isinstance(low, int) or not isinstance(high, int):
+        return []
+    return [("distinct", out, max(high - low, 0))] if high - low < out.numel() else []
+
+
+@rule(Stage.VALUES, aten_op("index.Tensor"), aten_op("index_select"), aten_op("gather"), aten_op("take"),
+      aten_op("_unsafe_index.Tensor"), source="aten/src/ATen/native/TensorAdvancedIndexing.cpp")
+def picked(func, args, kwargs, out, known, shape_rule):
+    """Elements picked from a tensor that holds few different values (class labels made by
+    `arange`, picked by the boxes a score threshold keeps) hold no others: a `unique()` of them
+    has at most that many (torchvision's batched_nms loops over them, once per class)."""
+    source = args[0]
+    if source.dtype.is_floating_point or source.dtype.is_complex or not isinstance(out, torch.Tensor):
+        return []
+    n = known.distinct_values(source)
+    return [] if n is None or n >= out.numel() else [("distinct", out, n)]
