@@ -113,3 +113,25 @@ def test_a_saved_fake_tensor_holds_zeros_in_a_file_and_in_a_buffer(tmp_path):
     with torch._C.DisableTorchFunction():
         assert [t.device.type for t in loaded] == ["cpu", "cpu"]
         assert all(t.shape == (4096,) and torch.count_nonzero(t) == 0 for t in loaded)
+
+
+def test_a_file_the_script_wrote_itself_is_saved_over_where_it_names_it(tmp_path):
+    """ultralytics writes last.pt from a byte buffer (`open(path, "wb")`), then saves it again
+    with torch.save: that second save went to a scratch copy, noted as a file "there before the
+    prediction", and the user's folder kept the first write."""
+    import io
+
+    path = tmp_path / "last.pt"
+
+    def program():
+        weight = torch.randn(64, device="cuda")
+        buffer = io.BytesIO()
+        torch.save({"w": weight}, buffer)
+        with open(path, "wb") as f:
+            f.write(buffer.getvalue())
+        torch.save({"w": weight, "epoch": 2}, path)
+
+    result = amem_alloc.predict(program, gpu="H100")
+    assert not [n for n in _notes(result) if "was there before" in n], _notes(result)
+    with torch._C.DisableTorchFunction():
+        assert torch.load(path, map_location="cpu")["epoch"] == 2

@@ -13,6 +13,11 @@ file is untouched. A new path
 is written where the script names it. Both are noted at the script's line. The scratch folder is
 removed when the prediction ends.
 
+A file the script itself opens for writing during the prediction (ultralytics writes its `last.pt`
+from a byte buffer with `open(path, "wb")`) is one this prediction wrote, seen by a Python audit
+hook on `open`: a later `torch.save` there writes where the script names it, not to a scratch
+copy with a note that the file "was there before".
+
 Not covered: other writers (numpy, json, a library's own format) write what they write; a test of
 the path (`os.path.exists`) and `safe_open` where a library bound it at import (transformers) see
 the user's file, which holds the same names and shapes where it is the same program's.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from typing import Any
 
 import torch
@@ -36,6 +42,9 @@ KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake 
              "to a scratch copy, which later loads read; the file is untouched")
 NEW_NOTE = "{path} written from fake tensors: zeros where the values would be (no value is computed under prediction)"
 _MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
+_watching: list = []   # the running predictions' SavedFiles, innermost last (the audit hook's target)
+_hooked: list[bool] = []
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 
 class SavedFiles:
@@ -62,6 +71,12 @@ class SavedFiles:
         self.copies[real] = copy
         notes.record(notes.STAND_IN, KEPT_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
         return copy
+
+    def opened_for_writing(self, path: Any) -> None:
+        """The script opened `path` to write it: from now on a file this prediction wrote."""
+        real = os.path.realpath(os.fspath(path))
+        if real not in self.copies:
+            self.written.add(real)
 
     def source(self, path: Any) -> Any:
         """Where a load of `path` reads: its scratch copy, if a save went there."""
@@ -117,3 +132,21 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
         patches.apply(SAVE, owner, "save", save_apart)
         patches.apply(LOAD, owner, "load", load_copy)
     patches.callback(saved.close)
+    if not _hooked:   # audit hooks cannot be removed: one per process, idle outside a prediction
+        sys.addaudithook(_on_open)
+        _hooked.append(True)
+    _watching.append(saved)
+    patches.callback(_watching.remove, saved)
+
+
+def _on_open(event: str, args: tuple) -> None:
+    """The audit hook: a file opened for writing while a prediction runs is one it wrote."""
+    if event != "open" or not _watching:
+        return
+    try:
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+        if writes and isinstance(path, (str, bytes, os.PathLike)):
+            _watching[-1].opened_for_writing(path)
+    except Exception:   # an audit hook's exception would become the script's
+        pass
