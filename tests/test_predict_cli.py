@@ -527,3 +527,5 @@ def test_a_script_that_ends_after_one_optimizer_step_is_said_to(tmp_path):
     two = amem("--gpu", "H100", "--", "python", script, "2")
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
     assert said in one.stdout.splitlines()[2] and said not in two.stdout, one.stdout[:600]
+    # the table's last column is said what it is (read as fragmentation at the allocated peak)
+    assert "frag. at peak: the share of reserved memory not allocated when reserved memory peaked" in two.stdout

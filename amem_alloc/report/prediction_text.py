@@ -15,6 +15,8 @@ from .what_if_cost import cost_text
 from .verdict import text_lines as verdict_lines
 
 POLICY_COLUMNS = ("policy", "peak allocated", "peak reserved", "needs", "fits", "spare", "frag. at peak")
+FRAGMENTATION_LEGEND = ("frag. at peak: the share of reserved memory not allocated when reserved memory peaked "
+                        "(that can be after the allocated peak, when little is allocated)")
 NO_ALLOCATION = ("No CUDA allocation was recorded: does the code put its tensors on a CUDA device "
                  "(device=\"cuda\", .cuda(), .to(\"cuda\"))?")
 
@@ -78,6 +80,7 @@ def _policy_table(rows: list[dict]) -> list[str]:
     best = min(rows, key=lambda r: (r["min_capacity"], r["peak_reserved"]), default=None)
     if best is not None:
         lines.append(f"least memory needed: {best['policy']} ({format_bytes(best['min_capacity'])})")
+    lines.append(FRAGMENTATION_LEGEND)
     return lines
 
 
