@@ -64,13 +64,23 @@ _SPARSE_MAKERS = ("to_sparse", "sparse_coo_tensor", "sparse_compressed_tensor", 
                   "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor")   # op names, leading _ dropped
 
 
+_MAKES_SPARSE: dict = {}   # op -> whether it is a sparse constructor or conversion (asked on every CUDA op)
+
+
+def _makes_sparse(func) -> bool:
+    made = _MAKES_SPARSE.get(func)
+    if made is None:
+        made = _MAKES_SPARSE[func] = func.__name__.split(".")[0].lstrip("_").startswith(_SPARSE_MAKERS)
+    return made
+
+
 def refuse_sparse(func, args_leaves: list, kwargs: dict) -> None:
     """A CUDA op making or taking a sparse tensor is amem's stated limit (fake tensors are dense
     meta storages: a sparse one has none), raised at the user's line before torch fails on it."""
     layouts = [a.layout for a in args_leaves if isinstance(a, torch.Tensor) and a.layout not in _DENSE]
     if kwargs.get("layout") not in (None, *_DENSE):
         layouts.append(kwargs["layout"])
-    if not layouts and func.__name__.split(".")[0].lstrip("_").startswith(_SPARSE_MAKERS):
+    if not layouts and _makes_sparse(func):
         layouts.append(torch.sparse_coo)   # a sparse constructor or conversion
     if layouts:
         raise NotModelledError(SPARSE.format(layout=str(layouts[0]).replace("torch.", "")), call_site(2))
