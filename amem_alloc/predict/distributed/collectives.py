@@ -135,7 +135,6 @@ class CollectiveMode(TorchDispatchMode):
     def _broadcast_values(self, args) -> None:
         """The root keeps the known values it sent; another rank gets what an earlier root sent, or
         unknown values (see above). args: (tensors, process_group, root_rank, ...)."""
-
         group = _unboxed(args[1])
         name = _group_name(group)
         n = self.broadcasts[name] = self.broadcasts.get(name, 0) + 1

@@ -393,19 +393,18 @@ class KnownValues:
             return v
         with torch._C.DisableTorchFunction():
             real_args, real_kwargs = tree_map(real, args), tree_map(real, kwargs)
-            if stood_in and self.saving:   # torch.save's host copy of a fake storage: a fresh buffer,
-                written = list(self._targets(func, args, kwargs))   # zeros as the docs say (not its garbage)
+            if not stood_in:
+                return func(*real_args, **real_kwargs)
+            written = list(self._targets(func, args, kwargs))
+            if self.saving:   # torch.save's host copy of a fake storage: a fresh buffer, zeros as the docs say
                 for t in written:
                     t.zero_()
-                return written[0] if len(written) == 1 else tuple(written)
-            if stood_in:   # the CPU tensor keeps what it held: a library's own bookkeeping (DDP's reducer
-                # copies its bucket indices back from the device) must not read zeros it never wrote
+            else:   # the CPU tensor keeps what it held: a library's own bookkeeping (DDP's reducer copies
+                # its bucket indices back from the device) must not read zeros it never wrote
                 source = "a CUDA tensor's value" if stood_in[0] == "cuda" else "a value computed on the GPU"
                 notes.record(notes.STAND_IN, f"{source} written into a CPU tensor ({func.__name__.partition('.')[0]}): "
                              "the CPU tensor keeps what it held")
-                written = list(self._targets(func, args, kwargs))
-                return written[0] if len(written) == 1 else tuple(written)
-            return func(*real_args, **real_kwargs)
+            return written[0] if len(written) == 1 else tuple(written)
 
     def outputs_of(self, func, known, make) -> tuple:
         """A data-dependent shape op (nonzero, boolean indexing, unique) on known inputs: (its fake

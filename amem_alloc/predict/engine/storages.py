@@ -83,7 +83,11 @@ def refuse_sparse(func, args_leaves: list, kwargs: dict) -> None:
     if not layouts and _makes_sparse(func):
         layouts.append(torch.sparse_coo)   # a sparse constructor or conversion
     if layouts:
-        raise NotModelledError(SPARSE.format(layout=str(layouts[0]).replace("torch.", "")), call_site(2))
+        raise _sparse_refused(layouts[0])
+
+
+def _sparse_refused(layout: torch.layout) -> NotModelledError:
+    return NotModelledError(SPARSE.format(layout=str(layout).replace("torch.", "")), call_site(3))
 
 
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage:
@@ -94,7 +98,7 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage:
         return t.untyped_storage()
     except NotImplementedError:
         if t.layout not in _DENSE and t.device.type == "meta":
-            raise NotModelledError(SPARSE.format(layout=str(t.layout).replace("torch.", ""))) from None
+            raise _sparse_refused(t.layout) from None
         while torch._C._functorch.is_functorch_wrapped_tensor(t):
             t = torch._C._functorch.get_unwrapped(t)
         return t.untyped_storage()

@@ -160,8 +160,8 @@ def bool_index(func, args, kwargs, known, shape_rule):
     return Sized(torch.ops.aten.index.Tensor(x, out), what, rows, n is None)
 
 
-def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
-    n = x.numel()
+def _unique2(x, sorted=True, return_inverse=False, return_counts=False, rows=None):
+    n = x.numel() if rows is None else rows
     return (_empty((n,), x.dtype), _empty(x.shape if return_inverse else (0,), torch.long),
             _empty((n,) if return_counts else (0,), torch.long))
 
@@ -179,18 +179,17 @@ def unique(func, args, kwargs, known, shape_rule):
         out = (_empty(x.shape, x.dtype), _empty((n,) if inverse else (0,), torch.long),
                _empty((n,) if counts else (0,), torch.long))
         return Sized(out, "unique(dim=): every slice distinct", n, True)
-    if name == "unique_consecutive":
-        out = _unique2(x, True, _arg(args, kwargs, 1, "return_inverse", False), _arg(args, kwargs, 2, "return_counts", False))
-    elif name == "_unique":
-        out = _unique2(x, True, _arg(args, kwargs, 2, "return_inverse", False))[:2]
-    else:
-        out = _unique2(x, *args[1:4], **kwargs)
     at_most = known.distinct_values(x) if known is not None else None
-    if at_most is not None and at_most < x.numel():
-        out = (_empty((at_most,), x.dtype),) + tuple(out[1:2]) + \
-            ((_empty((at_most,), torch.long) if out[2].numel() else out[2],) if len(out) > 2 else ())
-        return Sized(out, "unique(): at most the different values its input can hold", at_most, True)
-    return Sized(out, "unique(): every element distinct", x.numel(), True)
+    rows = at_most if at_most is not None and at_most < x.numel() else x.numel()
+    if name == "unique_consecutive":
+        out = _unique2(x, True, _arg(args, kwargs, 1, "return_inverse", False), _arg(args, kwargs, 2, "return_counts", False),
+                       rows=rows)
+    elif name == "_unique":
+        out = _unique2(x, True, _arg(args, kwargs, 2, "return_inverse", False), rows=rows)[:2]
+    else:
+        out = _unique2(x, *args[1:4], **kwargs, rows=rows)
+    what = "every element distinct" if rows == x.numel() else "at most the different values its input can hold"
+    return Sized(out, f"unique(): {what}", rows, True)
 
 
 @rule(Stage.SIZES, aten_op("_ctc_loss"), source="aten/src/ATen/native/cuda/LossCTC.cu")
