@@ -43,3 +43,18 @@ def test_to_empty_allocates_on_cuda_what_the_module_holds():
     assert seen["after"] == ("cuda", False, True)
     assert sorted((i.requested, i.op) for i in p.infos.values()) == [(32 * 4, "empty_like.default"),
                                                                       (64 * 32 * 4, "empty_like.default")]
+
+
+def test_host_copies_of_meta_tensors_of_one_shape_are_all_on_the_host():
+    """Failed at 9534256: the Recorder's meta cache kept the first `empty_like(meta, device="cpu")`
+    by its inputs' shapes and made every later one as a meta tensor. transformers moves a model's
+    non-persistent buffers off meta so after `from_pretrained`: a llama's `original_inv_freq`, of
+    `inv_freq`'s shape, stayed on meta, and the script then read as holding meta tensors of its own."""
+    def body(seen):
+        with torch.device("meta"):
+            a = torch.arange(4.)
+            b = a.clone()
+        seen["devices"] = [torch.empty_like(t, device="cpu").device.type for t in (a, b, a * 2)]
+        seen["zeros"] = torch.zeros_like(b, device="cpu").device.type
+    seen, _ = _predict(body)
+    assert seen == {"devices": ["cpu", "cpu", "cpu"], "zeros": "cpu"}

@@ -68,13 +68,15 @@ def _signature(leaves) -> tuple:
 
 
 def _describe(out):
-    """(is a tuple, [(shape, stride, dtype)]) of fresh dense outputs, or None (not cacheable)."""
+    """(is a tuple, [(shape, stride, dtype)]) of fresh dense meta outputs, or None (not cacheable:
+    an op on a meta tensor that asks for a host output, `empty_like(t, device="cpu")`, makes a
+    real one, which _make cannot)."""
     tensors = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
     if tensors is None or not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
     descs = []
     for t in tensors:
-        if t.storage_offset() != 0 or t.untyped_storage().nbytes() != _extent(t):
+        if t.device.type != "meta" or t.storage_offset() != 0 or t.untyped_storage().nbytes() != _extent(t):
             return None
         descs.append((tuple(t.shape), t.stride(), t.dtype))
     return (isinstance(out, torch.Tensor), type(out), descs)
