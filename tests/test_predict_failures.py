@@ -53,12 +53,6 @@ AMEMS = [
         x = torch.randn(4, device="cuda")
         blob = pickle.dumps(x)
         """, "NotImplementedError: Cannot copy out of meta tensor; no data!", "s.py:3", "torch/"),
-    ("set_data", """\
-        import torch
-        m = torch.nn.Linear(4, 4).cuda()
-        m.weight.data = torch.randn(4, 4)
-        """, "RuntimeError: Attempted to call `variable.set_data(tensor)`, but `variable` and `tensor` have "
-             "incompatible tensor type", "s.py:3", None),
     ("device_mismatch_naming_meta", """\
         import torch
         x = torch.randn(4, device="cuda")

@@ -98,9 +98,6 @@ SIGNATURES = (
     # torch._refs.masked_fill's check of a tensor value's device, run only for meta tensors (CUDA's
     # kernel takes a 0-dim CPU value).
     _sig(r"Expected `value` to be on same device as `a`"),
-    # `.data =` between a fake (meta) tensor and a real one: meta and dense tensors are no
-    # compatible shallow-copy types; CPU and CUDA tensors are.
-    _sig(r"set_data.*incompatible tensor type"),
     # amem's code asking a vmap/functorch wrapper, a sparse or a nested tensor for its storage:
     # they have none, and torch's own code does not ask.
     _sig(r"Cannot access storage of \w+", meta=False, amem_call=True),

@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from .. import notes as notes_mod
 from .. import rules
 from . import autocast as autocast_rules
+from . import data_setter
 from . import known as known_mod
 from . import legacy_types
 from . import values
@@ -76,7 +77,7 @@ class DeviceMode(TorchFunctionMode):
         # Tensor methods a fake tensor answers as a CUDA tensor does (func -> handler(func, args, kwargs))
         self.methods = {torch.Tensor.data_ptr: self._data_ptr, torch.Tensor.get_device: self._get_device,
                         torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to,
-                        torch.Tensor.type: self._legacy_type}
+                        torch.Tensor.type: self._legacy_type, torch.Tensor.data.__set__: data_setter.set_data}
 
     def _type(self, t: torch.Tensor) -> str:
         kind = self.storages.device_of(t)
