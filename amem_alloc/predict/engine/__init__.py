@@ -30,7 +30,8 @@ allocations (workspaces, kernel temporaries, attention backends) come from the r
 looked up by op and stage in rules/registry.py).
 
 The files: session.py (FakeCudaSession: the modes, the phases, what each storage is),
-torch_patches.py (what the session changes in torch while it runs), device_mode.py, recorder.py,
+torch_patches.py (what the session changes in torch while it runs), device_mode.py (and data_setter.py:
+`.data =` across the host and the fake device), recorder.py,
 devices.py (the per-thread device stacks both modes read), meta_cache.py, storages.py (each
 storage's life and device), values.py and known.py (values read and known), autocast.py (CUDA's
 autocast policy), stream_uses.py (record_stream and frees held for other streams), children.py
