@@ -135,3 +135,34 @@ def test_a_file_the_script_wrote_itself_is_saved_over_where_it_names_it(tmp_path
     assert not [n for n in _notes(result) if "was there before" in n], _notes(result)
     with torch._C.DisableTorchFunction():
         assert torch.load(path, map_location="cpu")["epoch"] == 2
+
+
+def test_a_save_into_a_buffer_and_a_file_rewritten_from_it_are_noted(tmp_path):
+    """Failed at 9534256 (nothing said): Lightning saves a checkpoint into a BytesIO and writes it
+    through an fsspec transaction (a temporary file moved into place); the file held zeros for
+    every value, and a `last.ckpt` of a real run in the same folder was replaced, with no note."""
+    import io
+
+    old, new = tmp_path / "last.ckpt", tmp_path / "epoch=0.ckpt"
+    old.write_bytes(b"a real run's checkpoint")
+
+    def program():
+        weight = torch.randn(64, device="cuda")
+        buffer = io.BytesIO()
+        torch.save({"w": weight}, buffer)
+        with open(new, "wb") as f:
+            f.write(buffer.getvalue())
+        handle, temporary = tempfile.mkstemp(dir=tmp_path)   # as fsspec's transaction writes a file
+        os.write(handle, buffer.getvalue())
+        os.close(handle)
+        os.replace(temporary, old)
+        with open(tmp_path / "direct.pt", "wb") as f:
+            torch.save({"w": weight}, f)
+
+    result = amem_alloc.predict(program, gpu="H100")
+    stand_ins = _notes(result)
+    assert saved_files.BUFFER_NOTE.format(what="a buffer (BytesIO)") in stand_ins, stand_ins
+    assert saved_files.BUFFER_NOTE.format(what=str(tmp_path / "direct.pt")) in stand_ins, stand_ins
+    assert [n for n in stand_ins if "was there before" in n] == [saved_files.REWRITTEN_NOTE.format(path=old)]
+    sites = [n["where"] for n in result.notes if n["what"] == saved_files.REWRITTEN_NOTE.format(path=old)]
+    assert sites and os.path.basename(sites[0]).startswith("test_predict_saved_files.py:"), sites

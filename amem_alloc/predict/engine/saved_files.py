@@ -18,6 +18,11 @@ from a byte buffer with `open(path, "wb")`) is one this prediction wrote, seen b
 hook on `open`: a later `torch.save` there writes where the script names it, not to a scratch
 copy with a note that the file "was there before".
 
+A save of fake tensors into a buffer or an open file is noted at the script's line (the bytes
+hold zeros for the values), and a file that was there before the prediction, opened for writing
+after such a save, is noted as one that may now hold them: the script writes it itself, which
+amem cannot keep apart.
+
 Not covered: other writers (numpy, json, a library's own format) write what they write; a test of
 the path (`os.path.exists`) and `safe_open` where a library bound it at import (transformers) see
 the user's file, which holds the same names and shapes where it is the same program's.
@@ -41,6 +46,11 @@ LOAD = declare("torch, torch.serialization", "load", "a path saved to a scratch 
 KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake tensors (zeros for values) went "
              "to a scratch copy, which later loads read; the file is untouched")
 NEW_NOTE = "{path} written from fake tensors: zeros where the values would be (no value is computed under prediction)"
+BUFFER_NOTE = ("a save of fake tensors into {what}: zeros where the values would be, and so in any file written "
+               "from it (no value is computed under prediction)")
+REWRITTEN_NOTE = ("{path} was there before the prediction and the script opened it for writing after a save of "
+                  "fake tensors into a buffer: if it wrote that buffer there, the file now holds zeros where the "
+                  "values were (amem cannot keep a file the script writes itself apart)")
 _MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
 _watching: list = []   # the running predictions' SavedFiles, innermost last (the audit hook's target)
 _hooked: list[bool] = []
@@ -54,6 +64,7 @@ class SavedFiles:
         self.folder: str | None = None
         self.copies: dict[str, str] = {}   # the user's path (real) -> its scratch copy
         self.written: set[str] = set()     # paths this prediction created where the script named them
+        self.into_buffer = False           # a save of fake tensors went into a buffer or file object
 
     def target(self, path: Any) -> Any:
         """Where a save of fake tensors to `path` writes (see the note)."""
@@ -72,11 +83,25 @@ class SavedFiles:
         notes.record(notes.STAND_IN, KEPT_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
         return copy
 
+    def saved_into(self, f: Any) -> None:
+        """A save of fake tensors into a buffer or an open file (Lightning saves a checkpoint into
+        a BytesIO, then writes it through fsspec), noted at the script's line."""
+        name = getattr(f, "name", None)
+        what = name if isinstance(name, str) else f"a buffer ({type(f).__name__})"
+        notes.record(notes.STAND_IN, BUFFER_NOTE.format(what=what), where=notes.call_site(3))
+        self.into_buffer = True
+
     def opened_for_writing(self, path: Any) -> None:
         """The script opened `path` to write it: from now on a file this prediction wrote."""
-        real = os.path.realpath(os.fspath(path))
-        if real not in self.copies:
-            self.written.add(real)
+        real = os.path.realpath(os.fsdecode(path))
+        if real in self.copies or real in self.written:
+            return
+        if self.into_buffer and os.path.exists(real):
+            notes.record(notes.STAND_IN, REWRITTEN_NOTE.format(path=os.fsdecode(path)), where=notes.call_site(3))
+        self.written.add(real)
+
+    def wrote(self, path: Any) -> bool:
+        return isinstance(path, (str, bytes, os.PathLike)) and os.path.realpath(os.fsdecode(path)) in self.written
 
     def source(self, path: Any) -> Any:
         """Where a load of `path` reads: its scratch copy, if a save went there."""
@@ -117,8 +142,11 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
     save, load = serialization.save, serialization.load
 
     def save_apart(obj, f, *args, **kwargs):
-        if _is_path(f) and holds_fake(obj):
-            f = saved.target(f)
+        if holds_fake(obj):
+            if _is_path(f):
+                f = saved.target(f)
+            else:
+                saved.saved_into(f)
         known.saving += 1
         try:
             return save(obj, f, *args, **kwargs)
@@ -133,19 +161,25 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
         patches.apply(LOAD, owner, "load", load_copy)
     patches.callback(saved.close)
     if not _hooked:   # audit hooks cannot be removed: one per process, idle outside a prediction
-        sys.addaudithook(_on_open)
+        sys.addaudithook(_on_write)
         _hooked.append(True)
     _watching.append(saved)
     patches.callback(_watching.remove, saved)
 
 
-def _on_open(event: str, args: tuple) -> None:
-    """The audit hook: a file opened for writing while a prediction runs is one it wrote."""
-    if event != "open" or not _watching:
+def _on_write(event: str, args: tuple) -> None:
+    """The audit hook: a file opened for writing while a prediction runs is one it wrote, and so
+    is one a file it wrote is renamed or copied to (fsspec's transactions, Lightning's checkpoints,
+    write a temporary file and move it into place)."""
+    if not _watching or event not in ("open", "os.rename", "shutil.copyfile"):
         return
     try:
-        path, mode, flags = args
-        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+        if event == "open":
+            path, mode, flags = args
+            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+        else:
+            source, path = args[0], args[1]
+            writes = _watching[-1].wrote(source)
         if writes and isinstance(path, (str, bytes, os.PathLike)):
             _watching[-1].opened_for_writing(path)
     except Exception:   # an audit hook's exception would become the script's
