@@ -30,7 +30,8 @@ sys.modules, logging's loggers) is kept as it was with `restore_mapping` (what w
 is undone on exit) and `set_aside` (some of its items taken out until exit: distributed/
 fresh_libraries.py gives each in-process rank its libraries afresh so), and what modules and
 classes hold is put back where something rebound it with `keep_attributes`, each under a
-declaration.
+declaration. Python audit events (a file opened for writing, a program started) reach a handler
+through `listen`, under a declaration too.
 """
 from __future__ import annotations
 
@@ -248,6 +249,20 @@ class PatchSet:
             return
         self.apply(patch, sys, "meta_path", [_OnImport(module, then)] + sys.meta_path)
 
+    def listen(self, patch: Patch, events: tuple[str, ...], handler: Callable[[str, tuple], None]) -> None:
+        """handler(event, args) for the Python audit events named (`open`, `subprocess.Popen`, ...)
+        until exit. Of nested listeners under one declaration (a what-if trial inside a
+        prediction), the innermost hears each event; a handler's exception is dropped (raised from
+        an audit hook it would become the program's)."""
+        self._check(patch, "the audit events")
+        if not _AUDIT_HOOKED:   # audit hooks cannot be removed: one per process, idle without listeners
+            sys.addaudithook(_on_audit_event)
+            _AUDIT_HOOKED.append(True)
+        entry = (frozenset(events), handler)
+        _LISTENERS.setdefault(patch, []).append(entry)
+        _listened_events_changed()
+        self._stack.callback(_stop_listening, patch, entry)
+
     def _check(self, patch: Patch, what: str) -> None:
         if patch not in CATALOGUE:
             raise AssertionError(f"amem: an undeclared change of {what} {patch.owner!r}")
@@ -264,6 +279,34 @@ class PatchSet:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_LISTENERS: dict[Patch, list[tuple[frozenset, Callable[[str, tuple], None]]]] = {}   # innermost last
+_LISTENED: set[str] = set()   # the events any listener hears (the hook's fast test: it sees every event)
+_AUDIT_HOOKED: list[bool] = []
+
+
+def _on_audit_event(event: str, args: tuple) -> None:
+    if event not in _LISTENED:
+        return
+    for listeners in list(_LISTENERS.values()):
+        if listeners and event in listeners[-1][0]:
+            try:
+                listeners[-1][1](event, args)
+            except Exception:   # noqa: BLE001 (see PatchSet.listen)
+                pass
+
+
+def _stop_listening(patch: Patch, entry: tuple) -> None:
+    _LISTENERS[patch].remove(entry)
+    _listened_events_changed()
+
+
+def _listened_events_changed() -> None:
+    _LISTENED.clear()
+    for listeners in _LISTENERS.values():
+        for events, _ in listeners:
+            _LISTENED.update(events)
 
 
 def still_patched(applied: list[tuple[Patch, Any, str, Any]]) -> list[str]:

@@ -174,3 +174,33 @@ def test_docs_show_the_table_of_every_patch():
     owners = {p.owner for p in patching.CATALOGUE}
     assert {"torch.cuda", "torch.Tensor", "torch.nn.Parameter", "os.environ"} <= owners
     assert sys.modules.get("amem_alloc.predict.engine.torch_patches") is not None
+
+
+@pytest.fixture
+def declared():
+    """A declaration for this test only (kept out of the catalogue the docs show)."""
+    patch = patching.declare("the process's audit events", "amem.test", "a test of PatchSet.listen")
+    yield patch
+    patching.CATALOGUE.remove(patch)
+
+
+def test_the_innermost_listener_hears_an_audit_event_until_its_patch_set_closes(declared):
+    heard = []
+
+    def failing(event, args):
+        heard.append(("failing", args))
+        raise RuntimeError("a listener's failure must not reach the program")
+
+    with patching.PatchSet() as outer:
+        outer.listen(declared, ("amem.test",), lambda event, args: heard.append(("outer", args)))
+        sys.audit("amem.test", 1)
+        with patching.PatchSet() as inner:
+            inner.listen(declared, ("amem.test",), failing)
+            sys.audit("amem.test", 2)
+            sys.audit("amem.other", 3)
+        sys.audit("amem.test", 4)
+    sys.audit("amem.test", 5)
+    assert heard == [("outer", (1,)), ("failing", (2,)), ("outer", (4,))]
+    with pytest.raises(AssertionError, match="undeclared"):
+        with patching.PatchSet() as patches:
+            patches.listen(patching.Patch("x", "y", "z", "nobody"), ("amem.test",), print)

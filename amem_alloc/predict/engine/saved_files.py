@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from typing import Any
 
 import torch
@@ -43,6 +42,8 @@ from .values import is_fake
 SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
                "there: it goes to a scratch copy (saved_files.py)")
 LOAD = declare("torch, torch.serialization", "load", "a path saved to a scratch copy is read from it (saved_files.py)")
+WRITES = declare("the process's audit events", "open, os.rename, shutil.copyfile", "files the script writes, or "
+                 "moves into place, are its own: later saves there are not kept apart (saved_files.py)")
 KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake tensors (zeros for values) went "
              "to a scratch copy, which later loads read; the file is untouched")
 NEW_NOTE = "{path} written from fake tensors: zeros where the values would be (no value is computed under prediction)"
@@ -52,8 +53,6 @@ REWRITTEN_NOTE = ("{path} was there before the prediction and the script opened 
                   "fake tensors into a buffer: if it wrote that buffer there, the file now holds zeros where the "
                   "values were (amem cannot keep a file the script writes itself apart)")
 _MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
-_watching: list = []   # the running predictions' SavedFiles, innermost last (the audit hook's target)
-_hooked: list[bool] = []
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 
@@ -97,8 +96,21 @@ class SavedFiles:
         if real in self.copies or real in self.written:
             return
         if self.into_buffer and os.path.exists(real):
-            notes.record(notes.STAND_IN, REWRITTEN_NOTE.format(path=os.fsdecode(path)), where=notes.call_site(3))
+            notes.record(notes.STAND_IN, REWRITTEN_NOTE.format(path=os.fsdecode(path)), where=notes.call_site(4))
         self.written.add(real)
+
+    def on_write(self, event: str, args: tuple) -> None:
+        """The audit events of the prediction: a file opened for writing is one it wrote, and so
+        is one a file it wrote is renamed or copied to (fsspec's transactions, Lightning's
+        checkpoints, write a temporary file and move it into place)."""
+        if event == "open":
+            path, mode, flags = args
+            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+        else:
+            source, path = args[0], args[1]
+            writes = self.wrote(source)
+        if writes and isinstance(path, (str, bytes, os.PathLike)):
+            self.opened_for_writing(path)
 
     def wrote(self, path: Any) -> bool:
         return isinstance(path, (str, bytes, os.PathLike)) and os.path.realpath(os.fsdecode(path)) in self.written
@@ -160,27 +172,4 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
         patches.apply(SAVE, owner, "save", save_apart)
         patches.apply(LOAD, owner, "load", load_copy)
     patches.callback(saved.close)
-    if not _hooked:   # audit hooks cannot be removed: one per process, idle outside a prediction
-        sys.addaudithook(_on_write)
-        _hooked.append(True)
-    _watching.append(saved)
-    patches.callback(_watching.remove, saved)
-
-
-def _on_write(event: str, args: tuple) -> None:
-    """The audit hook: a file opened for writing while a prediction runs is one it wrote, and so
-    is one a file it wrote is renamed or copied to (fsspec's transactions, Lightning's checkpoints,
-    write a temporary file and move it into place)."""
-    if not _watching or event not in ("open", "os.rename", "shutil.copyfile"):
-        return
-    try:
-        if event == "open":
-            path, mode, flags = args
-            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
-        else:
-            source, path = args[0], args[1]
-            writes = _watching[-1].wrote(source)
-        if writes and isinstance(path, (str, bytes, os.PathLike)):
-            _watching[-1].opened_for_writing(path)
-    except Exception:   # an audit hook's exception would become the script's
-        pass
+    patches.listen(WRITES, ("open", "os.rename", "shutil.copyfile"), saved.on_write)

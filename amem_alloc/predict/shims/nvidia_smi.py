@@ -13,9 +13,9 @@ while a prediction runs (`install`, from the CUDA shims' patch set):
   the predicted cards go to it in $AMEM_NVIDIA_SMI_CARDS. Children (torchrun's ranks) inherit
   both; a rank finding the stand-in on PATH uses it. A machine with its own nvidia-smi keeps it
   (it answers for its own cards, as it would for the script).
-* a Python audit hook sees the script start it (`subprocess.Popen`, `os.system`, `os.exec*`,
-  `os.posix_spawn`) and notes a stand-in at the user's line. Audit hooks cannot be removed: the
-  hook is added once per process and does nothing outside a prediction using the stand-in.
+* the process's audit events (patching.py's `listen`) show the script start it
+  (`subprocess.Popen`, `os.system`, `os.exec*`, `os.posix_spawn`), noted as a stand-in at the
+  user's line.
 """
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ NOTE = ("nvidia-smi: amem's stand-in answered for the predicted cards, idle (thi
         "nvidia-smi); its figures are not the run's")
 PATH_CHANGE = declare("os.environ", "PATH", "a folder with a stand-in nvidia-smi first, where the machine has none")
 CARDS_CHANGE = declare("os.environ", CARDS_ENV, "the cards the stand-in nvidia-smi answers for")
-_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
-_noting: list[bool] = []   # [True] while a prediction answers with the stand-in
-_hooked: list[bool] = []
+STARTS = declare("the process's audit events", "subprocess.Popen, os.system, os.exec, os.posix_spawn, os.spawn",
+                 "a run of the stand-in nvidia-smi is noted at the script's line")
+_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn")
 
 
 def install(patches: PatchSet, gpu: Any, device_count: int) -> None:
@@ -59,11 +59,7 @@ def install(patches: PatchSet, gpu: Any, device_count: int) -> None:
         cards = {"name": gpu.name, "total_mib": gpu.total_memory >> 20, "count": device_count,
                  "capability": "{}.{}".format(*gpu.capability)}
         patches.setenv(CARDS_CHANGE, CARDS_ENV, json.dumps(cards))
-    if not _hooked:
-        sys.addaudithook(_on_event)
-        _hooked.append(True)
-    _noting.append(True)
-    patches.callback(_noting.pop)
+    patches.listen(STARTS, _EVENTS, _on_event)
 
 
 def _write_program(path: Path) -> None:
@@ -72,13 +68,8 @@ def _write_program(path: Path) -> None:
 
 
 def _on_event(event: str, args: tuple) -> None:
-    if not _noting or event not in _EVENTS:
-        return
-    try:
-        if _runs_it(event, args):
-            notes.record(notes.STAND_IN, NOTE, where=notes.call_site(2))
-    except Exception:   # an audit hook's exception would become the script's
-        pass
+    if _runs_it(event, args):
+        notes.record(notes.STAND_IN, NOTE, where=notes.call_site(3))
 
 
 def _runs_it(event: str, args: tuple) -> bool:
