@@ -85,6 +85,10 @@ AMEMS = [
         x = torch.zeros(4, device="cuda")
         print(x.data_ptr())
         """, "KeyError: ", "s.py:10", None),
+    ("a_stand_in_asked_for_what_torchs_object_has", """\
+        import torch
+        torch.cuda.Stream().a_method_amem_lacks()
+        """, "AttributeError: 'FakeStream' object has no attribute 'a_method_amem_lacks'", "s.py:2", None),
     ("caught_and_raised_again_by_the_script", """\
         import pickle, torch
         try:
@@ -212,6 +216,12 @@ USERS = [
         c = a.add(b, alpha=2j)   # amem's meta cache cannot key a complex alpha: it runs the op in its handler
         """, "RuntimeError: Attempting to broadcast a dimension of length 5 at -1! Mismatching argument at index 1 "
              "had torch.Size([4, 5]); but expected shape should be broadcastable to [2, 3]", 4),
+    ("the_users_own_class_named_like_a_stand_in", """\
+        import torch
+        class FakeStreamOfMine:
+            pass
+        FakeStreamOfMine().flush()
+        """, "AttributeError: 'FakeStreamOfMine' object has no attribute 'flush'", 4),
     ("a_device_string_torch_does_not_know", """\
         import torch
         device = torch.device("cudaa")   # torch's message lists meta among the types it knows
@@ -261,7 +271,7 @@ def test_what_is_the_type_and_the_first_sentence_of_the_first_line():
 
 
 def test_a_failure_inside_a_compiled_graphs_replay_is_amems():
-    """Rule 6 (failures.py): torch's error raised while amem replays inductor's wrapper (here a
+    """Rule 7 (failures.py): torch's error raised while amem replays inductor's wrapper (here a
     shape mismatch, which names nothing fake) is amem's: only the graph's ops run there, and
     torch's trace of the graph succeeded. The same error from a frame of the library is the user's."""
     import torch

@@ -85,3 +85,27 @@ def test_bundled_fsdp_workload_predicts():
         workloads.get("fsdp")(1, 1, "cuda", 0, None)
     streams = {stream for kind, _, _, stream in run.recording.ops if kind == ALLOC}
     assert len(streams) == 2 and run.result.row("torch").peak_allocated > 0
+
+
+def test_a_stream_used_as_a_context_manager_is_current_inside_the_block():
+    """Failed at 9534256 ("'FakeStream' object does not support the context manager protocol",
+    read as the script's failure): torch.Stream is a context manager since torch 2.7, and
+    transformers' offloaded KV cache prefetches with `with self.prefetch_stream:`."""
+    seen = {}
+
+    def program():
+        side = torch.cuda.Stream()
+        generic = torch.Stream()
+        with side:
+            seen["inside"] = torch.cuda.current_stream() == side
+            with generic:
+                seen["nested"] = torch.cuda.current_stream() == generic
+            seen["back"] = torch.cuda.current_stream() == side
+            torch.empty(1 << 20, device="cuda")
+        seen["after"] = torch.cuda.current_stream() == torch.cuda.default_stream()
+
+    with amem_alloc.predicting(policies="torch") as run:
+        program()
+    assert seen == {"inside": True, "nested": True, "back": True, "after": True}
+    streams = [stream for kind, _, size, stream in run.recording.ops if kind == ALLOC and size == 4 * MiB]
+    assert len(streams) == 1 and streams[0] != 0, streams   # allocated on the side stream

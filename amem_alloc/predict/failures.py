@@ -14,8 +14,8 @@ not broken, amem is. Which it is follows from the exception alone, by these rule
 1. The chain. The exception is amem's when any exception of its chain is (itself, then what it
    was raised from, `__cause__`, and what it was raised while handling, `__context__`): a library
    or a script that catches amem's failure and raises its own does not make it the user's. The
-   line names that one. An exception met only as a context counts by its signature (rule 7), not
-   for where it was raised (rules 4 and 6): amem raises and handles exceptions of its own as
+   line names that one. An exception met only as a context counts by its signature (rule 8), not
+   for where it was raised (rules 5 and 7): amem raises and handles exceptions of its own as
    control flow (meta_cache's _Unhashable), and the user's error raised inside such a handler
    (the meta kernel run there) carries one as its context.
 2. Only an `Exception` can be amem's: Ctrl-C (KeyboardInterrupt, wherever it lands), SystemExit and
@@ -24,17 +24,21 @@ not broken, amem is. Which it is follows from the exception alone, by these rule
    them: they have their own line and status), and what amem raises on purpose for the script to
    see, as torch would raise it for the same call (user_script.for_the_script: an invalid device
    id, no SDPA kernel for the inputs).
-3. The raising frame is the innermost frame of the exception's traceback. It raised the exception
+3. A TypeError or AttributeError naming one of amem's stand-in types ("'FakeStream' object does
+   not support the context manager protocol") is amem's wherever it is raised, the user's own
+   line included: the object is amem's, and torch's own object takes that line (STAND_IN_TYPES,
+   filled by the classes' modules with `stand_in`).
+4. The raising frame is the innermost frame of the exception's traceback. It raised the exception
    itself (a `raise`, a failed subscript or attribute) unless its last instruction is a call: then
    a callee without a Python frame raised it (torch's C++).
-4. Raised by amem's own code (an amem_alloc frame that raised it itself): amem's. A KeyError or an
+5. Raised by amem's own code (an amem_alloc frame that raised it itself): amem's. A KeyError or an
    AttributeError there is amem's bug, whatever the script did.
-5. Raised by the user's own code (a frame of the user's files that raised it itself): the user's,
+6. Raised by the user's own code (a frame of the user's files that raised it itself): the user's,
    whatever it says (`raise RuntimeError("... meta ...")` in train.py is theirs).
-6. Raised inside the replay of a compiled graph (below a frame of inductor's generated wrapper as
+7. Raised inside the replay of a compiled graph (below a frame of inductor's generated wrapper as
    amem runs it, `<inductor_wrapper_...>`, or of engine/graph_runner.py): amem's. Nothing of the
    user's runs there, only the graph's ops, and torch's own trace of that graph succeeded.
-7. Otherwise (torch or another library raised it, or torch's C++ below a user or amem frame): amem's
+8. Otherwise (torch or another library raised it, or torch's C++ below a user or amem frame): amem's
    when its message matches a signature of fake execution (SIGNATURES, below: each says why only
    fake execution produces it), else the user's. A shape mismatch, a TypeError in a torch call, a
    user's dict's KeyError match none. Two narrowings keep a user's own mistake theirs: a signature
@@ -63,6 +67,15 @@ import torch
 
 from .. import user_script
 from ..code_files import _AMEM_DIR, _PLUMBING, _STDLIB, display_path, is_user_file, short_path
+
+STAND_IN_TYPES: set[str] = set()   # names of amem's objects handed to the script in place of torch's
+
+
+def stand_in(cls: type) -> type:
+    """Class decorator: instances stand in for torch's objects (rule 3 of the module's note)."""
+    STAND_IN_TYPES.add(cls.__name__)
+    return cls
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -153,10 +166,12 @@ def _chain(err: BaseException) -> list[tuple[BaseException, bool]]:
 
 
 def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool], implicit: bool = False) -> bool:
-    """Rules 2 to 7 of the module's note, for one exception of the chain (`implicit`: met only as
+    """Rules 2 to 8 of the module's note, for one exception of the chain (`implicit`: met only as
     a context, rule 1)."""
     if not isinstance(e, Exception) or isinstance(e, deliberate) or user_script.is_for_the_script(e):
         return False
+    if _names_a_stand_in(e):
+        return True
     tb = _innermost(e.__traceback__)
     if tb is None:
         return False
@@ -172,11 +187,21 @@ def _is_amems(e: BaseException, deliberate: tuple, user_meta: Callable[[], bool]
     return not (sig.meta and user_meta())
 
 
+_OBJECT_OF_TYPE = re.compile(r"'(\w+)' object\b")
+
+
+def _names_a_stand_in(e: BaseException) -> bool:
+    """Rule 3: Python's "'<type>' object ..." of one of amem's stand-in types."""
+    if not isinstance(e, (TypeError, AttributeError)):
+        return False
+    return any(name in STAND_IN_TYPES for name in _OBJECT_OF_TYPE.findall(str(e)))
+
+
 _GRAPH_RUNNER = os.path.join(_AMEM_DIR, "predict", "engine", "graph_runner.py")
 
 
 def _in_compiled_replay(tb) -> bool:
-    """Rule 6: a frame of a compiled graph's replay on the way to where it was raised."""
+    """Rule 7: a frame of a compiled graph's replay on the way to where it was raised."""
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         if name.startswith("<inductor_wrapper_") or name == _GRAPH_RUNNER:

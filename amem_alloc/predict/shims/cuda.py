@@ -49,7 +49,7 @@ from ...user_script import for_the_script
 from .. import notes, state
 from ..engine import stream_uses
 from ..gpus import Gpu
-from .devices import (DEFAULT_STREAM, FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
+from .devices import (FakeDeviceProperties, FakeEvent, FakeStream, FakeStreamContext, _device_index,
                       current_device, current_stream, default_stream, generic, set_current_device, set_stream)
 from . import nvidia_smi
 from .graphs import CapturePools, graph_class, graph_context

@@ -9,10 +9,12 @@ from typing import Any
 
 from .. import state
 from ..engine import stream_uses
+from ..failures import stand_in
 from ..gpus import Gpu
 
 
 # ============================================================================ fake device objects
+@stand_in
 class FakeDeviceProperties:
     """What torch.cuda.get_device_properties returns, for the chosen card."""
 
@@ -73,8 +75,11 @@ _stream_ids = itertools.count(1)   # stream ids, like CUDA's stream handles, are
 _stream_lock = threading.Lock()
 
 
+@stand_in
 class FakeStream:
-    """torch.cuda.Stream stand-in: a stable id, nothing runs. Equal streams share the id."""
+    """torch.cuda.Stream stand-in: a stable id, nothing runs. Equal streams share the id. `with s:`
+    makes it current for the block, as torch.Stream's context manager does (torch >= 2.7;
+    transformers' offloaded cache prefetches so)."""
 
     def __init__(self, device: Any = None, priority: int = 0, *, stream_id: int | None = None, **_: Any) -> None:
         if stream_id is None:
@@ -84,6 +89,15 @@ class FakeStream:
         self.cuda_stream = stream_id      # torch's raw handle; the default stream is 0
         self.device_index = _device_index(device)
         self.priority = priority
+        self._entered: list = []   # the stream current before each `with self:` still open
+
+    def __enter__(self) -> "FakeStream":
+        self._entered.append(_current_stream_object())
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _set_current_stream_object(self._entered.pop())
 
     @property
     def device(self) -> Any:
@@ -124,6 +138,7 @@ class FakeStream:
 DEFAULT_STREAM = FakeStream(stream_id=0)
 
 
+@stand_in
 class FakeEvent:
     """torch.cuda.Event stand-in: recording and waiting do nothing; no time passes."""
 
@@ -203,6 +218,7 @@ def _names_cuda(device: Any) -> bool:
         return False
 
 
+@stand_in
 class FakeStreamContext:
     """`with torch.cuda.stream(s):` makes s current for the block; None leaves the stream as it is."""
 

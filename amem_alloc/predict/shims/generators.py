@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from ..failures import stand_in
 from .devices import _device_index
 
 _STATE_BYTES = 16   # CUDAGeneratorImpl::get_state: seed (8 bytes), then the philox offset (8 bytes)
 _DEFAULT_SEED = 67280421310721   # c10::default_rng_seed_val
 
 
+@stand_in
 class FakeCudaGenerator(torch._C.Generator):
     """A CUDA device's generator: its seed and offset, nothing drawn."""
 
