@@ -30,6 +30,10 @@ MODEL = textwrap.dedent("""
 GENERATE = MODEL + textwrap.dedent("""
     kw = {"static": {"cache_implementation": "static"}, "beam": {"num_beams": 3},
           "sample": {"do_sample": True, "top_k": 50}}.get(sys.argv[4], {})
+    if sys.argv[4] == "assisted":   # speculative decoding: a step adds the accepted candidates and one more
+        with torch.device("cuda"):
+            kw["assistant_model"] = LlamaForCausalLM._from_config(
+                LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": 1}), dtype=torch.bfloat16).eval()
     kw.setdefault("do_sample", False)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, **kw)
     open(sys.argv[0] + ".length", "w").write(str(out.shape[-1]))   # what the program sees of the generation
@@ -100,6 +104,23 @@ def test_generate_writes_out_the_decode_steps_exactly_as_running_them_records(tm
     assert short.result.rows[0].peak_reserved == full.result.rows[0].peak_reserved
     # the end of sequence is taken as never met, so generate() ran to max_new_tokens in both
     assert any(n["kind"] == "upper-bound" and "EosTokenCriteria" in n["what"] for n in short.recorded.notes)
+
+
+def test_assisted_decoding_writes_out_steps_of_several_tokens_as_running_them_does(tmp_path):
+    """Failed at 9534256: the steps left were the tokens left, while each assisted step adds the
+    accepted candidates and one more (2 here): 40 tokens asked were written out as 40 steps of
+    2, a KV cache twice the run's."""
+    args = (1, 16, 40, "assisted")
+    length = tmp_path / "decode.py.length"
+    short = _run(tmp_path, GENERATE, args)
+    short_length = int(length.read_text())
+    full = _run(tmp_path, GENERATE, args, write_decode=False)
+    assert len(_written(short)) == 1 and not _written(full)
+    assert short_length == int(length.read_text()) == 16 + 40
+
+    kv = [run.result.over_run.category_peaks["kv_cache"] for run in (short, full)]
+    assert kv[0] == kv[1], kv
+    assert short.result.rows[0].peak_allocated == full.result.rows[0].peak_allocated
 
 
 def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):

@@ -16,7 +16,8 @@ Where a loop's steps begin and end, and how many it had left:
 * `generate()` (transformers): each call of `GenerationMixin._has_unfinished_sequences` is a loop
   head (greedy, sampling, beam search and assisted decoding all ask it); the steps left are the
   longest the stopping criteria allow, `max_length` less the tokens so far (`MaxLengthCriteria`,
-  asked each step). An end-of-sequence criterion's answer is a value no prediction computes: it is
+  asked each step), at the tokens each of the last steps added (one; assisted decoding adds the
+  accepted candidates and one more). An end-of-sequence criterion's answer is a value no prediction computes: it is
   made "no sequence ended" (a known value, engine/known.py), so the loop runs to `max_new_tokens`
   as the longest generation does, and the prediction is its upper bound (a note says so). Ending
   the loop at a head is answering "nothing left": generate then returns as it would at its end,
@@ -85,6 +86,7 @@ class Loop:
     where: str                                       # the user's line that runs the loop
     bounds: list[int] = field(default_factory=list)  # op index at each step's end
     owner: Any = None                                # a user loop's range iterator
+    lengths: list[int] = field(default_factory=list) # generate(): the sequences' length at each head
 
 
 @dataclass
@@ -102,7 +104,8 @@ class DecodeLoops:
         self.session, self.write_out = session, write_out   # write_out False: every step runs
         self.loops: dict[Any, Loop] = {}
         self.written: list[WrittenOut] = []
-        self.left: int | None = None   # generate(): steps left, as MaxLengthCriteria last said
+        self.left: int | None = None   # generate(): tokens left, as MaxLengthCriteria last said
+        self.length: int | None = None   # ... and the sequences' length it saw
         self.cut: list[int] = []       # per generate() call running (innermost last): its steps written out
         self._patched = False
 
@@ -137,7 +140,8 @@ class DecodeLoops:
             return head(model, *args, **kwargs)
 
         def steps_left(criterion, input_ids, *args, **kwargs):
-            loops.left = criterion.max_length - input_ids.shape[-1]
+            loops.length = input_ids.shape[-1]
+            loops.left = criterion.max_length - loops.length
             return max_length(criterion, input_ids, *args, **kwargs)
 
         generate = GenerationMixin.generate
@@ -181,7 +185,11 @@ class DecodeLoops:
             loop = self.loops[key] = Loop(notes.call_site(2))
         loop.bounds.append(len(self.session.ops))
         left, self.left = self.left, None
-        if self.write_out and left is not None and left > 0 and self._write_out(loop, left, grow_after=False):
+        if self.length is not None:
+            loop.lengths.append(self.length)
+            self.length = None
+        if self.write_out and left is not None and left > 0 and \
+                self._write_out(loop, _steps_for(left, loop.lengths), grow_after=False):
             del self.loops[key]
             if self.cut:
                 self.cut[-1] += left
@@ -247,6 +255,15 @@ class DecodeLoops:
         for w in sorted(self.written, key=lambda w: w.spans[-1][1], reverse=True):
             run = repeat.extend_at(run, w.spans, w.copies, w.grow, marker=None, grow_after=w.grow_after)
         return run
+
+
+def _steps_for(tokens: int, lengths: list[int]) -> int:
+    """The decode steps that make `tokens` more, at the tokens each of the last steps added (one;
+    assisted decoding's accepted candidates and the correction: more), the last step taking what
+    is left (as generate caps its candidates at max_length)."""
+    added = {b - a for a, b in zip(lengths[-repeat.GROW_RUN - 1:], lengths[-repeat.GROW_RUN:])}
+    per_step = added.pop() if len(added) == 1 and min(added | {1}) > 0 else 1
+    return -(-tokens // per_step)
 
 
 def _lengthened(out: Any, steps: int) -> Any:
