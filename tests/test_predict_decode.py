@@ -53,10 +53,10 @@ LAYERS, KV_HEADS, HEAD_DIM, BF16 = 2, 2, 32, 2
 PARAMS = 512 * 128 * 2 + LAYERS * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
 
 
-def _run(tmp_path, source, args, write_decode=True, gpu="H100"):
+def _run(tmp_path, source, args, write_decode=True, gpu="H100", shapes="expected"):
     script = tmp_path / "decode.py"
     script.write_text(source)
-    run = api.predicting(gpu, policies=["torch"], write_decode=write_decode)
+    run = api.predicting(gpu, policies=["torch"], write_decode=write_decode, shapes=shapes)
     with run:
         script_mod.run([str(script), *map(str, args)], run, 0, 600)
     return run
@@ -121,6 +121,15 @@ def test_assisted_decoding_writes_out_steps_of_several_tokens_as_running_them_do
     kv = [run.result.over_run.category_peaks["kv_cache"] for run in (short, full)]
     assert kv[0] == kv[1], kv
     assert short.result.rows[0].peak_allocated == full.result.rows[0].peak_allocated
+
+
+@pytest.mark.parametrize("shapes", ["expected", "upper"])
+def test_beam_search_returns_the_runs_length_under_either_shape_rule(tmp_path, shapes):
+    """Failed at 9534256 under --shapes upper: beam search crops its sequences to its finished
+    beams, and a loop ended early has none (the end of sequence is never met): the sequences were
+    the prompt and the steps written out, 8 tokens short of the run's."""
+    _run(tmp_path, GENERATE, (2, 16, 40, "beam"), shapes=shapes)
+    assert int((tmp_path / "decode.py.length").read_text()) == 16 + 40
 
 
 def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):

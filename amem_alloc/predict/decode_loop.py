@@ -106,7 +106,8 @@ class DecodeLoops:
         self.written: list[WrittenOut] = []
         self.left: int | None = None   # generate(): tokens left, as MaxLengthCriteria last said
         self.length: int | None = None   # ... and the sequences' length it saw
-        self.cut: list[int] = []       # per generate() call running (innermost last): its steps written out
+        self.cut: list[int] = []       # per generate() call running (innermost last): the length its
+        # loop would have reached where its steps left were written out (0: none were)
         self._patched = False
 
     # ------------------------------------------------------------------ installing
@@ -185,14 +186,14 @@ class DecodeLoops:
             loop = self.loops[key] = Loop(notes.call_site(2))
         loop.bounds.append(len(self.session.ops))
         left, self.left = self.left, None
-        if self.length is not None:
-            loop.lengths.append(self.length)
-            self.length = None
+        length, self.length = self.length, None
+        if length is not None:
+            loop.lengths.append(length)
         if self.write_out and left is not None and left > 0 and \
                 self._write_out(loop, _steps_for(left, loop.lengths), grow_after=False):
             del self.loops[key]
             if self.cut:
-                self.cut[-1] += left
+                self.cut[-1] = length + left
             return True
         if left is not None and left <= 0:   # max_length reached: a GPU's run ends here whatever the other
             del self.loops[key]              # criteria's stand-ins say (a custom criterion's unknown answer)
@@ -266,15 +267,19 @@ def _steps_for(tokens: int, lengths: list[int]) -> int:
     return -(-tokens // per_step)
 
 
-def _lengthened(out: Any, steps: int) -> Any:
-    """generate()'s result with its sequences as long as the run's: `steps` tokens more (the steps
-    written out), so that code using them (a forward over prompt and completion, as RL trainers
-    run) sees the length a GPU's run returns. The longer tensor is one allocation of the sequences'
-    size, made as generate returns (the run's own last step made one as large)."""
+def _lengthened(out: Any, length: int) -> Any:
+    """generate()'s result with its sequences as long as the run's, `length` (the loop's, had it
+    run its steps written out), so that code using them (a forward over prompt and completion, as
+    RL trainers run) sees the length a GPU's run returns. Beam search crops its sequences to its
+    finished beams, of which a loop ended early has none: they are lengthened all the same (every
+    beam runs to max_new_tokens, as the end of sequence is taken as never met). The longer tensor
+    is one allocation of the sequences' size, made as generate returns (the run's own last step
+    made one as large)."""
     sequences = out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
-    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.shape[-1] >= length:
         return out
-    longer = torch.cat([sequences, sequences[:, -1:].expand(sequences.shape[0], steps)], dim=-1)
+    more = length - sequences.shape[-1]
+    longer = torch.cat([sequences, sequences[:, -1:].expand(sequences.shape[0], more)], dim=-1)
     if isinstance(out, torch.Tensor):
         return longer
     out.sequences = longer
