@@ -196,6 +196,28 @@ def test_checkpoint_needs_a_block_stack_or_says_so():
     assert changed(named, "checkpoint=blocks").stack == "blocks"
 
 
+def test_blocks_whose_forward_never_runs_are_said_to_and_cost_nothing():
+    """Failed at 9534256: vit-pytorch's and x-transformers' stacks are ModuleLists of ModuleLists
+    that the model iterates itself (`for attn, ff in self.layers:`); wrapping the blocks changed
+    nothing, and the what-if said it recomputes 0.0 MFLOP, saving 0 B, as if checkpointed."""
+    class Pairs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.ModuleList([torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)])
+                                               for _ in range(4)])
+
+        def forward(self, x):
+            for a, b in self.layers:
+                x = b(torch.relu(a(x))) + x
+            return x
+
+    def pairs():
+        Pairs().cuda()(torch.randn(8, 64, device="cuda")).sum().backward()
+    p = amem_alloc.predict(pairs, policies="torch", what_if="checkpoint=blocks")
+    w = changed(p, "checkpoint=blocks")
+    assert w.applied == 0 and any("were never called" in n for n in w.notes), w.notes
+
+
 # ============================================================================ optimizer, gradients
 def test_optimizer_fused_equals_the_program_written_with_fused():
     sys.path.insert(0, str(HERE / "programs"))

@@ -268,6 +268,7 @@ class Checkpoint(Change):
         self._known: set[int] = set()            # ids of the roots' modules (alive while the run is)
         self._missing: list[str] = []
         self.caches_dropped = 0                  # checkpointed block calls that asked for a KV cache
+        self.segment_calls = 0                   # calls of a segment's first block (the checkpoint's entry)
 
     # ---------------------------------------------------------------- finding the stack
     def __enter__(self) -> "Checkpoint":
@@ -321,6 +322,7 @@ class Checkpoint(Change):
             return out
 
         def first(*args, **kwargs):
+            change.segment_calls += 1
             if not torch.is_grad_enabled():
                 out = run_segment(*args, **kwargs)
             else:
@@ -356,7 +358,12 @@ class Checkpoint(Change):
             self.notes.append(f"the blocks of {self.stack} were called with a KV cache (use_cache): checkpointed, "
                               "they write none, as transformers' gradient checkpointing does (a recompute would "
                               "write it again, and the checkpoint would keep it until backward)")
-        if not self.applied:
+        if self.applied and not self.segment_calls:
+            self.notes.append(f"the blocks of {self.stack} were never called (the model runs their children "
+                              "itself, as `for attn, ff in self.layers:` does): nothing was checkpointed; name a "
+                              "stack whose blocks are called with --blocks PATH")
+            self.applied = 0   # wrapped, never run: no change, and no recompute to cost
+        elif not self.applied:
             where = f"no module {self.path!r} with children" if self.path else "no repeated block stack (a " \
                 "ModuleList or Sequential of same-class children)"
             roots = ", ".join(sorted(set(self._missing))) or "no module ran"
