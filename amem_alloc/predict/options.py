@@ -29,8 +29,9 @@ OPTIONS = (
     Option("shapes", "expected", "--shapes", SHAPE_RULES,
            "sizes only values decide (nonzero, boolean masks, a router's choice of experts): 'expected' takes "
            "balanced routing and samplers' fixed sizes; 'upper' the worst case the program allows (every "
-           "token to the same experts, every RoI on one level, every element of a mask it did not fix); "
-           "the notes give the other rule's figure where they differ (default: expected)"),
+           "token to the same experts, every RoI on one level, every element of a mask it did not fix), the "
+           "worst case of sizes: the allocator's reserved memory can still come out lower, its blocks "
+           "splitting differently; the notes give the other rule's figure where they differ (default: expected)"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
