@@ -63,7 +63,7 @@ class ModuleScope:
         self.stack: list[str] = []
         self.autocast: list[bool] = []
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its path
-        self.roots: list = []  # every_module: the outermost modules seen running, in order
+        self._roots: list = []  # every_module: weak references to the outermost modules seen running, in order
         self._on_inputs = on_inputs  # called with the root's input tensors
         self._every_module = hook_every_module
         self._handles = []
@@ -98,8 +98,16 @@ class ModuleScope:
         if module not in self.names:  # every_module: a module outside every root seen so far is a root
             for name, sub in module.named_modules():
                 self.names.setdefault(sub, name)
-            self.roots.append(module)
+            self._roots.append(weakref.ref(module))
         return self.names[module]
+
+    @property
+    def roots(self) -> list:
+        """The outermost modules seen running, in order, of those still alive: held weakly, so that a
+        model the program deletes is freed as it is without the hooks (`del pipeline` between a
+        DreamBooth run's class-image generation and its training)."""
+        alive = [r() for r in self._roots]
+        return [m for m in alive if m is not None]
 
     def _pre(self, module, args, kwargs=None):
         if _machinery(module):

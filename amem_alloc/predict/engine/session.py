@@ -199,6 +199,7 @@ class FakeCudaSession:
             self._leave()
             raise
         self.modules.install()
+        self.modules.outermost.append(self._after_outermost)
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
         self._modes = [DeviceMode(self.storages, self), Recorder(self.storages, self)]
@@ -216,7 +217,7 @@ class FakeCudaSession:
             h.remove()
         self.modules.remove()
         self._leave()
-        self._learn_model_state()
+        self.learn_model_state()
         self.recording.infos = self.final_infos()   # the engine's final word on each storage
 
     def _leave(self) -> None:
@@ -311,7 +312,15 @@ class FakeCudaSession:
                 elif table is self.know.optimizer_state:
                     rec.add_role("optimizer_state")
 
-    def _learn_model_state(self) -> None:
+    def _after_outermost(self, event: str) -> None:
+        if event == "exit":
+            self.learn_model_state()
+
+    def learn_model_state(self) -> None:
+        """The running models' parameters, buffers and gradients, as they are now: learnt after each
+        outermost forward and backward, at each optimizer step and at the end, since a model held
+        only by a function that returned (`main()`) is gone by the end, and the module scope
+        holds none (provenance/scope.py)."""
         for root in self.modules.roots:
             for name, p in list(root.named_parameters()) + list(root.named_buffers()):
                 self._mark(p, self.know.model_state, ("parameter", name))
@@ -345,7 +354,7 @@ class FakeCudaSession:
         return self._closure_in_its_own_phase(optimizer, args, kwargs)
 
     def _learn_optimizer_params(self, optimizer) -> None:
-        self._learn_model_state()
+        self.learn_model_state()
         for group in optimizer.param_groups:
             for p in group["params"]:
                 self._mark(p, self.know.model_state, ("parameter", "optimizer param"))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -264,7 +265,8 @@ class Checkpoint(Change):
         self.blocks = 0
         self.segment = 1
         self.flops = {"recompute": 0, "forward": 0}   # the recomputed ops' / the roots' grad-enabled forward FLOPs
-        self._roots: list[torch.nn.Module] = []
+        self._roots: list = []                   # weak references to the modules first seen running (a model
+        # the program deletes is freed, as without the change)
         self._known: set[int] = set()            # ids of the roots' modules (alive while the run is)
         self._missing: list[str] = []
         self.caches_dropped = 0                  # checkpointed block calls that asked for a KV cache
@@ -286,10 +288,10 @@ class Checkpoint(Change):
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if id(module) not in self._known:
-            self._roots.append(module)
+            self._roots.append(weakref.ref(module))
             self._known.update(id(m) for m in module.modules())
             self._wrap_stack(module)
-        if any(module is r for r in self._roots) and torch.is_grad_enabled() and not self._counting:
+        if any(module is r() for r in self._roots) and torch.is_grad_enabled() and not self._counting:
             counted = _flop_mode(self.flops, "forward")
             counted.__enter__()
             self._counting.append((module, counted))
