@@ -228,7 +228,7 @@ class DecodeLoops:
         if grow is None or self._not_affine(loop, spans[-1]):
             return False
         self.written.append(WrittenOut(spans, left, grow, grow_after))
-        ran = len(loop.bounds) - 1
+        ran = len(loop.bounds) - (0 if grow_after else 1)   # a user loop's bounds are step ends; generate's, heads
         notes.record(notes.WRITTEN_OUT, f"decode loop: {ran} steps ran, the {left} steps left written out from "
                      f"the last {repeat.GROW_RUN} (same allocations, each growing by the same bytes every step)",
                      where=loop.where)
