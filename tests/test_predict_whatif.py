@@ -314,3 +314,44 @@ def test_the_cli_what_if_json(tmp_path):
     assert w["change"] == "checkpoint=blocks" and [r["policy"] for r in w["policies"]] == ["torch", "amem"]
     assert w["recompute"]["stack"] == "blocks" and w["recompute"]["flops"] > 0
     assert "What if" in proc.stdout and "Verdict for" in proc.stdout
+
+
+def test_blocks_that_are_no_chain_make_sqrt_say_so():
+    """Failed at 9534256: a UNet's up-blocks concatenate a skip before each block; sqrt's segment ran
+    a block on the previous one's output, torch raised inside amem's segment, and the row read
+    "the script failed"."""
+    class Skips(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(128, 64) for _ in range(4)])
+
+        def forward(self, x, skips):
+            for block, skip in zip(self.blocks, skips):
+                x = block(torch.cat([x, skip], -1))
+            return x
+
+    def step():
+        skips = [torch.randn(8, 64, device="cuda") for _ in range(4)]
+        Skips().cuda()(torch.randn(8, 64, device="cuda"), skips).sum().backward()
+    p = amem_alloc.predict(step, policies="torch", what_if="checkpoint=sqrt")
+    w = changed(p, "checkpoint=sqrt")
+    assert w.failed and "are not a chain" in w.failed, w.failed
+
+
+def test_a_script_that_fails_only_under_a_change_says_the_change_failed(tmp_path):
+    script = tmp_path / "grads.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(64, 64).cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n"
+        "    m(torch.randn(8, 64, device='cuda')).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad(set_to_none=False)\n"
+        "    m.weight.grad.mul_(0.5)   # None once zero_grad sets gradients to None\n")
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch",
+                           "--what-if", "grads=set-to-none", "--", "python", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "grads=set-to-none: the script failed with the change applied (exit status 1), not without it" \
+        in proc.stdout, proc.stdout[-3000:]

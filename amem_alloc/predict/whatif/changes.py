@@ -320,7 +320,13 @@ class Checkpoint(Change):
         def run_segment(*args, **kwargs):
             out = forwards[0](*args, **kwargs)
             for fwd in forwards[1:]:
-                out = fwd(_first_tensor(out), *args[1:], **kwargs)
+                try:
+                    out = fwd(_first_tensor(out), *args[1:], **kwargs)
+                except Exception as err:   # the model does more between its blocks (a UNet's skip concat)
+                    from ..notes import NotModelledError
+                    raise NotModelledError(f"what-if {change.name}: the blocks of {change.stack} are not a chain "
+                                           f"(a block failed on the previous one's output: {type(err).__name__}); "
+                                           "checkpoint=blocks checkpoints each block alone") from None
             return out
 
         def first(*args, **kwargs):

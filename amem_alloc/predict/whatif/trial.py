@@ -48,6 +48,9 @@ def predict(body: Callable[[Any], None], predicting: Any, gpu: Any, policies: li
             with change if change is not None else contextlib.nullcontext():
                 body(run)
     except user_script.ScriptFailed as failed:
+        if change is not None:   # the unchanged run went through: the change is what failed
+            raise TrialFailed(f"the script failed with the change applied (exit status {failed.status}), not "
+                              "without it: amem could not apply it to this program", failed.status) from None
         raise TrialFailed(f"the script failed (exit status {failed.status})", failed.status) from None
     except script_mod.PredictionTimeout as late:
         raise TrialFailed(str(late), 124) from None
