@@ -20,6 +20,15 @@ def _notes(result) -> list[str]:
     return [n["what"] for n in result.notes if n["kind"] == "stand-in"]
 
 
+def _saved_bytes(obj) -> bytes:
+    """torch.save into a buffer, as ultralytics and Lightning save a checkpoint before writing it."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def _model_state():
     model = torch.nn.Linear(64, 32).cuda()
     return model, {"model": model.state_dict(), "step": 3}
@@ -119,16 +128,13 @@ def test_a_file_the_script_wrote_itself_is_saved_over_where_it_names_it(tmp_path
     """ultralytics writes last.pt from a byte buffer (`open(path, "wb")`), then saves it again
     with torch.save: that second save went to a scratch copy, noted as a file "there before the
     prediction", and the user's folder kept the first write."""
-    import io
 
     path = tmp_path / "last.pt"
 
     def program():
         weight = torch.randn(64, device="cuda")
-        buffer = io.BytesIO()
-        torch.save({"w": weight}, buffer)
         with open(path, "wb") as f:
-            f.write(buffer.getvalue())
+            f.write(_saved_bytes({"w": weight}))
         torch.save({"w": weight, "epoch": 2}, path)
 
     result = amem_alloc.predict(program, gpu="H100")
@@ -141,19 +147,17 @@ def test_a_save_into_a_buffer_and_a_file_rewritten_from_it_are_noted(tmp_path):
     """Failed at 9534256 (nothing said): Lightning saves a checkpoint into a BytesIO and writes it
     through an fsspec transaction (a temporary file moved into place); the file held zeros for
     every value, and a `last.ckpt` of a real run in the same folder was replaced, with no note."""
-    import io
 
     old, new = tmp_path / "last.ckpt", tmp_path / "epoch=0.ckpt"
     old.write_bytes(b"a real run's checkpoint")
 
     def program():
         weight = torch.randn(64, device="cuda")
-        buffer = io.BytesIO()
-        torch.save({"w": weight}, buffer)
+        saved = _saved_bytes({"w": weight})
         with open(new, "wb") as f:
-            f.write(buffer.getvalue())
+            f.write(saved)
         handle, temporary = tempfile.mkstemp(dir=tmp_path)   # as fsspec's transaction writes a file
-        os.write(handle, buffer.getvalue())
+        os.write(handle, saved)
         os.close(handle)
         os.replace(temporary, old)
         with open(tmp_path / "direct.pt", "wb") as f:
