@@ -102,6 +102,11 @@ class ModuleScope:
         return self.names[module]
 
     @property
+    def root_refs(self) -> list:
+        """Weak references to the outermost modules seen running, in order (dead ones included)."""
+        return list(self._roots)
+
+    @property
     def roots(self) -> list:
         """The outermost modules seen running, in order, of those still alive: held weakly, so that a
         model the program deletes is freed as it is without the hooks (`del pipeline` between a

@@ -346,7 +346,7 @@ def _backward(session: Any, patches: PatchSet) -> None:
         # as in forward, and checkpoint recomputation gets CUDA's autocast and kernels.
         with DeviceMode(session.storages, session):
             out = orig_run(*args, **kwargs)
-        session.learn_model_state()   # the gradients it made, while their model is alive
+        session.remember_model_state()   # the gradients it made, while their model is alive
         return out
     patches.apply(RUN_BACKWARD, torch.autograd, "_engine_run_backward", run_backward)
     _saved_tensor_hooks(session, patches)

@@ -322,7 +322,9 @@ class Checkpoint(Change):
             for fwd in forwards[1:]:
                 try:
                     out = fwd(_first_tensor(out), *args[1:], **kwargs)
-                except Exception as err:   # the model does more between its blocks (a UNet's skip concat)
+                except (RuntimeError, TypeError, ValueError, IndexError) as err:   # the model does more between
+                    # its blocks (a UNet's skip concat); checkpoint's own control flow, _StopRecomputationError
+                    # (an Exception), passes
                     from ..notes import NotModelledError
                     raise NotModelledError(f"what-if {change.name}: the blocks of {change.stack} are not a chain "
                                            f"(a block failed on the previous one's output: {type(err).__name__}); "
