@@ -14,7 +14,8 @@ calls [first, last]; the spans cover every call of the program, in order.
 An eval loop's batches allocate alike: `repeats` finds, in each eval span, the shortest run of
 calls (allocations by size, and frees) that repeats from the span's start, and how many times, so
 the page can show the loop once with "×N". A span is folded only where the repeats cover all but
-less than one iteration of it (a cut last iteration counts; a different tail is left over).
+less than one iteration of it (a cut last iteration counts; a different tail is left over), frees
+at its end left out (the last span runs to the program's end, where the model may be freed).
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def repeats(ops: list[tuple], spans_: list[list], phase: str = "eval") -> list[l
         if name != phase:
             continue
         sig = [(kind, size if kind == replay.ALLOC else 0) for kind, _, size, _ in ops[first - 1:last]]
+        while sig and sig[-1][0] == replay.FREE:   # frees after the loop (the model, freed as the program
+            sig.pop()                              # ends) are no iteration's: the last one is cut there
         found = _period(sig)
         if found:
             out.append([first, last, found[1], found[0]])
