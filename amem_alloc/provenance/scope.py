@@ -63,8 +63,7 @@ class ModuleScope:
         self.stack: list[str] = []
         self.autocast: list[bool] = []
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its path
-        self._roots: list = []  # every_module: weak references to the outermost modules seen running, in order
-        self._held: list = []   # ... and the modules themselves
+        self.roots: list = []  # every_module: the outermost modules seen running, in order
         self._on_inputs = on_inputs  # called with the root's input tensors
         self._every_module = hook_every_module
         self._handles = []
@@ -99,24 +98,8 @@ class ModuleScope:
         if module not in self.names:  # every_module: a module outside every root seen so far is a root
             for name, sub in module.named_modules():
                 self.names.setdefault(sub, name)
-            self._roots.append(weakref.ref(module))
-            self._held.append(module)   # kept alive (see `roots`)
+            self.roots.append(module)
         return self.names[module]
-
-    @property
-    def root_refs(self) -> list:
-        """Weak references to the outermost modules seen running, in order (dead ones included)."""
-        return list(self._roots)
-
-    @property
-    def roots(self) -> list:
-        """The outermost modules seen running, in order. They are held until the scope is removed:
-        holding them weakly (a model the program deletes freed as without the hooks: `del
-        pipeline` in diffusers' DreamBooth, +1.9 GiB held on SD1.5) made a static-cache
-        generate's written-out program differ from its every-step run in the whole test suite
-        (tests/test_predict_decode.py), a cause not yet found."""
-        alive = [r() for r in self._roots]
-        return [m for m in alive if m is not None]
 
     def _pre(self, module, args, kwargs=None):
         if _machinery(module):

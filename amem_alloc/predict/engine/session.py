@@ -114,7 +114,6 @@ class FakeCudaSession:
         self.listeners: list = [self.recording]
         self.records: dict[int, AllocRecord] = {}
         self.know = classify.Knowledge()
-        self._remembered: dict = {}   # weak reference to a model -> its state as storage keys (remember_model_state)
         self.storages = Storages(self._on_alloc, self._on_free)
         self.known = KnownValues()   # the real values of small fake tensors made from known data
         self.pinned = PinnedHost()   # host memory the program pinned (pinned.py)
@@ -200,7 +199,6 @@ class FakeCudaSession:
             self._leave()
             raise
         self.modules.install()
-        self.modules.outermost.append(self._after_outermost)
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
         self._modes = [DeviceMode(self.storages, self), Recorder(self.storages, self)]
@@ -218,8 +216,7 @@ class FakeCudaSession:
             h.remove()
         self.modules.remove()
         self._leave()
-        self._learn_gone_models()
-        self.learn_model_state()
+        self._learn_model_state()
         self.recording.infos = self.final_infos()   # the engine's final word on each storage
 
     def _leave(self) -> None:
@@ -303,56 +300,22 @@ class FakeCudaSession:
     def _mark(self, t, table: dict, label: str) -> None:
         t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2, tensor parallel): its shard's storage
         if isinstance(t, torch.Tensor):
-            self._mark_key(self.storages.key_of(t), table, label)
+            key = self.storages.key_of(t)
+            if key is not None and key in self.records:
+                table[key] = label
+                rec = self.records[key]
+                if table is self.know.model_state:
+                    rec.add_role("parameter")   # stays one once freed (Lightning's teardown moves the model back to the CPU)
+                elif table is self.know.grads:
+                    rec.add_role("gradient")
+                elif table is self.know.optimizer_state:
+                    rec.add_role("optimizer_state")
 
-    def _mark_key(self, key, table: dict, label: str) -> None:
-        if key is not None and key in self.records:
-            table[key] = label
-            rec = self.records[key]
-            if table is self.know.model_state:
-                rec.add_role("parameter")   # stays one once freed (Lightning's teardown moves the model back to the CPU)
-            elif table is self.know.grads:
-                rec.add_role("gradient")
-            elif table is self.know.optimizer_state:
-                rec.add_role("optimizer_state")
-
-    def _model_state_of(self, root) -> list[tuple]:
-        """(tensor, table, label) for a model's parameters, buffers and their gradients now."""
-        out = []
-        for name, p in list(root.named_parameters()) + list(root.named_buffers()):
-            out.append((p, self.know.model_state, ("parameter", name)))
-            if isinstance(p, torch.nn.Parameter):
-                out.append((p.grad, self.know.grads, name))
-        return out
-
-    def learn_model_state(self) -> None:
-        """The running models' parameters, buffers and gradients, as they are now (at each optimizer
-        step and at the end)."""
+    def _learn_model_state(self) -> None:
         for root in self.modules.roots:
-            for t, table, label in self._model_state_of(root):
-                self._mark(t, table, label)
-
-    def remember_model_state(self) -> None:
-        """After each outermost forward and backward: each running model's state, as storage keys,
-        learnt at the end for a model gone by then (held only by a function that returned, `del
-        pipeline`: the module scope holds models weakly, provenance/scope.py). A model alive at
-        the end is learnt as it is then."""
-        for ref in self.modules.root_refs:
-            root = ref()
-            if root is not None:
-                self._remembered[ref] = [(self.storages.key_of(getattr(t, "_local_tensor", t)), table, label)
-                                         for t, table, label in self._model_state_of(root)
-                                         if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
-
-    def _learn_gone_models(self) -> None:
-        for ref, marks in self._remembered.items():
-            if ref() is None:
-                for key, table, label in marks:
-                    self._mark_key(key, table, label)
-
-    def _after_outermost(self, event: str) -> None:
-        if event == "exit":
-            self.remember_model_state()
+            for name, p in list(root.named_parameters()) + list(root.named_buffers()):
+                self._mark(p, self.know.model_state, ("parameter", name))
+                self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)
 
     def compiled(self, fn, inductor: bool = True):
         """`fn` run as eager, marked as a compiled region while it runs (`inductor`: by inductor,
@@ -382,7 +345,7 @@ class FakeCudaSession:
         return self._closure_in_its_own_phase(optimizer, args, kwargs)
 
     def _learn_optimizer_params(self, optimizer) -> None:
-        self.learn_model_state()
+        self._learn_model_state()
         for group in optimizer.param_groups:
             for p in group["params"]:
                 self._mark(p, self.know.model_state, ("parameter", "optimizer param"))
