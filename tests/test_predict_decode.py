@@ -3,6 +3,7 @@ steps and the steps left are written out, growing as the KV cache does. Checked 
 same script with every step run, and against first principles (weights, KV cache)."""
 from __future__ import annotations
 
+import gc
 import textwrap
 
 import pytest
@@ -51,6 +52,30 @@ USER_LOOP = MODEL + textwrap.dedent("""
 """)
 LAYERS, KV_HEADS, HEAD_DIM, BF16 = 2, 2, 32, 2
 PARAMS = 512 * 128 * 2 + LAYERS * (128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
+
+
+@pytest.fixture(scope="module")
+def _imported(tmp_path_factory):
+    """generate() run once first: the lazy imports it makes in a fresh process raise and catch
+    exceptions whose tracebacks hold the script's frame (a cycle), which only a process's first
+    run pays."""
+    _run(tmp_path_factory.mktemp("imports"), GENERATE, (1, 4, 2, "static"))
+
+
+@pytest.fixture(autouse=True)
+def _collector_held_still(_imported):
+    """Tests here compare two runs' ops one for one. A tensor that only Python's cycle collector
+    frees (torch.compile's tracing leaves cycles of its frames holding their inputs, in a real run
+    as under prediction: transformers compiles a static cache's forward) is freed wherever the
+    collector happens to run, which depends on everything the process made before (amem notes
+    it: engine/collector.py); the collector is held still for the test so that both runs keep them
+    alike."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _run(tmp_path, source, args, write_decode=True, gpu="H100", shapes="expected"):
