@@ -59,3 +59,30 @@ def test_host_copies_of_meta_tensors_of_one_shape_are_all_on_the_host():
     seen, _ = _predict(body)
     assert seen == {"devices": ["cpu", "cpu", "cpu"], "zeros": "cpu"}
 
+
+def test_a_model_the_program_deletes_is_freed_after_it_ran():
+    """Failed at 9534256: the module scope kept every outermost module that ran, so `del model`
+    freed nothing and later peaks carried it (diffusers' DreamBooth with prior preservation deletes
+    its class-image pipeline before training: +1.9 GiB on SD1.5)."""
+    import gc
+    import weakref
+
+    MiB = 1 << 20
+    seen = {}
+
+    def body(_):
+        model = torch.nn.Linear(1024, 1024).cuda()   # 4 MiB of weight
+        with torch.no_grad():
+            model(torch.randn(8, 1024, device="cuda"))
+        alive = weakref.ref(model)
+        del model
+        gc.collect()
+        seen["alive"] = alive() is not None
+        torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")   # the peak, after the delete
+
+    _, p = _predict(body)
+    assert seen["alive"] is False
+    peak = max(r.peak_allocated for r in p.rows)
+    assert peak < 16 * MiB + 4 * MiB + 32 * MiB, peak   # the weight is not part of the peak (32 MiB: cuBLAS's workspace)
+    weights = [i for i in p.infos.values() if i.requested == 4 * MiB]
+    assert [i.category for i in weights] == ["parameter"]   # learnt as it first ran, though gone at the end

@@ -63,11 +63,12 @@ class ModuleScope:
         self.stack: list[str] = []
         self.autocast: list[bool] = []
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its path
-        self.roots: list = []  # every_module: the outermost modules seen running, in order
+        self._roots: list = []  # every_module: weak references to the outermost modules seen running, in order
         self._on_inputs = on_inputs  # called with the root's input tensors
         self._every_module = hook_every_module
         self._handles = []
         self.outermost: list = []   # fn("enter" | "exit") as an outermost module starts and returns
+        self.new_root: list = []    # fn(module) as a module outside every root seen so far first runs
 
     @classmethod
     def every_module(cls) -> "ModuleScope":
@@ -96,10 +97,23 @@ class ModuleScope:
 
     def _path(self, module) -> str:
         if module not in self.names:  # every_module: a module outside every root seen so far is a root
-            for name, sub in module.named_modules():
-                self.names.setdefault(sub, name)
-            self.roots.append(module)
+            self._add_root(module)
         return self.names[module]
+
+    def _add_root(self, module) -> None:
+        for name, sub in module.named_modules():
+            self.names.setdefault(sub, name)
+        self._roots.append(weakref.ref(module))
+        for fn in self.new_root:
+            fn(module)
+
+    @property
+    def roots(self) -> list:
+        """The outermost modules seen running, in order, of those still alive: held weakly, so that a
+        model the program deletes is freed as it is without the hooks (`del pipeline` between a
+        DreamBooth run's class-image generation and its training)."""
+        alive = [r() for r in self._roots]
+        return [m for m in alive if m is not None]
 
     def _pre(self, module, args, kwargs=None):
         if _machinery(module):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -119,6 +120,8 @@ class FakeCudaSession:
         self.pinned = PinnedHost()   # host memory the program pinned (pinned.py)
         self.saved_files = saved_files.SavedFiles()   # checkpoints the program saved (saved_files.py)
         self.modules = ModuleScope.every_module()  # the module running now (provenance/scope.py)
+        self.modules.new_root.append(self._remember_state_of)
+        self._remembered: dict = {}   # weak reference to a model -> its state as storage keys (remember_model_state)
         self._workspaces: dict[tuple, int] = {}   # (thread, stream) -> key
         self.gathered_params: set[int] = set()   # keys of FSDP's unsharded parameters (_unsharding)
         self.kv_cache: set[int] = set()          # keys of a KV cache's keys and values (decode_loop.py)
@@ -216,6 +219,7 @@ class FakeCudaSession:
             h.remove()
         self.modules.remove()
         self._leave()
+        self._learn_gone_models()
         self._learn_model_state()
         self.recording.infos = self.final_infos()   # the engine's final word on each storage
 
@@ -300,22 +304,57 @@ class FakeCudaSession:
     def _mark(self, t, table: dict, label: str) -> None:
         t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2, tensor parallel): its shard's storage
         if isinstance(t, torch.Tensor):
-            key = self.storages.key_of(t)
-            if key is not None and key in self.records:
-                table[key] = label
-                rec = self.records[key]
-                if table is self.know.model_state:
-                    rec.add_role("parameter")   # stays one once freed (Lightning's teardown moves the model back to the CPU)
-                elif table is self.know.grads:
-                    rec.add_role("gradient")
-                elif table is self.know.optimizer_state:
-                    rec.add_role("optimizer_state")
+            self._mark_key(self.storages.key_of(t), table, label)
+
+    def _mark_key(self, key, table: dict, label: str) -> None:
+        if key is not None and key in self.records:
+            table[key] = label
+            rec = self.records[key]
+            if table is self.know.model_state:
+                rec.add_role("parameter")   # stays one once freed (Lightning's teardown moves the model back to the CPU)
+            elif table is self.know.grads:
+                rec.add_role("gradient")
+            elif table is self.know.optimizer_state:
+                rec.add_role("optimizer_state")
+
+    def _state_of(self, root) -> list[tuple]:
+        """(tensor, table, label) for a model's parameters, buffers and their gradients now."""
+        out = []
+        for name, p in list(root.named_parameters()) + list(root.named_buffers()):
+            out.append((p, self.know.model_state, ("parameter", name)))
+            if isinstance(p, torch.nn.Parameter):
+                out.append((p.grad, self.know.grads, name))
+        return out
 
     def _learn_model_state(self) -> None:
+        """The running models' parameters, buffers and gradients, as they are now (at each optimizer
+        step and at the end)."""
         for root in self.modules.roots:
-            for name, p in list(root.named_parameters()) + list(root.named_buffers()):
-                self._mark(p, self.know.model_state, ("parameter", name))
-                self._mark(p.grad if isinstance(p, torch.nn.Parameter) else None, self.know.grads, name)
+            for t, table, label in self._state_of(root):
+                self._mark(t, table, label)
+
+    def _remember_state_of(self, root) -> None:
+        """A model's state as it first runs (see remember_model_state)."""
+        self._remembered[weakref.ref(root)] = self._keys_of_state(root)
+
+    def remember_model_state(self) -> None:
+        """After each backward: each running model's state as storage keys, learnt at the end for a
+        model gone by then (`del pipeline`; a model the script's namespace or a returned function
+        held: the module scope holds models weakly), as for the models alive then."""
+        for ref in self._remembered:
+            root = ref()
+            if root is not None:
+                self._remembered[ref] = self._keys_of_state(root)
+
+    def _keys_of_state(self, root) -> list[tuple]:
+        return [(self.storages.key_of(getattr(t, "_local_tensor", t)), table, label)
+                for t, table, label in self._state_of(root) if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
+
+    def _learn_gone_models(self) -> None:
+        for ref, keys in self._remembered.items():
+            if ref() is None:
+                for key, table, label in keys:
+                    self._mark_key(key, table, label)
 
     def compiled(self, fn, inductor: bool = True):
         """`fn` run as eager, marked as a compiled region while it runs (`inductor`: by inductor,

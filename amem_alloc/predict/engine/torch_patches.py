@@ -345,7 +345,9 @@ def _backward(session: Any, patches: PatchSet) -> None:
         # again so that the hooks backward runs (FSDP's, DDP's, a script's) see CUDA devices
         # as in forward, and checkpoint recomputation gets CUDA's autocast and kernels.
         with DeviceMode(session.storages, session):
-            return orig_run(*args, **kwargs)
+            out = orig_run(*args, **kwargs)
+        session.remember_model_state()   # the gradients it made, while their models are alive
+        return out
     patches.apply(RUN_BACKWARD, torch.autograd, "_engine_run_backward", run_backward)
     _saved_tensor_hooks(session, patches)
 
