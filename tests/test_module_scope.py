@@ -74,3 +74,22 @@ def test_autocast_is_recorded_per_module():
     finally:
         scope.remove()
     assert states == [True, False]
+
+
+def test_a_submodule_run_before_its_model_is_named_from_the_model_once_the_model_runs():
+    """LLaVA runs its vision tower (get_image_features) before the model's forward: the tower was
+    a root, and its modules kept paths relative to it ("1.0" instead of the model's "1.1.0")
+    after the model ran."""
+    model, seen, holder = model_and_log()
+    scope = holder[0] = ModuleScope.every_module()
+    scope.install()
+    try:
+        x = torch.ones(1, 2)
+        model[1](x)   # the inner Sequential alone: a root
+        assert [m for m in scope.roots] == [model[1]]
+        model(x)
+        model[1](x)   # alone again, after the model ran
+    finally:
+        scope.remove()
+    assert [name for name, _ in seen] == ["0", "0", "1.0", "1.0"]
+    assert [m for m in scope.roots] == [model]

@@ -101,8 +101,16 @@ class ModuleScope:
         return self.names[module]
 
     def _add_root(self, module) -> None:
+        """`module` and its submodules named from it. A root seen earlier inside it (LLaVA's vision
+        tower, run by `get_image_features` before the model's forward) is renamed from it and is a
+        root no more: its modules' paths are the model's, as where the model runs it."""
+        subs = {id(sub) for sub in module.modules()}
+        inside = [r for r in self.roots if id(r) in subs]
+        renamed = {id(sub) for r in inside for sub in r.modules()}
         for name, sub in module.named_modules():
-            self.names.setdefault(sub, name)
+            if sub not in self.names or id(sub) in renamed:
+                self.names[sub] = name
+        self._roots = [r for r in self._roots if r() is not None and all(r() is not i for i in inside)]
         self._roots.append(weakref.ref(module))
         for fn in self.new_root:
             fn(module)
