@@ -228,6 +228,33 @@ def test_ranks_recorded_in_worker_processes_are_each_ranks_own_program(tmp_path)
     assert parallel.worst.rank == 2
 
 
+SAVING = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank, out = dist.get_rank(), sys.argv[1]
+if rank == 0:
+    os.makedirs(os.path.join(out, "checkpoint-1"))
+    torch.save(torch.nn.Linear(64, 64, device="cuda").state_dict(), os.path.join(out, "checkpoint-1", "model.pt"))
+dist.barrier()
+found = os.path.exists(os.path.join(out, "checkpoint-1", "model.pt"))
+torch.save({"shard": torch.zeros(4, device="cuda")}, os.path.join(out, f"shard-{rank}.pt"))
+kept = torch.empty((64 if found else 1) << 20, dtype=torch.uint8, device="cuda")
+"""
+
+
+def test_every_rank_finds_what_rank_0_saved_and_nothing_saved_stays(tmp_path):
+    """Files saved from fake tensors go when the whole prediction ends (saved_files.py): ranks 1
+    and 2, recorded after rank 0 (in worker processes), find its checkpoint as in the real run,
+    and neither its folder nor the shards the workers saved are left."""
+    script, out = tmp_path / "saving.py", tmp_path / "out"
+    script.write_text(SAVING)
+    out.mkdir()
+    result = predict_ranks(launch_mod.Launch(3, 1, launch_mod.parse_ranks("all", 3)), [str(script), str(out)],
+                           "H100", "torch", steps=1, timeout=120, workers=2)
+    assert [max(size for kind, _, size, _ in r.prediction.ops if kind == ALLOC) for r in result.ranks] == [64 << 20] * 3
+    assert os.listdir(out) == []
+
+
 SYMMETRIC = """
 import torch, torch.distributed as dist
 dist.init_process_group("nccl")

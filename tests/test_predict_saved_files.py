@@ -54,19 +54,66 @@ def test_a_checkpoint_that_was_there_is_untouched_and_loads_read_the_copy(tmp_pa
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "amem-saved-*"))) == before   # the copy is gone
 
 
-def test_a_new_checkpoint_is_written_where_the_script_names_it_and_said_so(tmp_path):
+def test_a_new_checkpoint_is_written_where_the_script_names_it_said_so_and_removed_at_the_end(tmp_path):
+    """Left after the prediction (at b1c26e5), a file of zeros would be what a real run resuming
+    from the newest checkpoint in that folder loads."""
     path = tmp_path / "out" / "ckpt.pt"
     path.parent.mkdir()
+    seen = {}
 
     def train():
         model, state = _model_state()
         torch.save(state, path)
         torch.save(state, path)   # saved again: its own file, written again in place
-        assert sorted(torch.load(path)["model"]) == ["bias", "weight"]
+        seen["keys"], seen["there"] = sorted(torch.load(path)["model"]), os.path.exists(path)
 
     result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
-    assert path.exists()
+    assert seen == {"keys": ["bias", "weight"], "there": True}
     assert _notes(result).count(saved_files.NEW_NOTE.format(path=path)) == 1
+    assert not path.exists() and path.parent.is_dir()   # the folder was there before: it stays
+
+
+def test_the_folders_a_prediction_made_for_a_checkpoint_go_with_it(tmp_path):
+    """A Trainer makes `checkpoint-N/` (here under a temporary name, renamed into place), writes its
+    config beside the weights: the whole folder goes, a folder that was there stays, and so do
+    files the prediction wrote that hold no fake tensor outside those folders."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's")
+
+    def train():
+        model, state = _model_state()
+        staging = out / "runs" / "tmp-checkpoint-1"
+        os.makedirs(staging)
+        (staging / "config.json").write_text("{}")
+        torch.save(state, staging / "model.pt")
+        os.rename(staging, out / "runs" / "checkpoint-1")
+        (out / "log.txt").write_text("step 1")
+        assert sorted(os.listdir(out / "runs" / "checkpoint-1")) == ["config.json", "model.pt"]
+
+    amem_alloc.predict(train, gpu="H100", policies=["torch"])
+    assert sorted(os.listdir(out)) == ["log.txt", "mine.txt"]
+
+
+def test_the_files_saved_go_after_the_what_if_trials_which_see_them(tmp_path):
+    """The end is the whole prediction's: a what-if trial runs the program again and finds the
+    checkpoint its first run saved, as a second real run would."""
+    path = tmp_path / "ckpt.pt"
+    found = []
+
+    def train():
+        found.append(path.exists())
+        model, state = _model_state()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(8, 64, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        torch.save(state, path)
+
+    amem_alloc.predict(train, gpu="H100", policies=["torch"], what_if="grads=set-to-none")
+    assert found[0] is False and len(found) == 2 and all(found[1:]), found
+    assert not path.exists()
 
 
 def test_real_data_is_saved_over_a_file_as_the_script_asks(tmp_path):
@@ -136,11 +183,12 @@ def test_a_file_the_script_wrote_itself_is_saved_over_where_it_names_it(tmp_path
         with open(path, "wb") as f:
             f.write(_saved_bytes({"w": weight}))
         torch.save({"w": weight, "epoch": 2}, path)
+        epochs.append(torch.load(path, map_location="cpu")["epoch"])
 
+    epochs = []
     result = amem_alloc.predict(program, gpu="H100")
     assert not [n for n in _notes(result) if "was there before" in n], _notes(result)
-    with torch._C.DisableTorchFunction():
-        assert torch.load(path, map_location="cpu")["epoch"] == 2
+    assert epochs == [2] and not path.exists()
 
 
 def test_a_save_into_a_buffer_and_a_file_rewritten_from_it_are_noted(tmp_path):
@@ -170,3 +218,29 @@ def test_a_save_into_a_buffer_and_a_file_rewritten_from_it_are_noted(tmp_path):
     assert [n for n in stand_ins if "was there before" in n] == [saved_files.REWRITTEN_NOTE.format(path=old)]
     sites = [n["where"] for n in result.notes if n["what"] == saved_files.REWRITTEN_NOTE.format(path=old)]
     assert sites and os.path.basename(sites[0]).startswith("test_predict_saved_files.py:"), sites
+
+
+def test_new_files_the_script_writes_from_a_run_without_values_are_named_once(tmp_path, monkeypatch):
+    """diffusers' DreamBooth writes its class images (made by a pipeline whose values a prediction
+    does not compute) into a folder a real run then takes as done: the new files that stay are
+    named in one note at the script's line; a file that was there and a cache's are not."""
+    (tmp_path / "old.txt").write_text("there before")
+    cache = tmp_path / "cache"
+
+    def program():
+        os.makedirs(tmp_path / "class_images")
+        for i in range(5):
+            with open(tmp_path / "class_images" / f"{i}.jpg", "wb") as f:
+                f.write(b"\0" * 16)
+        with open(tmp_path / "old.txt", "a") as f:
+            f.write("more")
+        os.makedirs(cache)
+        (cache / "downloaded.bin").write_bytes(b"real")
+
+    monkeypatch.setenv("HF_HOME", str(cache))
+    result = amem_alloc.predict(program, gpu="H100", policies=["torch"])
+    created = [n for n in result.notes if "new file" in n["what"]]
+    assert len(created) == 1 and created[0]["what"].startswith("the script wrote 5 new files outside caches ("), created
+    assert str(tmp_path / "class_images" / "0.jpg") in created[0]["what"] and "and 2 more" in created[0]["what"]
+    assert "old.txt" not in created[0]["what"] and "downloaded" not in created[0]["what"]
+    assert os.path.basename(created[0]["where"]).startswith("test_predict_saved_files.py:")

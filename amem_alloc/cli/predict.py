@@ -90,9 +90,12 @@ def _spawned_ranks(args: argparse.Namespace, spawned: Any) -> int:
 
 
 def predict_command(args: argparse.Namespace) -> int:
+    from ..predict.engine.saved_files import whole_prediction
     from ..predict.stop_signals import unwinding
 
-    with unwinding():   # Ctrl-C and SIGTERM unwind the run (its scratch folders removed), one line
+    # Ctrl-C and SIGTERM unwind the run (its scratch folders removed), one line; the files saved
+    # from fake tensors go when every rank and what-if trial has run
+    with unwinding(), whole_prediction():
         return _predict_command(args)
 
 

@@ -30,6 +30,7 @@ from . import options as options_mod
 from . import repeat, state
 from .decode_loop import DecodeLoops
 from .engine.children import ChildWatch
+from .engine.saved_files import whole_prediction
 from .shims.cuda import CudaShims, LiveAllocator
 from .notes import NotModelledError
 from .engine.values import DataDependentError
@@ -190,14 +191,15 @@ def predict(fn: Callable[..., Any], *args: Any, gpu: str | gpus_mod.Gpu | None =
                                        f"{type(fn).__name__}"))
     name = getattr(fn, "__qualname__", None) or repr(fn)
     card = resolve_gpu(gpu, capacity_gb, context_mb, calibration_file)
-    with predicting(card, policies=policies, live_policy=live_policy,
-                    device_count=device_count, target=name, session_factory=session_factory, strict=strict,
-                    shapes=shapes) as run:
-        fn(*args, **kwargs)
-    assert run.result is not None
-    if what_if:
-        from .whatif import answers as whatif, run as whatif_run
+    with whole_prediction():   # files saved from fake tensors go after the what-if trials too
+        with predicting(card, policies=policies, live_policy=live_policy,
+                        device_count=device_count, target=name, session_factory=session_factory, strict=strict,
+                        shapes=shapes) as run:
+            fn(*args, **kwargs)
+        assert run.result is not None
+        if what_if:
+            from .whatif import answers as whatif, run as whatif_run
 
-        whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
-                           blocks=blocks, strict=strict, policies=run.policies, shapes=shapes)
+            whatif_run.run_all(whatif.parse(what_if), lambda _run: fn(*args, **kwargs), run.result, predicting,
+                               blocks=blocks, strict=strict, policies=run.policies, shapes=shapes)
     return run.result

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from .. import api
 from .. import script as script_mod
+from ..engine.saved_files import whole_prediction
 from .collectives import CollectiveMode, WorkWaits
 from .ddp import FakeGroupDDP
 from .environment import RankEnvironment
@@ -99,6 +100,7 @@ def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording
     return recorded
 
 
+@whole_prediction()   # what a rank saved from fake tensors, another rank still finds (saved_files.py)
 def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, steps: int = script_mod.DEFAULT_STEPS,
                   timeout: float = script_mod.DEFAULT_TIMEOUT, strict: bool = False,
                   workers: int | None = None, write_repeats: bool = False, shapes: str = "expected") -> RankPrediction:

@@ -181,15 +181,18 @@ class _Pool:
         """Answers into `answers` (at least one); False when no worker is left to give one."""
         from multiprocessing.connection import wait
 
+        from ..engine import saved_files
+
         while self.answering:
             got = False
             for reader in wait(self.answering, timeout=_POLL_S):
                 try:
-                    rank, kind, value = reader.recv()
+                    rank, kind, value, saved = reader.recv()
                 except (EOFError, OSError):   # the worker ended (done, or dead)
                     self.answering.remove(reader)
                     reader.close()
                     continue
+                saved_files.hand_over(saved)
                 answers[rank] = (kind, value)
                 got = True
             if got:
@@ -218,16 +221,21 @@ def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
 
 
 def _work(todo: Any, answer: Any, record: Callable[[int], Recording]) -> None:
-    """A worker: ranks from `todo` recorded, each answer sent on its own pipe (`answer`)."""
+    """A worker: ranks from `todo` recorded, each answer sent on its own pipe (`answer`), with the
+    files its ranks saved from fake tensors (the parent removes them as the whole prediction ends)."""
     import torch
+
+    from ..engine import saved_files
 
     torch.set_num_threads(1)   # OpenMP's thread team does not survive fork (a parallel kernel would hang)
     while (rank := todo.get()) is not None:
-        try:
-            answer.send((rank, "recorded", record(rank)))
-        except BaseException as failure:  # noqa: BLE001 - carried to the parent, raised there
-            answer.send((rank, "failed", _portable(failure)))
-            return
+        with saved_files.whole_prediction() as saved:   # the parent's to remove, as rank 0's (saved_files.py)
+            try:
+                recording = record(rank)
+            except BaseException as failure:  # noqa: BLE001 - carried to the parent, raised there
+                answer.send((rank, "failed", _portable(failure), saved))
+                return
+        answer.send((rank, "recorded", recording, saved))
 
 
 def _portable(failure: BaseException) -> bytes | None:

@@ -1,4 +1,4 @@
-"""Checkpoints a predicted script saves: never written over a file that was there before.
+"""Checkpoints a predicted script saves: never written over a file that was there before, never left.
 
 Design note
 -----------
@@ -9,9 +9,16 @@ there before the prediction (the checkpoint of a real run, in the same output fo
 destroy that file. So a save holding fake tensors, to a path that exists and that this prediction
 did not write itself, goes to a scratch folder instead, under the same name; a later `torch.load`
 (or safetensors' `load_file`) of that path in the same prediction reads the copy, and the user's
-file is untouched. A new path
-is written where the script names it. Both are noted at the script's line. The scratch folder is
-removed when the prediction ends.
+file is untouched. A new path is written where the script names it, so that the script's own
+tests and loads of it see it, and removed when the whole prediction ends, with the outermost
+folder the prediction made for it (a Trainer's `checkpoint-500/`, config and tokenizer included):
+left there, a real run resuming from the newest checkpoint in that folder would load zeros. Both
+are noted at the script's line. The scratch folder is removed as the prediction ends.
+
+The whole prediction: `whole_prediction()` around every run of the script one command makes (ranks
+in turn, what-if trials, a forked worker's ranks), so that rank 1 still finds what rank 0 saved;
+without it (`with amem_alloc.predicting()`) each prediction's end is the end. Folders are told
+made by the `os.mkdir` audit event (`os.makedirs` makes each through it), renames followed.
 
 A file the script itself opens for writing during the prediction (ultralytics writes its `last.pt`
 from a byte buffer with `open(path, "wb")`) is one this prediction wrote, seen by a Python audit
@@ -23,15 +30,22 @@ hold zeros for the values), and a file that was there before the prediction, ope
 after such a save, is noted as one that may now hold them: the script writes it itself, which
 amem cannot keep apart.
 
-Not covered: other writers (numpy, json, a library's own format) write what they write; a test of
-the path (`os.path.exists`) and `safe_open` where a library bound it at import (transformers) see
-the user's file, which holds the same names and shapes where it is the same program's.
+Other new files the script writes (images, logs, data: DreamBooth's class images, which a real run
+takes as already made) stay, named in one note as the prediction ends; caches aside (downloads and
+compiled kernels are a later run's as they are).
+
+Not covered: a file written from a buffer (above) stays, noted; other writers (numpy, json, a
+library's own format) write what they write; a test of the path (`os.path.exists`) and `safe_open`
+where a library bound it at import (transformers) see the user's file, which holds the same names
+and shapes where it is the same program's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from typing import Any
+import tempfile
+from typing import Any, Iterator
 
 import torch
 
@@ -42,16 +56,22 @@ from .values import is_fake
 SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
                "there: it goes to a scratch copy (saved_files.py)")
 LOAD = declare("torch, torch.serialization", "load", "a path saved to a scratch copy is read from it (saved_files.py)")
-WRITES = declare("the process's audit events", "open, os.rename, shutil.copyfile", "files the script writes, or "
-                 "moves into place, are its own: later saves there are not kept apart (saved_files.py)")
+WRITES = declare("the process's audit events", "open, os.rename, shutil.copyfile, os.mkdir", "files the script "
+                 "writes, or moves into place, are its own: later saves there are not kept apart; folders it makes "
+                 "for files saved from fake tensors go with them (saved_files.py)")
 KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake tensors (zeros for values) went "
              "to a scratch copy, which later loads read; the file is untouched")
-NEW_NOTE = "{path} written from fake tensors: zeros where the values would be (no value is computed under prediction)"
+NEW_NOTE = ("{path} written from fake tensors: zeros where the values would be (no value is computed under "
+            "prediction); removed when the prediction ended, with any folder the prediction made for it")
 BUFFER_NOTE = ("a save of fake tensors into {what}: zeros where the values would be, and so in any file written "
                "from it (no value is computed under prediction)")
 REWRITTEN_NOTE = ("{path} was there before the prediction and the script opened it for writing after a save of "
                   "fake tensors into a buffer: if it wrote that buffer there, the file now holds zeros where the "
                   "values were (amem cannot keep a file the script writes itself apart)")
+CREATED_NOTE = ("the script wrote {count} new file{s} outside caches ({listing}): written in a run that computes no "
+                "value (values are amem's stand-ins), they are not the real run's; a real run may take them as "
+                "done (DreamBooth's class images): remove them before it")
+_LISTED = 3   # new files named in CREATED_NOTE
 _MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
@@ -63,17 +83,21 @@ class SavedFiles:
         self.folder: str | None = None
         self.copies: dict[str, str] = {}   # the user's path (real) -> its scratch copy
         self.written: set[str] = set()     # paths this prediction created where the script named them
+        self.zeros: set[str] = set()       # ... of them, those saved from fake tensors (removed at the end)
+        self.made: set[str] = set()        # folders this prediction made
+        self.created: dict[str, str] = {}  # files it made by opening them for writing -> the script's line
         self.into_buffer = False           # a save of fake tensors went into a buffer or file object
 
     def target(self, path: Any) -> Any:
         """Where a save of fake tensors to `path` writes (see the note)."""
-        real = os.path.realpath(os.fspath(path))
+        real = _real(path)
         if real in self.copies:
             return self.copies[real]
         if real in self.written or not os.path.exists(real):
             if real not in self.written:
                 notes.record(notes.STAND_IN, NEW_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
             self.written.add(real)
+            self.zeros.add(real)
             return path
         if self.folder is None:
             self.folder = scratch.make("saved")
@@ -92,37 +116,138 @@ class SavedFiles:
 
     def opened_for_writing(self, path: Any) -> None:
         """The script opened `path` to write it: from now on a file this prediction wrote."""
-        real = os.path.realpath(os.fsdecode(path))
+        real = _real(path)
         if real in self.copies or real in self.written:
             return
         if self.into_buffer and os.path.exists(real):
             notes.record(notes.STAND_IN, REWRITTEN_NOTE.format(path=os.fsdecode(path)), where=notes.call_site(4))
+        if not os.path.lexists(real):
+            self.created[real] = notes.call_site(4)
         self.written.add(real)
 
     def on_write(self, event: str, args: tuple) -> None:
         """The audit events of the prediction: a file opened for writing is one it wrote, and so
         is one a file it wrote is renamed or copied to (fsspec's transactions, Lightning's
         checkpoints, write a temporary file and move it into place)."""
+        if event == "os.mkdir":
+            self.making(args[0])
+            return
         if event == "open":
             path, mode, flags = args
             writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
         else:
             source, path = args[0], args[1]
             writes = self.wrote(source)
-        if writes and isinstance(path, (str, bytes, os.PathLike)):
+            if event == "os.rename" and _is_name(source) and _is_name(path):
+                self.moved(_real(source), _real(path))
+        if writes and _is_name(path):
             self.opened_for_writing(path)
 
+    def making(self, path: Any) -> None:
+        """A folder about to be made: one this prediction made, if it is not there yet."""
+        if _is_name(path) and not os.path.lexists(path):
+            self.made.add(_real(path))
+
+    def moved(self, source: str, path: str) -> None:
+        """A rename: what this prediction wrote or made at `source`, or under it, is now at `path`
+        (a Trainer saves into `tmp-checkpoint-500` and renames it)."""
+        for paths in (self.zeros, self.made):
+            for old in [p for p in paths if p == source or p.startswith(source + os.sep)]:
+                paths.discard(old)
+                paths.add(path + old[len(source):])
+        for old in [p for p in self.created if p == source or p.startswith(source + os.sep)]:
+            self.created[path + old[len(source):]] = self.created.pop(old)
+
     def wrote(self, path: Any) -> bool:
-        return isinstance(path, (str, bytes, os.PathLike)) and os.path.realpath(os.fsdecode(path)) in self.written
+        return _is_name(path) and _real(path) in self.written
 
     def source(self, path: Any) -> Any:
         """Where a load of `path` reads: its scratch copy, if a save went there."""
-        return self.copies.get(os.path.realpath(os.fspath(path)), path)
+        return self.copies.get(_real(path), path)
+
+    def leftovers(self) -> list[str]:
+        """What to remove as the prediction ends: each file saved from fake tensors still there, or
+        the outermost folder this prediction made that holds it."""
+        out = set()
+        for path in self.zeros:
+            if os.path.lexists(path):
+                top = path
+                while os.path.dirname(top) in self.made:
+                    top = os.path.dirname(top)
+                out.add(top)
+        return sorted(p for p in out if not any(p.startswith(q + os.sep) for q in out))
 
     def close(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+        leftovers = self.leftovers()
+        self._note_created(leftovers)
+        hand_over(leftovers)
+
+    def _note_created(self, leftovers: list[str]) -> None:
+        """One note naming the new files the script wrote that stay (not the checkpoints removed,
+        nor what it wrote in caches: downloads, compiled kernels, a dataset's cache)."""
+        staying = [p for p in self.created if os.path.isfile(p) and not _is_cache(p)
+                   and not any(p == q or p.startswith(q + os.sep) for q in leftovers)]
+        if staying:
+            more = f" and {len(staying) - _LISTED} more" if len(staying) > _LISTED else ""
+            what = CREATED_NOTE.format(count=len(staying), s="s" if len(staying) > 1 else "",
+                                       listing=", ".join(staying[:_LISTED]) + more)
+            notes.record(notes.STAND_IN, what, where=self.created[staying[0]])
+
+
+_HELD: list[list[str]] = []   # whole_prediction(): per level, the paths left to remove at its end
+
+
+@contextlib.contextmanager
+def whole_prediction() -> Iterator[list[str]]:
+    """Every prediction inside the block hands the files it saved from fake tensors (and folders
+    made for them) to the block's end, which removes them (see the note); nested, to the
+    outermost's. Gives the list of them (a forked worker sends it to the process it records for)."""
+    _HELD.append([])
+    try:
+        yield _HELD[-1]
+    finally:
+        hand_over(_HELD.pop())
+
+
+def hand_over(paths: list[str]) -> None:
+    """`paths` removed now, or at the end of the whole prediction running."""
+    if _HELD:
+        _HELD[-1].extend(paths)
+        return
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
+def _cache_folders() -> list[str]:
+    """Where libraries keep what a later run reuses as it is (downloads, compiled kernels)."""
+    env = [os.environ.get(name) for name in ("XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
+                                             "TRANSFORMERS_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR",
+                                             "TORCHINDUCTOR_CACHE_DIR")]
+    return [_real(p) for p in (os.path.expanduser("~/.cache"), *env) if p]
+
+
+def _is_cache(path: str) -> bool:
+    """A cache's file, Python's bytecode, or one in the temporary folders of torch's compiler and
+    of amem (scratch.py)."""
+    temporary = _real(tempfile.gettempdir()) + os.sep
+    return ("__pycache__" in path.split(os.sep)
+            or path.startswith((temporary + "torchinductor_", temporary + scratch.PREFIX))
+            or any(path.startswith(folder + os.sep) for folder in _cache_folders()))
+
+
+def _real(path: Any) -> str:
+    return os.path.realpath(os.fsdecode(path))
+
+
+def _is_name(path: Any) -> bool:
+    return isinstance(path, (str, bytes, os.PathLike))
 
 
 def _is_path(f: Any) -> bool:
@@ -172,4 +297,4 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
         patches.apply(SAVE, owner, "save", save_apart)
         patches.apply(LOAD, owner, "load", load_copy)
     patches.callback(saved.close)
-    patches.listen(WRITES, ("open", "os.rename", "shutil.copyfile"), saved.on_write)
+    patches.listen(WRITES, ("open", "os.rename", "shutil.copyfile", "os.mkdir"), saved.on_write)
