@@ -246,3 +246,19 @@ def test_known_data_moved_to_the_device_keeps_its_values_under_inference_mode(mo
             assert bool((moved == 0).any()) and not bool(cuda.all())
         assert s.known.value(noise) is None   # random values are never known
     assert not [n for n in s.notes if n.kind in ("stand-in", "assumed")], [n.what for n in s.notes]
+
+
+def test_known_values_survive_a_library_wrapping_torchs_factories(monkeypatch):
+    """Failed at 5d2e06d: inside DeepSpeed's zero.Init (every HF from_pretrained under ZeRO-3) torch.zeros
+    defaults its device to CUDA; amem's own host copy of a known value went through it and reached
+    the driver ("Found no NVIDIA driver", read as amem's failure)."""
+    zeros = torch.zeros
+
+    def defaults_to_cuda(*args, **kwargs):   # partition_parameters.py's zero_wrapper_for_fp_tensor_constructor
+        kwargs.setdefault("device", torch.device("cuda", 0))
+        return zeros(*args, **kwargs)
+
+    with FakeCudaSession():
+        monkeypatch.setattr(torch, "zeros", defaults_to_cuda)
+        weight = torch.ones(16, device="cuda")   # LlamaRMSNorm's weight: known values
+        assert weight.sum().item() == 16.0

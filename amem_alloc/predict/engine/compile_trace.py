@@ -119,7 +119,8 @@ def _trace_patches(patches: PatchSet, props) -> None:
     patches.apply(TRACE_CAPABILITY, torch.cuda, "get_device_properties", lambda *a, **k: props)
     patches.apply(TRACE_TRITON, scheduler, "has_triton", lambda: True)
     patches.apply(TRACE_HASH, triton_utils, "triton_hash_with_backend", lambda: "amem-predict (no GPU)")
-    patches.apply(TRACE_RNG, torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(16, dtype=torch.uint8))
+    patches.apply(TRACE_RNG, torch.cuda, "get_rng_state",
+                  lambda *a, **k: torch.zeros(16, dtype=torch.uint8, device="cpu"))
     patches.apply(TRACE_RNG, torch.cuda, "set_rng_state", lambda *a, **k: None)
     patches.apply(TRACE_AVAILABLE, torch.cuda, "is_available", lambda: False)
     module = torch.nn.modules.module

@@ -227,7 +227,8 @@ class KnownValues:
         if st.nbytes() == 0:
             return None
         sid = id(st)
-        buf = torch.zeros(st.nbytes(), dtype=torch.uint8)
+        # the device named: a library may wrap torch.zeros to default it to CUDA (DeepSpeed's zero.Init)
+        buf = torch.zeros(st.nbytes(), dtype=torch.uint8, device="cpu")
         self.by_id[sid] = (weakref.ref(st, lambda _, sid=sid, buf=buf: self._died(sid, buf)), buf)
         self.assumed.pop(sid, None)
         self.counts.pop(sid, None)
@@ -290,7 +291,7 @@ class KnownValues:
                     raise _Unknown
                 return a
             if a is template and id(a.untyped_storage()) not in by_id:
-                return torch.empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype)   # its shape only
+                return torch.empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype, device="cpu")   # its shape only
             v = self.value(a)
             if v is None and a is overwritten and _small(a) and _covers_storage(a):
                 buf = self._shadow(a)   # every element is about to be written

@@ -285,8 +285,8 @@ def _rows_first(shape, dim: int, k: int, fill) -> torch.Tensor:
     dim = dim % len(shape) if shape else 0
     moved = list(shape[:dim]) + list(shape[dim + 1:]) + [k]
     rows = math.prod(moved[:-1])
-    r = torch.arange(rows).unsqueeze(1)
-    j = torch.arange(k).unsqueeze(0)
+    r = torch.arange(rows, device="cpu").unsqueeze(1)
+    j = torch.arange(k, device="cpu").unsqueeze(0)
     return fill(r, j).expand(rows, k).reshape(moved).movedim(-1, dim).contiguous()
 
 
@@ -310,7 +310,8 @@ def topk(func, args, kwargs, out, known, shape_rule):
     x, k, dim = args[0], _arg(args, kwargs, 1, "k"), _arg(args, kwargs, 2, "dim", -1)
     indices = out[1]
     if x.dim() == 0:
-        return [_assume(indices, torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))]
+        zero = torch.zeros((), dtype=torch.long, device="cpu")
+        return [_assume(indices, zero, zero.clone())]
     n = x.shape[dim]
     value, alt = _both(lambda r: _routing(tuple(indices.shape), dim, k, n, r), shape_rule)
     return [_assume(indices, value, alt)]
@@ -326,7 +327,7 @@ def top1(func, args, kwargs, out, known, shape_rule):
     indices = out[1] if isinstance(out, tuple) else out
     keepdim = _arg(args, kwargs, 2, "keepdim", False)
     if dim is None or x.dim() == 0:
-        zero = torch.zeros(tuple(indices.shape), dtype=torch.long)
+        zero = torch.zeros(tuple(indices.shape), dtype=torch.long, device="cpu")
         return [_assume(indices, zero, zero)]
     n = x.shape[dim]
     shape = tuple(indices.shape) if keepdim else tuple(indices.shape[:dim % x.dim()]) + (1,) + \
@@ -345,7 +346,7 @@ def sort(func, args, kwargs, out, known, shape_rule):
     dim = kwargs.get("dim", args[1] if len(args) > 1 and not isinstance(args[1], bool) else
                      args[2] if len(args) > 2 and isinstance(args[1], bool) else -1)
     if x.dim() == 0:
-        zero = torch.zeros((), dtype=torch.long)
+        zero = torch.zeros((), dtype=torch.long, device="cpu")
         return [_assume(indices, zero, zero)]
     n = x.shape[dim]
     value = _rows_first(tuple(indices.shape), dim, n, lambda r, j: j + 0 * r)
@@ -357,7 +358,7 @@ def randperm(func, args, kwargs, out, known, shape_rule):
     """A random permutation: the identity (`randperm(n)[:k]` is k distinct indices either way)."""
     if shape_rule is None or not isinstance(out, torch.Tensor):
         return []
-    value = torch.arange(out.numel(), dtype=out.dtype)
+    value = torch.arange(out.numel(), dtype=out.dtype, device="cpu")
     return [_assume(out, value, value)]
 
 
@@ -369,7 +370,7 @@ def every(func, args, kwargs, out, known, shape_rule):
     (a nan, an inf) pass too."""
     if shape_rule is None or not isinstance(out, torch.Tensor):
         return []
-    value = torch.ones(tuple(out.shape), dtype=torch.bool)
+    value = torch.ones(tuple(out.shape), dtype=torch.bool, device="cpu")
     return [_assume(out, value, value)]
 
 
@@ -393,7 +394,7 @@ def finite(func, args, kwargs, out, known, shape_rule):
         holds = (name == "eq") == (other is args[0])   # x == x and x != inf hold; x != x and x == inf do not
     else:
         holds = False
-    value = torch.full(tuple(out.shape), holds, dtype=torch.bool)
+    value = torch.full(tuple(out.shape), holds, dtype=torch.bool, device="cpu")
     return [_assume(out, value, value)]
 
 
@@ -413,7 +414,7 @@ def clamp(func, args, kwargs, out, known, shape_rule):
     if int(low) != low or int(high) != high or not 0 <= high - low < MAX_RANGE:
         return []
     span = int(high - low) + 1
-    flat = torch.arange(out.numel())
+    flat = torch.arange(out.numel(), device="cpu")
     make = lambda r: ((flat % span) + int(low) if r == EXPECTED else  # noqa: E731
                       torch.where(flat < span - 1, flat + 1, 0) + int(low)).reshape(tuple(out.shape)).to(out.dtype)
     value, alt = _both(make, shape_rule)
