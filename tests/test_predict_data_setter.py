@@ -69,3 +69,27 @@ def test_a_tensor_torch_cannot_rebind_is_amems_stated_limit_at_the_users_line():
     with pytest.raises(NotModelledError, match=r"`.data =` moving a tensor between the host and the GPU") as raised:
         amem_alloc.predict(body, gpu="H100")
     assert os.path.basename(raised.value.where).startswith("test_predict_data_setter.py:"), raised.value.where
+
+
+def test_a_host_gradient_is_set_on_a_host_copy_of_a_fake_tensor_and_back():
+    """Failed at 5d2e06d, read as the script's failure: DeepSpeed's ZeRO-1/2 with its optimizer
+    offloaded to the CPU gives the host copy of its flat partition (a meta tensor answering "cpu")
+    a real host gradient; torch refused ("device type 'cpu' to a tensor with device type 'meta'").
+    Devices the program sees as different are still refused, naming those devices."""
+    seen = {}
+
+    def body():
+        partition = torch.randn(10, device="cuda").cpu()
+        partition.grad = torch.zeros(10)
+        host = torch.randn(10)
+        host.grad = torch.full((10,), 2.0, device="cuda").cpu()   # a known value: the real one
+        seen.update(devices=(partition.grad.device.type, host.grad.device.type), value=host.grad.sum().item())
+        weight = torch.randn(10, device="cuda").cpu()
+        try:
+            weight.grad = torch.zeros(10, device="cuda")
+        except RuntimeError as e:
+            seen["refused"] = str(e).split(". ")[0]
+
+    amem_alloc.predict(body, gpu="H100")
+    assert seen == {"devices": ("cpu", "cpu"), "value": 20.0,
+                    "refused": "attempting to assign a gradient with device type 'cuda' to a tensor with device type 'cpu'"}

@@ -77,7 +77,8 @@ class DeviceMode(TorchFunctionMode):
         # Tensor methods a fake tensor answers as a CUDA tensor does (func -> handler(func, args, kwargs))
         self.methods = {torch.Tensor.data_ptr: self._data_ptr, torch.Tensor.get_device: self._get_device,
                         torch.Tensor.to: self._to, torch.Tensor.cuda: self._to, torch.Tensor.cpu: self._to,
-                        torch.Tensor.type: self._legacy_type, torch.Tensor.data.__set__: data_setter.set_data}
+                        torch.Tensor.type: self._legacy_type, torch.Tensor.data.__set__: data_setter.set_data,
+                        torch.Tensor.grad.__set__: self._set_grad}
 
     def _type(self, t: torch.Tensor) -> str:
         kind = self.storages.device_of(t)
@@ -134,6 +135,9 @@ class DeviceMode(TorchFunctionMode):
             return values.read("item", data, (data,), {}, self._type(data), self.session.strict,
                                self.session.known, self.session.shape_rule())
         return data
+
+    def _set_grad(self, func, args, kwargs) -> None:
+        return data_setter.set_grad(func, args, kwargs, self._type, self._known)
 
     def _get_device(self, func, args, kwargs) -> int:
         return cuda_index() if self._type(args[0]) == "cuda" else -1
