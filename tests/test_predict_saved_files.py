@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -244,3 +245,27 @@ def test_new_files_the_script_writes_from_a_run_without_values_are_named_once(tm
     assert str(tmp_path / "class_images" / "0.jpg") in created[0]["what"] and "and 2 more" in created[0]["what"]
     assert "old.txt" not in created[0]["what"] and "downloaded" not in created[0]["what"]
     assert os.path.basename(created[0]["where"]).startswith("test_predict_saved_files.py:")
+
+
+def test_a_checkpoint_moved_over_a_file_that_was_there_puts_it_back_and_its_copies_go(tmp_path):
+    """timm's CheckpointSaver saves to a temporary file, os.replace()s it onto last.pth, then links
+    and copies it to other names. At 5d2e06d a real run's last.pth in that folder was replaced by
+    zeros, and the link and the copy, zeros too, stayed after the prediction."""
+    last = tmp_path / "last.pth"
+    last.write_bytes(b"a real run's checkpoint")
+    seen = {}
+
+    def train():
+        model, state = _model_state()
+        torch.save(state, tmp_path / "tmp.pth")
+        os.replace(tmp_path / "tmp.pth", last)
+        seen["loads"] = sorted(torch.load(last)["model"])
+        os.link(last, tmp_path / "best.pth")
+        shutil.copy2(last, tmp_path / "copy.pth")
+        seen["names"] = sorted(os.listdir(tmp_path))
+
+    result = amem_alloc.predict(train, gpu="H100", policies=["torch"])
+    assert seen == {"loads": ["bias", "weight"], "names": ["best.pth", "copy.pth", "last.pth"]}
+    assert sorted(os.listdir(tmp_path)) == ["last.pth"] and last.read_bytes() == b"a real run's checkpoint"
+    assert saved_files.ASIDE_NOTE.format(path=last) in _notes(result)
+    assert saved_files.NEW_NOTE.format(path=tmp_path / "copy.pth") in _notes(result)

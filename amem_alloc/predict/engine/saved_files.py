@@ -15,6 +15,11 @@ folder the prediction made for it (a Trainer's `checkpoint-500/`, config and tok
 left there, a real run resuming from the newest checkpoint in that folder would load zeros. Both
 are noted at the script's line. The scratch folder is removed as the prediction ends.
 
+A file saved from fake tensors and then moved over a file that was there before (a temporary
+file os.replace()d onto `last.pth`: timm's checkpoints) sets that file aside first, in the scratch
+folder, and puts it back as the prediction ends; copies and hard links of a file of zeros are
+files of zeros (removed as it is).
+
 The whole prediction: `whole_prediction()` around every run of the script one command makes (ranks
 in turn, what-if trials, a forked worker's ranks), so that rank 1 still finds what rank 0 saved;
 without it (`with amem_alloc.predicting()`) each prediction's end is the end. Folders are told
@@ -56,7 +61,7 @@ from .values import is_fake
 SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
                "there: it goes to a scratch copy (saved_files.py)")
 LOAD = declare("torch, torch.serialization", "load", "a path saved to a scratch copy is read from it (saved_files.py)")
-WRITES = declare("the process's audit events", "open, os.rename, shutil.copyfile, os.mkdir", "files the script "
+WRITES = declare("the process's audit events", "open, os.rename, shutil.copyfile, os.link, os.mkdir", "files the script "
                  "writes, or moves into place, are its own: later saves there are not kept apart; folders it makes "
                  "for files saved from fake tensors go with them (saved_files.py)")
 KEPT_NOTE = ("{path} was there before the prediction: the script's save of fake tensors (zeros for values) went "
@@ -68,6 +73,8 @@ BUFFER_NOTE = ("a save of fake tensors into {what}: zeros where the values would
 REWRITTEN_NOTE = ("{path} was there before the prediction and the script opened it for writing after a save of "
                   "fake tensors into a buffer: if it wrote that buffer there, the file now holds zeros where the "
                   "values were (amem cannot keep a file the script writes itself apart)")
+ASIDE_NOTE = ("{path} was there before the prediction and the script moved a file saved from fake tensors (zeros "
+              "for values) over it: the file was set aside and put back when the prediction ended")
 CREATED_NOTE = ("the script wrote {count} new file{s} outside caches ({listing}): written in a run that computes no "
                 "value (values are amem's stand-ins), they are not the real run's; a real run may take them as "
                 "done (DreamBooth's class images): remove them before it")
@@ -86,6 +93,7 @@ class SavedFiles:
         self.zeros: set[str] = set()       # ... of them, those saved from fake tensors (removed at the end)
         self.made: set[str] = set()        # folders this prediction made
         self.created: dict[str, str] = {}  # files it made by opening them for writing -> the script's line
+        self.aside: dict[str, str] = {}    # a file that was there, a file of zeros moved over it -> where it waits
         self.into_buffer = False           # a save of fake tensors went into a buffer or file object
 
     def target(self, path: Any) -> Any:
@@ -138,10 +146,33 @@ class SavedFiles:
         else:
             source, path = args[0], args[1]
             writes = self.wrote(source)
-            if event == "os.rename" and _is_name(source) and _is_name(path):
-                self.moved(_real(source), _real(path))
+            if _is_name(source) and _is_name(path):
+                self.passing_on(event, _real(source), _real(path))
         if writes and _is_name(path):
             self.opened_for_writing(path)
+
+    def passing_on(self, event: str, source: str, path: str) -> None:
+        """A rename, copy or hard link from `source` to `path`, about to be made. A file saved from
+        fake tensors taken over a file that was there before (torch.save to a temporary file, then
+        os.replace: timm's checkpoints) sets that file aside first, to be put back as the
+        prediction ends; its copies and links hold zeros as it does."""
+        if source in self.zeros and os.path.isfile(path) and path not in self.written:
+            self._set_aside(path)
+        if event == "os.rename":
+            self.moved(source, path)
+        elif source in self.zeros:
+            if path not in self.written:
+                notes.record(notes.STAND_IN, NEW_NOTE.format(path=path), where=notes.call_site(2))
+            self.zeros.add(path)
+            self.written.add(path)
+
+    def _set_aside(self, path: str) -> None:
+        if self.folder is None:
+            self.folder = scratch.make("saved")
+        aside = os.path.join(self.folder, f"aside-{len(self.aside)}-{os.path.basename(path)}")
+        shutil.move(path, aside)
+        self.aside[path] = aside
+        notes.record(notes.STAND_IN, ASIDE_NOTE.format(path=path), where=notes.call_site(3))
 
     def making(self, path: Any) -> None:
         """A folder about to be made: one this prediction made, if it is not there yet."""
@@ -178,12 +209,22 @@ class SavedFiles:
         return sorted(p for p in out if not any(p.startswith(q + os.sep) for q in out))
 
     def close(self) -> None:
+        self._put_back()
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
         leftovers = self.leftovers()
         self._note_created(leftovers)
         hand_over(leftovers)
+
+    def _put_back(self) -> None:
+        """The files set aside, back in place of the zeros moved over them."""
+        for path, aside in self.aside.items():
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            shutil.move(aside, path)
+            self.zeros.discard(path)
+        self.aside = {}
 
     def _note_created(self, leftovers: list[str]) -> None:
         """One note naming the new files the script wrote that stay (not the checkpoints removed,
@@ -297,4 +338,4 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
         patches.apply(SAVE, owner, "save", save_apart)
         patches.apply(LOAD, owner, "load", load_copy)
     patches.callback(saved.close)
-    patches.listen(WRITES, ("open", "os.rename", "shutil.copyfile", "os.mkdir"), saved.on_write)
+    patches.listen(WRITES, ("open", "os.rename", "shutil.copyfile", "os.link", "os.mkdir"), saved.on_write)
