@@ -158,6 +158,25 @@ def test_beam_search_returns_the_runs_length_under_either_shape_rule(tmp_path, s
     assert int((tmp_path / "decode.py.length").read_text()) == 16 + 40
 
 
+BEAMS_GPT2 = textwrap.dedent("""
+    import sys, torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000)).to("cuda").eval()
+    ids = torch.randint(0, 1000, (1, 8), device="cuda")
+    out = model.generate(ids, num_beams=4, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=5)
+    open(sys.argv[0] + ".length", "w").write(str(out.shape[-1]))
+""")
+
+
+def test_beam_search_with_every_step_run_returns_the_runs_length(tmp_path):
+    """With every step run (--run-every-decode-step, or a loop that cannot be written out: Whisper's
+    fp16 pipeline) the length beam search crops to is a value no prediction computes: at 5d2e06d
+    the prompt alone came back (8 of 28 tokens), and Whisper's post-processing failed on it, read
+    as the script's failure."""
+    _run(tmp_path, BEAMS_GPT2, (), write_decode=False)
+    assert int((tmp_path / "decode.py.length").read_text()) == 8 + 20
+
+
 def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):
     """On an A100 SDPA runs flash attention, whose split-KV buffers follow the number of 256-token blocks of
     keys (the split count is 1, then more as the context grows): steps alike now differ later, so the loop is

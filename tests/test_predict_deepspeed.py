@@ -170,3 +170,44 @@ def test_deepspeed_the_caller_imported_on_the_cpu_is_imported_afresh_on_the_fake
     result = _predict(2, 2, (0, 1), monkeypatch)
     assert [r.steps for r in result.ranks] == [3, 3]
     assert sys.modules["deepspeed"] is deepspeed and get_accelerator().device_name() == "cpu"
+
+
+def test_a_host_op_given_host_copies_of_fake_tensors_skips_them():
+    """ZeRO-Offload's DeepSpeedCPUAdam steps the host copy of the fake fp32 partition (a meta tensor
+    answering "cpu") with its C++ op, which read it: at dc9fe6c the prediction of an HF run_clm.py
+    with `offload_optimizer: cpu` ended in a segmentation fault. An op's call given such a tensor
+    is skipped; given real host tensors it runs."""
+    import amem_alloc
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    calls = []
+
+    class Ops:
+        @staticmethod
+        def adam_update(step, param, grad):
+            calls.append((step, param.sum().item()))
+
+    class HostAdam(OpBuilder):
+        NAME = "host_adam_stub"
+
+        def __init__(self):
+            super().__init__(name=self.NAME)
+
+        def absolute_name(self):
+            return f"deepspeed.ops.adam.{self.NAME}_op"
+
+        def sources(self):
+            return []
+
+        def jit_load(self, verbose=True):
+            return Ops
+
+    def step():
+        ops = HostAdam().load()
+        partition = torch.randn(10, device="cuda").cpu()   # a host copy of a fake tensor
+        partition.grad = torch.zeros(10)
+        ops.adam_update(1, partition, partition.grad)
+        ops.adam_update(2, torch.ones(10), torch.zeros(10))
+
+    amem_alloc.predict(step, gpu="H100")
+    assert calls == [(2, 10.0)]

@@ -106,6 +106,7 @@ class DecodeLoops:
         self.written: list[WrittenOut] = []
         self.left: int | None = None   # generate(): tokens left, as MaxLengthCriteria last said
         self.length: int | None = None   # ... and the sequences' length it saw
+        self.reached = 0                 # ... the last of those in the generate() call running
         self.cut: list[int] = []       # per generate() call running (innermost last): the length its
         # loop would have reached where its steps left were written out (0: none were)
         self._patched = False
@@ -141,7 +142,7 @@ class DecodeLoops:
             return head(model, *args, **kwargs)
 
         def steps_left(criterion, input_ids, *args, **kwargs):
-            loops.length = input_ids.shape[-1]
+            loops.length = loops.reached = input_ids.shape[-1]
             loops.left = criterion.max_length - loops.length
             return max_length(criterion, input_ids, *args, **kwargs)
 
@@ -149,11 +150,12 @@ class DecodeLoops:
 
         def generated(model, *args, **kwargs):
             loops.cut.append(0)
+            loops.reached = 0   # the length its loop reaches (MaxLengthCriteria's last call)
             try:
                 out = generate(model, *args, **kwargs)
             finally:
                 cut = loops.cut.pop()
-            return _lengthened(out, cut) if cut else out
+            return _lengthened(out, cut or loops.reached)
 
         patches.apply(HEAD, GenerationMixin, "_has_unfinished_sequences", has_unfinished)
         patches.apply(GENERATE, GenerationMixin, "generate", generated)
@@ -272,9 +274,10 @@ def _lengthened(out: Any, length: int) -> Any:
     run its steps written out), so that code using them (a forward over prompt and completion, as
     RL trainers run) sees the length a GPU's run returns. Beam search crops its sequences to its
     finished beams, of which a loop ended early has none: they are lengthened all the same (every
-    beam runs to max_new_tokens, as the end of sequence is taken as never met). The longer tensor
-    is one allocation of the sequences' size, made as generate returns (the run's own last step
-    made one as large)."""
+    beam runs to max_new_tokens, as the end of sequence is taken as never met); with every step run
+    too, since the length it crops to is a value no prediction computes (taken as none generated).
+    The longer tensor is one allocation of the sequences' size, made as generate returns (the run's
+    own last step made one as large)."""
     sequences = out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.shape[-1] >= length:
         return out

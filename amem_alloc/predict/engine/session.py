@@ -48,7 +48,7 @@ from . import children
 from . import stream_uses
 from . import torch_patches
 from . import threads
-from . import bitsandbytes_paged, safetensors_files, saved_files, warning_sites
+from . import bitsandbytes_paged, deepspeed_host_ops, safetensors_files, saved_files, warning_sites
 from . import triton_launches
 
 # torch's warnings that code runs uncompiled, silenced inside a region the program compiled
@@ -198,6 +198,7 @@ class FakeCudaSession:
             threads.install(self.patches, lambda: self._modes)   # the program's threads see fake CUDA too
             warning_sites.install(self.patches)   # warnings at the program's line, not amem's
             bitsandbytes_paged.install(self.patches)   # paged optimizer state: through the caching allocator
+            deepspeed_host_ops.install(self.patches)   # ZeRO-Offload's CPU optimizers skip host copies of fakes
         except BaseException:
             self._leave()
             raise
