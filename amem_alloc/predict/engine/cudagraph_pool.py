@@ -21,8 +21,9 @@ import weakref
 _POOL_NUMBERS = itertools.count(1 << 30)   # apart from the numbers torch.cuda.graph_pool_handle gives
 _TREE_POOLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # session -> its trees' pool
 
-NOTE = ("under mode=\"reduce-overhead\" (CUDA graph trees): its memory comes from the trees' private pool, kept "
-        "reserved; each call's allocations are replayed in the pool (torch replays into the same blocks)")
+NOTE = ("under CUDA graph trees (inductor's triton.cudagraphs: modes \"reduce-overhead\" and \"max-autotune\" set it): "
+        "its memory comes from the trees' private pool, kept reserved; each call's allocations are replayed in the "
+        "pool (torch replays into the same blocks)")
 
 
 def wants_cudagraphs(options: dict | None) -> bool:
