@@ -57,8 +57,9 @@ FAKE_ADDRESS_BASE = 0x7F00_0000_0000   # where fake device addresses start (a CU
 ADDRESS_ALIGN = 512                     # CUDA's allocator aligns every block to 512 bytes
 
 
-SPARSE = ("sparse tensors on the GPU ({layout}; nn.Embedding/EmbeddingBag(sparse=True) makes its gradient "
-          "one): a prediction models dense tensors only (sparse=False makes the gradient dense)")
+SPARSE = ("sparse tensors on the GPU ({layout}: one made there or moved there, a sparse buffer of a module moved "
+          "with it included, and the gradient of nn.Embedding/EmbeddingBag(sparse=True)): a prediction models dense "
+          "tensors only (sparse=False makes that gradient dense)")
 _DENSE = (torch.strided, torch._mkldnn)
 _SPARSE_MAKERS = ("to_sparse", "sparse_coo_tensor", "sparse_compressed_tensor", "sparse_csr_tensor",
                   "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor")   # op names, leading _ dropped
