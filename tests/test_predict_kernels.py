@@ -130,7 +130,7 @@ def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS + meta_kernels.NOT_NESTED
-             + meta_kernels.OUT_OF_DEFAULT
+             + meta_kernels.OUT_OF_DEFAULT + meta_kernels.SYNC_BN
              if meta_kernels._exists(n)]
     before = {n: has(f"aten::{n}", "Meta") for n in names}
     s = FakeCudaSession(**A100)
@@ -146,6 +146,32 @@ def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_
 
 # ============================================================================ batch norm
 N, C, HW = 4, 16, 8
+
+
+def test_sync_batch_norms_ops_allocate_what_their_cuda_kernels_return():
+    """SyncBatchNorm's ops had no Meta kernel: timm's --sync-bn stopped ("cannot model ...
+    batch_norm_stats"). Each allocates what Normalization.cu returns: [C] statistics in the
+    accumulate type (float for half input), outputs like the input (2 ranks' statistics gathered)."""
+    s = FakeCudaSession(**A100)
+    with s:
+        x = torch.randn(N, C, HW, HW, device="cuda", dtype=torch.float16)
+        weight, bias = torch.ones(C, device="cuda"), torch.zeros(C, device="cuda")
+        s.marker("sync")
+        mean, invstd = torch.batch_norm_stats(x, 1e-5)
+        gathered = torch.stack([mean, mean]), torch.stack([invstd, invstd])
+        counts = torch.full((2,), float(N * HW * HW), device="cuda")
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(x, *gathered, None, None, 0.1, 1e-5, counts)
+        y = torch.batch_norm_elemt(x, weight, bias, mean, invstd, 1e-5)
+        sum_dy, sum_dy_xmu, grad_w, grad_b = torch.batch_norm_backward_reduce(y, x, mean, invstd, weight, True, True, True)
+        grad_x = torch.batch_norm_backward_elemt(y, x, mean, invstd, weight, sum_dy, sum_dy_xmu, counts.int())
+        s.marker("end")
+        seen = [(t.dtype, tuple(t.shape)) for t in (mean, y, sum_dy, grad_w, grad_x)]
+    assert seen == [(torch.float32, (C,)), (torch.float16, (N, C, HW, HW)), (torch.float32, (C,)),
+                    (torch.float32, (C,)), (torch.float16, (N, C, HW, HW))]
+    made = [(op.split(".")[0], size) for op, size in allocs(s, "sync", "end") if op.startswith("batch_norm")]
+    stats, image = C * 4, N * C * HW * HW * 2
+    assert made == [("batch_norm_stats", stats)] * 2 + [("batch_norm_gather_stats_with_counts", stats)] * 2 + [
+        ("batch_norm_elemt", image)] + [("batch_norm_backward_reduce", stats)] * 4 + [("batch_norm_backward_elemt", image)]
 
 
 def _bn(dtype, weight_dtype=torch.float32, training=True, layout=None, dim=4, cudnn=True):

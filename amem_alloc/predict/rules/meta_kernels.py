@@ -25,6 +25,14 @@ torchao's float8 training under torch.compile) has no Meta kernel where `_scaled
 writes the default overload's result shape into `out` (resized, as an out= kernel does), which
 is how torch's CUDA out= kernel treats it (Blas.cpp `_scaled_mm_out_cuda`).
 
+SyncBatchNorm's CUDA ops (Normalization.cu) have no Meta kernels: `batch_norm_stats` returns the
+per-channel mean and inverse std, `[C]` in the accumulate type (float for half and bfloat16 input);
+`batch_norm_gather_stats(_with_counts)` the same from the gathered `[world, C]` statistics, in their
+accumulate type; `batch_norm_update_stats` the mean and variance alike; `batch_norm_elemt` and
+`batch_norm_backward_elemt` a tensor like the input; `batch_norm_backward_reduce` sum_dy and
+sum_dy_xmu like the mean and the weight's and bias's gradients `[C]` (made whatever its flags ask:
+four `[C]` vectors). The channels-last kernels' staging buffers (grid.y > 1) are not counted.
+
 `_nested_tensor_from_mask_left_aligned` (nn.TransformerEncoder's test, in inference with a padding
 mask, whether its fast path may drop the padding into a nested tensor) answers False: the
 encoder runs its padded path, whose memory holds every padded position (at least what the nested
@@ -40,6 +48,8 @@ IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", 
 RETURNS_SELF = ("_amp_update_scale_",)
 LIKE_LOG_PROBS = ("_ctc_loss_backward", "_ctc_loss_backward.Tensor")
 NOT_NESTED = ("_nested_tensor_from_mask_left_aligned",)
+SYNC_BN = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_gather_stats_with_counts",
+           "batch_norm_update_stats", "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 OUT_OF_DEFAULT = ("_scaled_mm.out",)   # out= overloads whose default overload has a Meta kernel
 NESTED_NOTE = ("nn.TransformerEncoder's fast path in inference (the padding dropped into a nested tensor) is not "
                "modelled: its padded path stands in (every padded position held)")
@@ -54,6 +64,30 @@ def _first(*args, **kwargs):
 
 def _like_log_probs(grad, log_probs, *args, **kwargs):
     return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
+def _accumulate(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _sync_bn(name: str):
+    """The Meta kernel of SyncBatchNorm's op `name` (see the note)."""
+    def kernel(*args, **kwargs):
+        first = args[0]
+        if name in ("batch_norm_elemt", "batch_norm_backward_elemt"):
+            return torch.empty_like(args[1] if name == "batch_norm_backward_elemt" else first)
+        if name in ("batch_norm_stats", "batch_norm_update_stats"):
+            c, dtype = first.shape[1], _accumulate(first.dtype)
+            return first.new_empty((c,), dtype=dtype), first.new_empty((c,), dtype=dtype)
+        if name.startswith("batch_norm_gather_stats"):
+            mean = args[1]
+            c, dtype = mean.shape[-1], _accumulate(mean.dtype)
+            return mean.new_empty((c,), dtype=dtype), mean.new_empty((c,), dtype=dtype)
+        mean, weight = args[2], args[4]   # batch_norm_backward_reduce
+        grad_dtype = weight.dtype if weight is not None else mean.dtype
+        return (torch.empty_like(mean), torch.empty_like(mean),
+                mean.new_empty(mean.shape, dtype=grad_dtype), mean.new_empty(mean.shape, dtype=grad_dtype))
+    return kernel
 
 
 def _out_of_default(op_name: str):
@@ -87,14 +121,17 @@ class MetaKernels:
         self.registered: list[str] = []
 
     def __enter__(self) -> "MetaKernels":
-        for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first), (LIKE_LOG_PROBS, _like_log_probs),
-                              (NOT_NESTED, _not_nested), (OUT_OF_DEFAULT, None)):
-            for name in names:
-                if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                    if self.library is None:
-                        self.library = torch.library.Library("aten", "IMPL")
-                    self.library.impl(name, kernel or _out_of_default(name.partition(".")[0]), "Meta")
-                    self.registered.append(name)
+        kernels = [(name, kernel) for names, kernel in ((IN_PLACE, _nothing), (RETURNS_SELF, _first),
+                                                        (LIKE_LOG_PROBS, _like_log_probs), (NOT_NESTED, _not_nested))
+                   for name in names]
+        kernels += [(name, _out_of_default(name.partition(".")[0])) for name in OUT_OF_DEFAULT]
+        kernels += [(name, _sync_bn(name)) for name in SYNC_BN]
+        for name, kernel in kernels:
+            if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                if self.library is None:
+                    self.library = torch.library.Library("aten", "IMPL")
+                self.library.impl(name, kernel, "Meta")
+                self.registered.append(name)
         return self
 
     def __exit__(self, *exc) -> None:
