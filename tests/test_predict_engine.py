@@ -231,6 +231,21 @@ def test_parameters_gradients_and_optimizer_state_by_hand():
     assert after_step["optimizer_state"] == 2 * 4 * N_PARAMS     # exp_avg + exp_avg_sq (step: CPU)
 
 
+def test_an_ema_copy_no_forward_runs_holds_parameters():
+    """torchvision's --model-ema deep-copies the model (AveragedModel) and runs the copy only to
+    evaluate: at 5d2e06d its 32 MiB of weights were labelled activations (the module scope learns
+    parameters from models that run)."""
+    import copy
+
+    with FakeCudaSession() as s:
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()   # 32 MiB
+        ema = copy.deepcopy(model)
+        model(torch.randn(4, 1024, device="cuda")).sum().backward()
+        s.marker("step")
+    assert by_category(s, live_at(s, "step"))["parameter"] == 2 * 8 * (1024 * 1024 + 1024) * 4
+    del ema
+
+
 def test_autocast_weight_copies_live_while_autocast_or_autograd_needs_them():
     s, model = _train_step()
     casts = {key: size for kind, key, size, _ in s.ops

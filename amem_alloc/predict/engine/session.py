@@ -334,6 +334,11 @@ class FakeCudaSession:
             for t, table, label in self._state_of(root):
                 self._mark(t, table, label)
 
+    def made_parameter(self, param) -> None:
+        """A Parameter made over a CUDA storage (a model deep-copied for its EMA, which may never run a
+        forward, and so is no model the module scope sees): that storage holds a parameter."""
+        self._mark(param, self.know.model_state, ("parameter", "made as a Parameter"))
+
     def _remember_state_of(self, root) -> None:
         """A model's state as it first runs (see remember_model_state)."""
         self._remembered[weakref.ref(root)] = self._keys_of_state(root)

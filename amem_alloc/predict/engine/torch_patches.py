@@ -162,7 +162,9 @@ def _host(session: Any, patches: PatchSet) -> None:
         if isinstance(data, torch.Tensor) and not is_fake(data):
             with torch._C.DisableTorchFunction(), _disable_current_modes():
                 data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
-        return orig_new(cls, data, requires_grad)
+        made = orig_new(cls, data, requires_grad)
+        session.made_parameter(made)   # a copy no forward runs (an EMA model's deepcopy) is one too
+        return made
 
     def pin_memory(t, device=None):
         if is_fake(t):
