@@ -130,7 +130,7 @@ def test_missing_meta_kernels_are_registered_only_where_torch_has_none_and_only_
     from amem_alloc.predict.rules import meta_kernels
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     names = [n for n in meta_kernels.IN_PLACE + meta_kernels.RETURNS_SELF + meta_kernels.LIKE_LOG_PROBS + meta_kernels.NOT_NESTED
-             + meta_kernels.OUT_OF_DEFAULT + meta_kernels.SYNC_BN
+             + meta_kernels.OUT_OF_DEFAULT + tuple(meta_kernels.SYNC_BN)
              if meta_kernels._exists(n)]
     before = {n: has(f"aten::{n}", "Meta") for n in names}
     s = FakeCudaSession(**A100)

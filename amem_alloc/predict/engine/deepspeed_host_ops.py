@@ -50,6 +50,7 @@ class SkipsFakeTensors:
             if _has_fake((*args, *kwargs.values())):
                 return None
             return fn(*args, **kwargs)
+        setattr(self, name, call)   # made once: the optimizer calls it per parameter, per step
         return call
 
 

@@ -183,10 +183,10 @@ class SavedFiles:
         """A rename: what this prediction wrote or made at `source`, or under it, is now at `path`
         (a Trainer saves into `tmp-checkpoint-500` and renames it)."""
         for paths in (self.zeros, self.made):
-            for old in [p for p in paths if p == source or p.startswith(source + os.sep)]:
+            for old in [p for p in paths if _within(p, source)]:
                 paths.discard(old)
                 paths.add(path + old[len(source):])
-        for old in [p for p in self.created if p == source or p.startswith(source + os.sep)]:
+        for old in [p for p in self.created if _within(p, source)]:
             self.created[path + old[len(source):]] = self.created.pop(old)
 
     def wrote(self, path: Any) -> bool:
@@ -206,7 +206,7 @@ class SavedFiles:
                 while os.path.dirname(top) in self.made:
                     top = os.path.dirname(top)
                 out.add(top)
-        return sorted(p for p in out if not any(p.startswith(q + os.sep) for q in out))
+        return sorted(p for p in out if not any(p != q and _within(p, q) for q in out))
 
     def close(self) -> None:
         self._put_back()
@@ -230,7 +230,7 @@ class SavedFiles:
         """One note naming the new files the script wrote that stay (not the checkpoints removed,
         nor what it wrote in caches: downloads, compiled kernels, a dataset's cache)."""
         staying = [p for p in self.created if os.path.isfile(p) and not _is_cache(p)
-                   and not any(p == q or p.startswith(q + os.sep) for q in leftovers)]
+                   and not any(_within(p, q) for q in leftovers)]
         if staying:
             more = f" and {len(staying) - _LISTED} more" if len(staying) > _LISTED else ""
             what = CREATED_NOTE.format(count=len(staying), s="s" if len(staying) > 1 else "",
@@ -280,7 +280,12 @@ def _is_cache(path: str) -> bool:
     temporary = _real(tempfile.gettempdir()) + os.sep
     return ("__pycache__" in path.split(os.sep)
             or path.startswith((temporary + "torchinductor_", temporary + scratch.PREFIX))
-            or any(path.startswith(folder + os.sep) for folder in _cache_folders()))
+            or any(path != folder and _within(path, folder) for folder in _cache_folders()))
+
+
+def _within(path: str, folder: str) -> bool:
+    """`path` is `folder` or inside it."""
+    return path == folder or path.startswith(folder + os.sep)
 
 
 def _real(path: Any) -> str:

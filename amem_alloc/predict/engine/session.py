@@ -319,13 +319,15 @@ class FakeCudaSession:
                 rec.add_role("optimizer_state")
 
     def _state_of(self, root) -> list[tuple]:
-        """(tensor, table, label) for a model's parameters, buffers and their gradients now."""
+        """(tensor, table, label) for a model's parameters, buffers and their gradients now (a
+        DTensor's local shard; a gradient not made yet left out)."""
         out = []
         for name, p in list(root.named_parameters()) + list(root.named_buffers()):
             out.append((p, self.know.model_state, ("parameter", name)))
             if isinstance(p, torch.nn.Parameter):
                 out.append((p.grad, self.know.grads, name))
-        return out
+        return [(getattr(t, "_local_tensor", t), table, label) for t, table, label in out
+                if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
 
     def _learn_model_state(self) -> None:
         """The running models' parameters, buffers and gradients, as they are now (at each optimizer
@@ -353,8 +355,7 @@ class FakeCudaSession:
                 self._remembered[ref] = self._keys_of_state(root)
 
     def _keys_of_state(self, root) -> list[tuple]:
-        return [(self.storages.key_of(getattr(t, "_local_tensor", t)), table, label)
-                for t, table, label in self._state_of(root) if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
+        return [(self.storages.key_of(t), table, label) for t, table, label in self._state_of(root)]
 
     def _learn_gone_models(self) -> None:
         for ref, keys in self._remembered.items():

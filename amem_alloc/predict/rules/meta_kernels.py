@@ -48,8 +48,6 @@ IN_PLACE = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr", "_fused_sgd_", 
 RETURNS_SELF = ("_amp_update_scale_",)
 LIKE_LOG_PROBS = ("_ctc_loss_backward", "_ctc_loss_backward.Tensor")
 NOT_NESTED = ("_nested_tensor_from_mask_left_aligned",)
-SYNC_BN = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_gather_stats_with_counts",
-           "batch_norm_update_stats", "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 OUT_OF_DEFAULT = ("_scaled_mm.out",)   # out= overloads whose default overload has a Meta kernel
 NESTED_NOTE = ("nn.TransformerEncoder's fast path in inference (the padding dropped into a nested tensor) is not "
                "modelled: its padded path stands in (every padded position held)")
@@ -70,24 +68,37 @@ def _accumulate(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _sync_bn(name: str):
-    """The Meta kernel of SyncBatchNorm's op `name` (see the note)."""
-    def kernel(*args, **kwargs):
-        first = args[0]
-        if name in ("batch_norm_elemt", "batch_norm_backward_elemt"):
-            return torch.empty_like(args[1] if name == "batch_norm_backward_elemt" else first)
-        if name in ("batch_norm_stats", "batch_norm_update_stats"):
-            c, dtype = first.shape[1], _accumulate(first.dtype)
-            return first.new_empty((c,), dtype=dtype), first.new_empty((c,), dtype=dtype)
-        if name.startswith("batch_norm_gather_stats"):
-            mean = args[1]
-            c, dtype = mean.shape[-1], _accumulate(mean.dtype)
-            return mean.new_empty((c,), dtype=dtype), mean.new_empty((c,), dtype=dtype)
-        mean, weight = args[2], args[4]   # batch_norm_backward_reduce
-        grad_dtype = weight.dtype if weight is not None else mean.dtype
-        return (torch.empty_like(mean), torch.empty_like(mean),
-                mean.new_empty(mean.shape, dtype=grad_dtype), mean.new_empty(mean.shape, dtype=grad_dtype))
-    return kernel
+def _stats_pair(like: torch.Tensor, channels: int) -> tuple:
+    dtype = _accumulate(like.dtype)
+    return like.new_empty((channels,), dtype=dtype), like.new_empty((channels,), dtype=dtype)
+
+
+def _bn_stats(input, *args, **kwargs):            # batch_norm_stats, batch_norm_update_stats
+    return _stats_pair(input, input.shape[1])
+
+
+def _bn_gathered(input, mean, *args, **kwargs):   # batch_norm_gather_stats(_with_counts)
+    return _stats_pair(mean, mean.shape[-1])
+
+
+def _bn_elemt(input, *args, **kwargs):
+    return torch.empty_like(input)
+
+
+def _bn_backward_elemt(grad_out, input, *args, **kwargs):
+    return torch.empty_like(input)
+
+
+def _bn_backward_reduce(grad_out, input, mean, invstd, weight, *args, **kwargs):
+    grad_dtype = weight.dtype if weight is not None else mean.dtype
+    return (torch.empty_like(mean), torch.empty_like(mean),
+            mean.new_empty(mean.shape, dtype=grad_dtype), mean.new_empty(mean.shape, dtype=grad_dtype))
+
+
+SYNC_BN = {"batch_norm_stats": _bn_stats, "batch_norm_update_stats": _bn_stats,
+           "batch_norm_gather_stats": _bn_gathered, "batch_norm_gather_stats_with_counts": _bn_gathered,
+           "batch_norm_elemt": _bn_elemt, "batch_norm_backward_reduce": _bn_backward_reduce,
+           "batch_norm_backward_elemt": _bn_backward_elemt}   # SyncBatchNorm's ops -> their Meta kernels
 
 
 def _out_of_default(op_name: str):
@@ -125,7 +136,7 @@ class MetaKernels:
                                                         (LIKE_LOG_PROBS, _like_log_probs), (NOT_NESTED, _not_nested))
                    for name in names]
         kernels += [(name, _out_of_default(name.partition(".")[0])) for name in OUT_OF_DEFAULT]
-        kernels += [(name, _sync_bn(name)) for name in SYNC_BN]
+        kernels += list(SYNC_BN.items())
         for name, kernel in kernels:
             if _exists(name) and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
                 if self.library is None:
