@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...patching import PatchSet, declare
-from ..engine import stream_uses
+from ..engine import run_files, stream_uses
 
 _c10d = torch.ops.c10d
 _functional = torch.ops._c10d_functional
@@ -115,6 +115,8 @@ class CollectiveMode(TorchDispatchMode):
         if namespace not in ("c10d", "_c10d_functional"):
             return func(*args, **kwargs)
         self.collectives += 1
+        # what other ranks wrote before this collective is there to find (at a barrier, once they reach it)
+        run_files.synced(barrier=func is _c10d.barrier.default)
         flat = self._flat_buffer(func, args)
         out = _coalesced_work(args) if func in _COALESCED else func(*args, **kwargs)
         if flat is not None:

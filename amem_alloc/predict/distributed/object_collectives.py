@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import notes
+from ..engine import run_files
 
 FUNCTIONS = ("broadcast_object_list", "all_gather_object", "gather_object")
 ZERO_NOTE = ("ZeroRedundancyOptimizer.consolidate_state_dict: other ranks' shards of the optimizer state are their "
@@ -61,6 +62,7 @@ def replacements(originals: dict[str, Any]) -> dict[str, Any]:
         if _rank_in(group) == _group_rank(group, src, group_src):
             return originals["broadcast_object_list"](object_list, src, group, device, group_src, **kwargs)
         _stand_in("broadcast_object_list")
+        run_files.synced(2)   # torch's two broadcasts (the sizes, then the bytes), as the source makes them
         return None
 
     def all_gather_object(object_list: list, obj: Any, group: Any = None, **kwargs: Any) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 from ...patching import PatchSet, declare, declare_many
 from .. import notes
+from ..engine import run_files
 from . import barrier, object_collectives
 from .launch import Launch
 
@@ -148,7 +149,9 @@ class FakeWorld:
             world.backend = backend
             if timeout is not None:
                 kwargs["timeout"] = timeout
-            return original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
+            made = original(FAKE, world_size=world.launch.world_size, rank=world.rank, store=FakeStore(), **kwargs)
+            run_files.synced(barrier=True)   # the store's rendezvous: every rank has started (run_files.py)
+            return made
 
         destroy = c10d.destroy_process_group
 

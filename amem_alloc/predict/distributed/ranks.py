@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from .. import api
 from .. import script as script_mod
+from ..engine import run_files
 from ..engine.saved_files import whole_prediction
 from .collectives import CollectiveMode, WorkWaits
 from .ddp import FakeGroupDDP
@@ -64,7 +65,7 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, shapes=shapes, device_count=launch.nproc_per_node, analyse=False)
-    with FreshLibraries(), RankEnvironment(launch, rank), run:
+    with FreshLibraries(), RankEnvironment(launch, rank), run_files.rank_run(rank), run:
         mode = CollectiveMode(run.session, sent)
         with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode, \
                 Spawns(launch.nproc_per_node, rank):

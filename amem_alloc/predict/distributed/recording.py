@@ -90,6 +90,9 @@ def record_all(ranks: list[int], record: Callable[[int], Recording], workers: in
             yield record(rank)
         return
     if together:
+        from ..engine import run_files
+
+        run_files.expect(ranks[:1])   # starting with the workers' first ranks: they meet at barriers
         pool = _Pool(ranks[1:], record, min(workers - 1, len(ranks) - 1))
         try:   # rank 0 failing here, or the caller stopping early, stops the workers: left running,
             yield record(ranks[0])   # each would wait at exit for its answer to be read, and this
@@ -142,7 +145,11 @@ class _Pool:
     def __init__(self, ranks: list[int], record: Callable[[int], Recording], workers: int) -> None:
         import multiprocessing
 
+        from ..engine import run_files
+
         self.ranks, self.record = ranks, record
+        run_files.set_aside()   # what ranks recorded here made: out of the workers' sight (run_files.py)
+        run_files.expect(ranks[:workers])   # each worker's first rank starts now: they meet at barriers
         context = multiprocessing.get_context("fork")
         self.todo = context.Queue()
         for rank in ranks:
@@ -181,18 +188,19 @@ class _Pool:
         """Answers into `answers` (at least one); False when no worker is left to give one."""
         from multiprocessing.connection import wait
 
-        from ..engine import saved_files
+        from ..engine import run_files, saved_files
 
         while self.answering:
             got = False
             for reader in wait(self.answering, timeout=_POLL_S):
                 try:
-                    rank, kind, value, saved = reader.recv()
+                    rank, kind, value, saved, made = reader.recv()
                 except (EOFError, OSError):   # the worker ended (done, or dead)
                     self.answering.remove(reader)
                     reader.close()
                     continue
                 saved_files.hand_over(saved)
+                run_files.adopt(made)
                 answers[rank] = (kind, value)
                 got = True
             if got:
@@ -222,20 +230,22 @@ def _rerun_here(record: Callable[[int], Recording], rank: int) -> BaseException:
 
 def _work(todo: Any, answer: Any, record: Callable[[int], Recording]) -> None:
     """A worker: ranks from `todo` recorded, each answer sent on its own pipe (`answer`), with the
-    files its ranks saved from fake tensors (the parent removes them as the whole prediction ends)."""
+    files its ranks saved from fake tensors (the parent removes them as the whole prediction ends)
+    and the paths they made, moved aside (run_files.py)."""
     import torch
 
-    from ..engine import saved_files
+    from ..engine import run_files, saved_files
 
     torch.set_num_threads(1)   # OpenMP's thread team does not survive fork (a parallel kernel would hang)
     while (rank := todo.get()) is not None:
-        with saved_files.whole_prediction() as saved:   # the parent's to remove, as rank 0's (saved_files.py)
+        with saved_files.whole_prediction(runs=False) as saved:   # the parent's to remove, as rank 0's (saved_files.py)
             try:
                 recording = record(rank)
             except BaseException as failure:  # noqa: BLE001 - carried to the parent, raised there
-                answer.send((rank, "failed", _portable(failure), saved))
+                answer.send((rank, "failed", _portable(failure), saved, run_files.take_out()))
                 return
-        answer.send((rank, "recorded", recording, saved))
+            made = run_files.take_out()   # the parent's later ranks find them, and it puts them back
+        answer.send((rank, "recorded", recording, saved, made))
 
 
 def _portable(failure: BaseException) -> bytes | None:

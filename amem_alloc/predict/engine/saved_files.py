@@ -21,7 +21,9 @@ folder, and puts it back as the prediction ends; copies and hard links of a file
 files of zeros (removed as it is).
 
 The whole prediction: `whole_prediction()` around every run of the script one command makes (ranks
-in turn, what-if trials, a forked worker's ranks), so that rank 1 still finds what rank 0 saved;
+in turn, what-if trials, a forked worker's ranks), so that rank 1 still finds what rank 0 saved
+before a collective they both make (run_files.py keeps each run's new files out of the other runs'
+sight until a real run of them would see them);
 without it (`with amem_alloc.predicting()`) each prediction's end is the end. Folders are told
 made by the `os.mkdir` audit event (`os.makedirs` makes each through it), renames followed.
 
@@ -56,6 +58,7 @@ import torch
 
 from ...patching import PatchSet, declare
 from .. import notes, scratch
+from . import run_files
 from .values import is_fake
 
 SAVE = declare("torch, torch.serialization", "save", "a save of fake tensors never overwrites a file that was "
@@ -95,6 +98,10 @@ class SavedFiles:
         self.created: dict[str, str] = {}  # files it made by opening them for writing -> the script's line
         self.aside: dict[str, str] = {}    # a file that was there, a file of zeros moved over it -> where it waits
         self.into_buffer = False           # a save of fake tensors went into a buffer or file object
+        self.stamps: dict[str, int] = {}   # a new path -> its rank's collectives when it appeared (run_files.py)
+
+    def _appeared(self, real: str) -> None:
+        self.stamps[real] = run_files.now()
 
     def target(self, path: Any) -> Any:
         """Where a save of fake tensors to `path` writes (see the note)."""
@@ -104,6 +111,7 @@ class SavedFiles:
         if real in self.written or not os.path.exists(real):
             if real not in self.written:
                 notes.record(notes.STAND_IN, NEW_NOTE.format(path=os.fspath(path)), where=notes.call_site(3))
+                self._appeared(real)
             self.written.add(real)
             self.zeros.add(real)
             return path
@@ -131,12 +139,18 @@ class SavedFiles:
             notes.record(notes.STAND_IN, REWRITTEN_NOTE.format(path=os.fsdecode(path)), where=notes.call_site(4))
         if not os.path.lexists(real):
             self.created[real] = notes.call_site(4)
+            self._appeared(real)
         self.written.add(real)
 
     def on_write(self, event: str, args: tuple) -> None:
         """The audit events of the prediction: a file opened for writing is one it wrote, and so
         is one a file it wrote is renamed or copied to (fsspec's transactions, Lightning's
-        checkpoints, write a temporary file and move it into place)."""
+        checkpoints, write a temporary file and move it into place). What another rank's paths
+        given back write is not the script's (run_files.py), but later saves there are its own."""
+        if run_files.restoring():
+            if event == "shutil.copyfile" and _is_name(args[1]):
+                self.written.add(_real(args[1]))
+            return
         if event == "os.mkdir":
             self.making(args[0])
             return
@@ -163,6 +177,7 @@ class SavedFiles:
         elif source in self.zeros:
             if path not in self.written:
                 notes.record(notes.STAND_IN, NEW_NOTE.format(path=path), where=notes.call_site(2))
+                self._appeared(path)
             self.zeros.add(path)
             self.written.add(path)
 
@@ -178,6 +193,7 @@ class SavedFiles:
         """A folder about to be made: one this prediction made, if it is not there yet."""
         if _is_name(path) and not os.path.lexists(path):
             self.made.add(_real(path))
+            self._appeared(_real(path))
 
     def moved(self, source: str, path: str) -> None:
         """A rename: what this prediction wrote or made at `source`, or under it, is now at `path`
@@ -188,6 +204,9 @@ class SavedFiles:
                 paths.add(path + old[len(source):])
         for old in [p for p in self.created if _within(p, source)]:
             self.created[path + old[len(source):]] = self.created.pop(old)
+        for old in [p for p in self.stamps if _within(p, source)]:   # there from now on
+            del self.stamps[old]
+            self._appeared(path + old[len(source):])
 
     def wrote(self, path: Any) -> bool:
         return _is_name(path) and _real(path) in self.written
@@ -216,6 +235,15 @@ class SavedFiles:
         leftovers = self.leftovers()
         self._note_created(leftovers)
         hand_over(leftovers)
+        run_files.run_ended(self.new_paths())
+
+    def new_paths(self) -> dict[str, int | None]:
+        """The new files and folders the run made, still there, outside caches: each with its
+        stamp (run_files.py; None where not told)."""
+        caches = _cache_folders()
+        paths = {*self.made, *self.created, *self.zeros}
+        return {p: self.stamps.get(p) for p in paths
+                if os.path.lexists(p) and not _is_cache(p) and not any(_within(c, p) for c in caches)}
 
     def _put_back(self) -> None:
         """The files set aside, back in place of the zeros moved over them."""
@@ -242,13 +270,16 @@ _HELD: list[list[str]] = []   # whole_prediction(): per level, the paths left to
 
 
 @contextlib.contextmanager
-def whole_prediction() -> Iterator[list[str]]:
+def whole_prediction(runs: bool = True) -> Iterator[list[str]]:
     """Every prediction inside the block hands the files it saved from fake tensors (and folders
     made for them) to the block's end, which removes them (see the note); nested, to the
     outermost's. Gives the list of them (a forked worker sends it to the process it records for)."""
     _HELD.append([])
     try:
-        yield _HELD[-1]
+        # each run's new files out of the later runs' sight until they would see them; a forked
+        # worker's ranks (runs=False) are runs of the level it inherited
+        with run_files.level() if runs else contextlib.nullcontext():
+            yield _HELD[-1]
     finally:
         hand_over(_HELD.pop())
 
@@ -339,6 +370,7 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
     def load_copy(f, *args, **kwargs):
         return load(saved.source(f) if _is_path(f) else f, *args, **kwargs)
 
+    run_files.run_started()
     for owner in (torch, serialization):
         patches.apply(SAVE, owner, "save", save_apart)
         patches.apply(LOAD, owner, "load", load_copy)
