@@ -292,3 +292,23 @@ def test_a_failure_inside_a_compiled_graphs_replay_is_amems():
     assert isinstance(failure, AmemFailure)
     assert str(failure).startswith("cannot model RuntimeError: mat1 and mat2 shapes cannot be multiplied"), str(failure)
     assert amems_failure(direct, None) is None
+
+
+# ---------------------------------------------------------------------------- --json without a prediction
+def test_json_says_why_there_is_no_prediction(tmp_path):
+    """A caller reading --json found no file when the run failed; now it finds the failure: its
+    kind, the exit status and the line printed (the script's, and amem's own, told apart)."""
+    import json
+
+    users = _script(tmp_path, USERS[0][1], name="users.py")
+    out = tmp_path / "users.json"
+    proc = amem("--json", out, "--", "python", users)
+    assert proc.returncode == 1
+    assert json.loads(out.read_text()) == {"predicted": False, "failure": {
+        "kind": "script_failed", "exit_status": 1, "says": [f"amem predict: {SCRIPT_FAILED} (exit status 1); no prediction"]}}
+    ours = _script(tmp_path, AMEMS[0][1], name="ours.py")
+    out = tmp_path / "ours.json"
+    proc = amem("--json", out, "--nproc-per-node", "2", "--", "python", ours)
+    data = json.loads(out.read_text())
+    assert proc.returncode == 4 and data["failure"]["kind"] == "amem_failed" and data["failure"]["exit_status"] == 4
+    assert data["failure"]["says"] == [proc.stderr.rstrip().splitlines()[-1]]

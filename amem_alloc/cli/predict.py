@@ -61,7 +61,7 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
             else:
                 _run_workload(run, args.workload, args.size, args.steps)
     except predict_exits.failures() as failure:
-        return predict_exits.status_of(failure, run.child_reports, args.debug)
+        return predict_exits.status_of(failure, run.child_reports, args.debug, args.json)
     if script:
         run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps, run.written_out)
     return run.result

@@ -11,6 +11,9 @@ process and a distributed job (predict_ranks.py) end the same way.
          it", never "the script failed"; --debug prints the traceback, amem's frames included, above it
     124  past --timeout
     the script's own status when it fails (its traceback printed as Python prints it)
+
+With --json, each of these also writes `{"predicted": false, "failure": {"kind", "exit_status",
+"says"}}` there (kind: script_failed, timeout, data_dependent, not_modelled, amem_failed).
 """
 from __future__ import annotations
 
@@ -31,31 +34,54 @@ def failures() -> tuple[type[BaseException], ...]:
             failures.AmemFailure)
 
 
-def status_of(failure: BaseException, child_reports: list[dict] = (), debug: bool = False) -> int:
+def status_of(failure: BaseException, child_reports: list[dict] = (), debug: bool = False,
+              json_path: str | None = None) -> int:
     """Prints the failure's one line (or the child processes' reports) and returns the exit status;
-    with `debug`, amem's own failure's traceback above its line."""
+    with `debug`, amem's own failure's traceback above its line; with `json_path` (--json), the
+    failure written there as JSON, so that a caller reading it finds why there is no prediction."""
+    from ..predict import failures
+
+    if debug and isinstance(failure, failures.AmemFailure) and failure.details:
+        print(failure.details, end="" if failure.details.endswith("\n") else "\n", file=sys.stderr)
+    kind, status, lines = outcome(failure, child_reports)
+    for line in lines:
+        print(line, file=sys.stderr)
+    if json_path:
+        _write_failure(json_path, kind, status, lines)
+    return status
+
+
+def outcome(failure: BaseException, child_reports: list[dict] = ()) -> tuple[str, int, list[str]]:
+    """(the kind of failure, the exit status, the lines that say it)."""
     from .. import user_script
     from ..predict import api, failures
     from ..predict import script as script_mod
 
     if child_reports and isinstance(failure, (user_script.ScriptFailed, api.NotModelledError)):
-        for r in child_reports:
-            print(r["line"], file=sys.stderr)
-        return exit_status.NOT_MODELLED
+        return "not_modelled", exit_status.NOT_MODELLED, [r["line"] for r in child_reports]
     if isinstance(failure, failures.AmemFailure):
-        if debug and failure.details:
-            print(failure.details, end="" if failure.details.endswith("\n") else "\n", file=sys.stderr)
-        print(f"amem predict: {failure}", file=sys.stderr)
-        return exit_status.NOT_MODELLED
+        return "amem_failed", exit_status.NOT_MODELLED, [f"amem predict: {failure}"]
     if isinstance(failure, user_script.ScriptFailed):
-        print(f"amem predict: the script failed (exit status {failure.status}); no prediction", file=sys.stderr)
-        return failure.status
+        return "script_failed", failure.status, [
+            f"amem predict: the script failed (exit status {failure.status}); no prediction"]
     if isinstance(failure, script_mod.PredictionTimeout):
-        print(f"amem predict: {failure}; no prediction (predict fewer steps with --steps N, or raise --timeout)",
-              file=sys.stderr)
-        return exit_status.TIMEOUT
+        return "timeout", exit_status.TIMEOUT, [
+            f"amem predict: {failure}; no prediction (predict fewer steps with --steps N, or raise --timeout)"]
     if isinstance(failure, api.DataDependentError):
-        print(one_line(failure, "amem predict"), file=sys.stderr)
-        return exit_status.DATA_DEPENDENT
-    print(f"amem predict: {failure}; this run cannot be predicted", file=sys.stderr)
-    return exit_status.NOT_MODELLED
+        return "data_dependent", exit_status.DATA_DEPENDENT, [one_line(failure, "amem predict")]
+    return "not_modelled", exit_status.NOT_MODELLED, [f"amem predict: {failure}; this run cannot be predicted"]
+
+
+def _write_failure(path: str, kind: str, status: int, lines: list[str]) -> None:
+    """`{"predicted": false, "failure": {...}}` at `path`, written whole; a path that cannot be
+    written is said in one more line (the failure's status stands)."""
+    import json
+
+    from ..atomic_write import write_text
+
+    data = {"predicted": False, "failure": {"kind": kind, "exit_status": status, "says": lines}}
+    try:
+        write_text(path, json.dumps(data, indent=1))
+    except OSError as err:
+        print(f"amem predict: {err if err.filename else f'cannot write {path}: {err.strerror or err}'}",
+              file=sys.stderr)

@@ -90,7 +90,8 @@ def predict_command(args: argparse.Namespace) -> int:
     policies = api.resolve_policies(args.policy)
     steps, timeout = predict_options.script_limits(args)
     result = _failures(lambda: predict_ranks(launch, script, gpu, policies, steps, timeout, args.strict,
-                                             write_repeats=args.write_repeats, shapes=args.shapes), args.debug)
+                                             write_repeats=args.write_repeats, shapes=args.shapes), args.debug,
+                       args.json)
     if isinstance(result, int):
         return result
     from ..report.prediction_text import format_ranks
@@ -103,14 +104,14 @@ def predict_command(args: argparse.Namespace) -> int:
     return exit_status.DOES_NOT_FIT if failing else 0
 
 
-def _failures(call: Any, debug: bool = False) -> Any:
+def _failures(call: Any, debug: bool = False, json_path: str | None = None) -> Any:
     """The prediction, or the exit status one process gives the same failure (predict_exits)."""
     from . import predict_exits
 
     try:
         return call()
     except predict_exits.failures() as failure:
-        return predict_exits.status_of(failure, debug=debug)
+        return predict_exits.status_of(failure, debug=debug, json_path=json_path)
 
 
 def _write_report(result: Any, path: str) -> list[Any]:
