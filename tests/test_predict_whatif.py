@@ -355,3 +355,34 @@ def test_a_script_that_fails_only_under_a_change_says_the_change_failed(tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "grads=set-to-none: the script failed with the change applied (exit status 1), not without it" \
         in proc.stdout, proc.stdout[-3000:]
+
+
+LOGGING = """
+import logging, sys, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+log = logging.getLogger("train")
+log.addHandler(logging.FileHandler(sys.argv[1]))
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for step in range(2):
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    log.info("logged step %d", step)
+"""
+
+
+def test_each_run_logs_each_line_once(tmp_path):
+    """The handlers the script added stayed for the next run in the process, which added its own:
+    with --what-if all the sixth run printed each line six times, and wrote them so to its file.
+    Now each run's handlers go as it ends (predict/script_logging.py), its file closed."""
+    script, log = tmp_path / "logging_script.py", tmp_path / "train.log"
+    script.write_text(LOGGING)
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--what-if", "all",
+                           "--", "python", str(script), str(log)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = 1 + len(whatif.NAMES)
+    printed = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("logged step")]
+    assert sorted(printed) == sorted(["logged step 0", "logged step 1"] * runs), printed
+    # each trial wrote its own log, set aside as the next began; the first run's is back (run_files.py)
+    assert log.read_text().splitlines() == ["logged step 0", "logged step 1"]

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from .. import script_steps, user_script
-from . import failures, repeat
+from . import failures, repeat, script_logging
 from .notes import NotModelledError, call_site
 from .engine.values import DataDependentError
 
@@ -122,7 +122,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
             raise StopPrediction
 
     try:
-        with _Deadline(timeout):
+        with _Deadline(timeout), script_logging.handlers_removed_after():   # the next run adds its own
             return script_steps.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
                                                                     SpawnedRanks, KeyboardInterrupt),
