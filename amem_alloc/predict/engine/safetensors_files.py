@@ -13,7 +13,8 @@ So while a prediction runs, a fake tensor's bytes are zeros of its size: the fil
 safetensors file of the right shapes and dtypes, as the program would write it, with zeros where
 the values would be (no value is computed under prediction). The zeros come from one buffer shared
 by every tensor of a save (its largest tensor's size), so saving a large model costs no more host
-memory than its largest tensor. The first such save at each call site is noted. A save holding
+memory than its largest tensor. Each save that met a fake tensor is noted once (not once per
+tensor: a model's save counted 56 times read as 56 files). A save holding
 fake tensors to a file that was there before the prediction goes to a scratch copy instead
 (saved_files.py).
 """
@@ -30,11 +31,12 @@ from .values import is_fake
 TO_ARRAY = declare("safetensors.torch", "_to_ndarray, _tobytes",
                    "a fake tensor's bytes, which safetensors reads from its address, are zeros of its size (its "
                    "address is no memory of this process)")
-WRITE = declare("safetensors.torch", "serialize_file",
-                "a file saved from fake tensors never overwrites one that was there (saved_files.py)")
+WRITE = declare("safetensors.torch", "serialize_file, serialize",
+                "a file saved from fake tensors never overwrites one that was there (saved_files.py); each save "
+                "that met a fake tensor is noted once")
 READ = declare("safetensors.torch", "safe_open", "load_file of a path saved to a scratch copy reads the copy "
                "(saved_files.py)")
-NOTE = "safetensors file written from fake tensors: their values are zeros (no value is computed under prediction)"
+NOTE = "safetensors save of fake tensors: their values are zeros (no value is computed under prediction)"
 _FAKE_IN_SAVE: list = []   # [True] once a save being flattened met a fake tensor
 _ZEROS: list = []   # the shared buffer of zero bytes, as large as the largest tensor saved so far
 
@@ -56,8 +58,7 @@ def _as_array(original: Any) -> Any:
     def to_ndarray(tensor: torch.Tensor):
         if not is_fake(tensor):
             return original(tensor)
-        notes.record(notes.STAND_IN, NOTE)
-        _FAKE_IN_SAVE[:] = [True]
+        _met_fake()
         return _zero_bytes(_nbytes(tensor)), tensor
     return to_ndarray
 
@@ -67,10 +68,24 @@ def _as_bytes(original: Any) -> Any:
     def tobytes(tensor: torch.Tensor, name: str) -> bytes:
         if not is_fake(tensor):
             return original(tensor, name)
-        notes.record(notes.STAND_IN, NOTE)
-        _FAKE_IN_SAVE[:] = [True]
+        _met_fake()
         return bytes(_nbytes(tensor))
     return tobytes
+
+
+def _met_fake() -> None:
+    """A save being flattened met a fake tensor: noted at its first."""
+    if not _FAKE_IN_SAVE:
+        notes.record(notes.STAND_IN, NOTE)
+        _FAKE_IN_SAVE[:] = [True]
+
+
+def _to_bytes(original: Any) -> Any:
+    """serialize(tensors, ...) -> bytes (safetensors.torch.save): the save's end, as serialize_file's."""
+    def serialize(*args, **kwargs):
+        _FAKE_IN_SAVE[:] = []
+        return original(*args, **kwargs)
+    return serialize
 
 
 def _kept_apart(original: Any, saved: Any) -> Any:
@@ -95,6 +110,8 @@ def install(patches: PatchSet, saved: Any) -> None:
         patches.apply(TO_ARRAY, st, "_tobytes", _as_bytes(st._tobytes))
     if hasattr(st, "serialize_file"):
         patches.apply(WRITE, st, "serialize_file", _kept_apart(st.serialize_file, saved))
+    if hasattr(st, "serialize"):
+        patches.apply(WRITE, st, "serialize", _to_bytes(st.serialize))
     if hasattr(st, "safe_open"):
         opener = st.safe_open
         patches.apply(READ, st, "safe_open",
