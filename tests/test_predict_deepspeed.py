@@ -95,6 +95,25 @@ def test_zero_1_and_2_hold_the_padded_flat_buffer_and_their_partition_of_the_fp3
             assert made < freed < step and _made_in(p.infos[key].frames, "setup_buckets")
 
 
+def test_deepspeeds_own_fused_adam_is_never_built_and_steps_in_place(monkeypatch):
+    """The config's "AdamW" without torch_adam makes DeepSpeed's FusedAdam, whose CUDA op nvcc
+    builds as it loads: with no GPU toolkit the build failed ("cusparse.h: No such file"), read as
+    the script's failure. Under prediction the op is a stand-in doing nothing (its kernel updates in
+    place, allocating nothing), said so; the state is FusedAdam's own, the same bytes as torch's
+    AdamW here."""
+    monkeypatch.setenv("TORCH_ADAM", "0")
+    world = 2
+    padded = math.ceil(N / (2 * world)) * 2 * world
+    part = padded // world
+    result = _predict(2, world, (0, 1), monkeypatch)
+    for rank in (0, 1):
+        p = result.rank(rank).prediction
+        state = live_at_end(p)
+        assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
+            padded * 2 + part * 4, 2 * part * 4, part * 4), (rank, state)
+        assert any("DeepSpeed's CUDA op fused_adam: not built" in n["what"] for n in p.notes), p.notes
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, monkeypatch):
     s = sum(math.ceil(math.prod(shape) / world) for shape in SHAPES)
@@ -211,3 +230,34 @@ def test_a_host_op_given_host_copies_of_fake_tensors_skips_them():
 
     amem_alloc.predict(step, gpu="H100")
     assert calls == [(2, 10.0)]
+
+
+def test_any_other_cuda_op_is_never_built_and_says_it_is_not_modelled_when_called():
+    """An op that computes a result (the inference kernels) cannot be stood in for by doing
+    nothing: its call is amem's one line, not nvcc's failure read as the script's."""
+    import amem_alloc
+    from amem_alloc.predict.notes import NotModelledError
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    class Kernels(CUDAOpBuilder):
+        NAME = "kernels_stub"
+
+        def __init__(self):
+            super().__init__(name=self.NAME)
+
+        def absolute_name(self):
+            return f"deepspeed.ops.{self.NAME}_op"
+
+        def sources(self):
+            return ["never_built.cu"]
+
+    loaded = []
+
+    def run():
+        ops = Kernels().load()   # never compiled
+        loaded.append(type(ops).__name__)
+        ops.softmax(torch.randn(4, device="cuda"))
+
+    with pytest.raises(NotModelledError, match=r"DeepSpeed's CUDA op kernels_stub.softmax"):
+        amem_alloc.predict(run, gpu="H100")
+    assert loaded == ["UnbuiltCudaOps"]
