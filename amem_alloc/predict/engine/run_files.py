@@ -81,6 +81,9 @@ class _Run:
     restoring: bool = False
     made: dict = field(default_factory=dict)       # at its end: its new paths (path -> stamp or None)
     number: int = 0                                 # the n-th run of its level
+    waiting: list = field(default_factory=list)     # other ranks' paths not given back yet, latest stamp first
+    given: set = field(default_factory=set)         # (rank, path) of those given back
+    version: int = -1                               # the level's paths `waiting` was made from
 
 
 class _Board:
@@ -115,6 +118,7 @@ class Level:
         self.listed: dict[str, list[MadePath]] = {}   # other processes' ranks' lists, by file
         self.listed_at = 0                  # the folder's modification time when they were read
         self.given_up: set[int] = set()     # ranks no longer waited for
+        self.version = 0                    # changes with the paths another rank could be given
 
     # -- the run going on --
     def start(self, rank: int | None) -> None:
@@ -136,10 +140,16 @@ class Level:
         self.board.set(run.rank, run.collectives, _RUNNING)
         if barrier:
             self._wait_for_others(run)
+        self._read_lists(barrier)
+        if run.version != self.version:   # a collective costs a comparison, not a walk of every path
+            run.waiting = sorted(self._others(run.rank), key=lambda p: p.stamp, reverse=True)
+            run.version = self.version
         run.restoring = True
         try:
-            for p in self._others(run.rank, barrier):
-                if p.stamp < run.collectives:
+            while run.waiting and run.waiting[-1].stamp < run.collectives:
+                p = run.waiting.pop()
+                if (p.rank, p.path) not in run.given:
+                    run.given.add((p.rank, p.path))
                     self._give_back(p, run)
         finally:
             run.restoring = False
@@ -196,19 +206,21 @@ class Level:
         self.paths, self.ended = [], []
 
     # -- helpers --
-    def _others(self, rank: int, barrier: bool) -> list[MadePath]:
-        """Other ranks' paths: this process's, and those listed by ranks recorded in other processes
-        (read again where the folder changed, and at each barrier: its time may not have)."""
-        listed = [p for paths in self._read_lists(barrier).values() for p in paths]
+    def _others(self, rank: int) -> list[MadePath]:
+        """Other ranks' paths: this process's, and those listed by ranks recorded in other processes."""
+        listed = [p for paths in self.listed.values() for p in paths]
         return [p for p in (*self.paths, *listed) if p.own and p.rank is not None and p.rank != rank]
 
-    def _read_lists(self, always: bool) -> dict[str, list[MadePath]]:
+    def _read_lists(self, always: bool) -> None:
+        """The lists of ranks recorded in other processes, read again where the folder changed, and
+        at each barrier (its time may not have: a clock tick is coarser than two writes)."""
         try:
             changed = os.stat(self.folder).st_mtime_ns
         except OSError:
-            return self.listed
+            return
         if always or changed != self.listed_at:
             self.listed_at = changed
+            self.version += 1
             for name in os.listdir(self.folder):
                 if name.startswith(_INDEX) and not name.endswith(f"-{os.getpid()}"):
                     with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError):
@@ -251,6 +263,7 @@ class Level:
             except OSError:
                 return   # left where it is, seen by later runs as before
         self.paths.append(MadePath(path, stamp, kept, run.rank, run.number, os.getpid()))
+        self.version += 1
 
     def _give_back(self, p: MadePath, run: _Run) -> None:
         if os.path.lexists(p.path):
@@ -275,6 +288,7 @@ class Level:
             if p.kept is not None and p.pid == os.getpid():
                 _remove(p.kept)
         self.paths = [p for p in self.paths if p not in paths]
+        self.version += 1
 
 
 _LEVELS: list[tuple[Level, int]] = []   # whole predictions running, innermost last, with their process
@@ -384,6 +398,7 @@ def adopt(paths: list[MadePath]) -> None:
     here = _current()
     if here is not None:
         here.paths.extend(paths)
+        here.version += 1
 
 
 def _everything_within(made: dict[str, int | None], last: int) -> list[tuple[str, int]]:
