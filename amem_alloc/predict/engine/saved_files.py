@@ -302,7 +302,7 @@ def _cache_folders() -> list[str]:
     env = [os.environ.get(name) for name in ("XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
                                              "TRANSFORMERS_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR",
                                              "TORCHINDUCTOR_CACHE_DIR")]
-    return [_real(p) for p in (os.path.expanduser("~/.cache"), *env) if p]
+    return [_real(p) for p in (os.path.expanduser("~/.cache"), os.path.expanduser("~/.triton"), *env) if p]
 
 
 def _is_cache(path: str) -> bool:
