@@ -9,7 +9,7 @@ import pytest
 
 from helpers import run_command
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 SCRIPT = """
 import sys
@@ -95,3 +95,31 @@ def test_a_safetensors_file_of_fake_tensors_is_written_whole(tmp_path):
     # loaded back onto CUDA: one storage each (2,000,000 -> 2,000,384; 2,000 -> 2,048; 20,000 -> 20,480; 20 -> 512)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("loaded"))
     assert line.split()[-1] == str(2_000_384 + 2_048 + 20_480 + 512), line
+
+
+def test_an_optimizer_resumed_from_a_real_checkpoint_on_cuda_reads_its_step(tmp_path):
+    """accelerate resumes with map_location="cuda": AdamW's `step` became a fake CUDA tensor read
+    as the stand-in 0, and its bias correction divided by zero (ZeroDivisionError, read as the
+    script's failure). A small storage moved to CUDA keeps its bytes as a known value, and the
+    tensor torch.load builds on it (`set_`) reads them."""
+    import amem_alloc
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")   # a real run's, on the CPU: step 1
+    steps = []
+
+    def resume():
+        m = torch.nn.Linear(4, 4).cuda()
+        o = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        o.load_state_dict(torch.load(tmp_path / "opt.pt", map_location="cuda"))
+        steps.append(o.state_dict()["state"][0]["step"].item())
+        m(torch.randn(2, 4, device="cuda")).sum().backward()
+        o.step()
+        steps.append(o.state_dict()["state"][0]["step"].item())
+
+    result = amem_alloc.predict(resume, gpu="H100", policies=["torch"])
+    assert steps == [1.0, 2.0]
+    assert not [n for n in result.notes if "item()" in n["what"]], result.notes

@@ -363,7 +363,8 @@ OS_EXIT = textwrap.dedent("""\
 @pytest.mark.parametrize("status", [0, 5])
 def test_a_script_ending_with_os_exit_ends_as_sys_exit_would(tmp_path, status):
     """os._exit (a script skipping its libraries' teardown) ends the script, not amem: with 0 the
-    prediction is printed and its JSON written; its folders are removed as at any end."""
+    prediction is printed and its JSON written, with 5 the JSON says the script failed; its
+    folders are removed as at any end."""
     script, out, scratch = tmp_path / "ends.py", tmp_path / "p.json", tmp_path / "scratch"
     script.write_text(OS_EXIT.format(status=status))
     scratch.mkdir()
@@ -374,8 +375,10 @@ def test_a_script_ending_with_os_exit_ends_as_sys_exit_would(tmp_path, status):
     if status == 0:
         torch_policy = next(r for r in json.loads(out.read_text())["policies"] if r["policy"] == "torch")
         assert torch_policy["peak_allocated"] == 96 * MiB
-    else:
-        assert "exit status 5" in proc.stderr and not out.exists()
+    else:   # no prediction: the JSON says why (cli/predict_exits.py)
+        assert "exit status 5" in proc.stderr
+        assert json.loads(out.read_text())["failure"] == {"kind": "script_failed", "exit_status": 5, "says": [
+            "amem predict: the script failed (exit status 5); no prediction"]}
     assert [p.name for p in scratch.iterdir() if p.name.startswith("amem-")] == []
 
 

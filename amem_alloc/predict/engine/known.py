@@ -489,7 +489,11 @@ def _view(buf: torch.Tensor, t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _written_arguments(func) -> tuple:
-    """Positions (int) or keyword names (str, for keyword-only ones) of the arguments `func` writes."""
+    """Positions (int) or keyword names (str, for keyword-only ones) of the arguments `func` writes.
+    `set_` writes none: it rebinds its tensor to a storage, whose values stay (torch.load builds each
+    tensor of a checkpoint so, on the storage map_location moved to CUDA)."""
+    if func.__name__.partition(".")[0] == "set_":
+        return ()
     out = []
     for i, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:

@@ -310,18 +310,29 @@ def _storages(session: Any, patches: PatchSet) -> None:
     _storage_moves(session, patches)
 
 
+KNOWN_STORAGE_BYTES = 1 << 18   # a loaded storage this small keeps its values: a float tensor at known.py's cap
+
+
 def _storage_moves(session: Any, patches: PatchSet) -> None:
     """UntypedStorage.to(device="cuda") / .cuda() of a host storage (what torch.load does for each
     storage under map_location="cuda"): a fake CUDA storage of the same bytes, made by an empty
-    tensor under the session's modes (so allocated and recorded as any tensor's), its values not
-    copied (unknown, as every fake tensor's). torch's own would make a real CUDA storage."""
+    tensor under the session's modes (so allocated and recorded as any tensor's). A small real
+    one's bytes are its known value (known.py), as `.to("cuda")` of a small CPU tensor's are: an
+    optimizer resumed from a checkpoint reads its `step` (Adam's bias correction divided by zero
+    with the stand-in 0, read as the script's failure); a larger one's are unknown, as every fake
+    tensor's. torch's own would make a real CUDA storage."""
     import torch.storage as storage_module
 
     orig_to = storage_module._to
 
     def to(storage, device, non_blocking=False):
         if device.type == "cuda" and storage.device.type in ("cpu", "meta"):
-            return torch.empty(storage.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
+            fake = torch.empty(storage.nbytes(), dtype=torch.uint8, device=device)
+            if storage.device.type == "cpu" and 0 < storage.nbytes() <= KNOWN_STORAGE_BYTES:
+                with _disable_current_modes(), torch._C.DisableTorchFunction():
+                    real = torch.empty(0, dtype=torch.uint8).set_(storage)
+                session.known.remember(fake, real)
+            return fake.untyped_storage()
         return orig_to(storage, device, non_blocking)
     patches.apply(STORAGE_TO, storage_module, "_to", to)
     import torch.serialization as serialization
