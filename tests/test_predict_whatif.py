@@ -277,12 +277,14 @@ def test_cheapest_change_that_makes_it_fit_is_named(tmp_path):
     assert row["fits"] is True and row["saving_reserved"] == base.row("torch").peak_reserved - row["peak_reserved"]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--what-if", "checkpoint=every"], "unknown what-if 'checkpoint=every'"),
-    (["--blocks", "h"], "give --what-if too"),
+@pytest.mark.parametrize("args, needle, launcher", [
+    (["--what-if", "checkpoint=every"], "unknown what-if 'checkpoint=every'", ["python"]),
+    (["--blocks", "h"], "give --what-if too", ["python"]),
+    # a distributed job's what-if was dropped without a word (no trial, no note)
+    (["--what-if", "all"], "--what-if predicts one process, not the 2 ranks", ["torchrun", "--nproc_per_node", "2"]),
 ])
-def test_bad_what_if_is_one_line(args, needle):
-    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", *args, "--", "python",
+def test_bad_what_if_is_one_line(args, needle, launcher):
+    proc = subprocess.run([sys.executable, "-m", "amem_alloc", "predict", *args, "--", *launcher,
                            str(PROGRAMS / "mlp_stack.py")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

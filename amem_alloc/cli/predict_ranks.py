@@ -83,6 +83,9 @@ def predict_command(args: argparse.Namespace) -> int:
     from . import predict_options
 
     launch, script = launch_and_script(args)
+    if getattr(args, "what_if", None):   # not silently dropped: the trials run one process
+        raise ValueError(f"--what-if predicts one process, not the {launch.world_size} ranks of a distributed job; "
+                         "predict the job without it")
     predict_options.check(args, workload=False)
     if args.trace and "{rank}" not in args.trace and len(launch.chosen()) > 1:
         raise ValueError(f"--trace {args.trace}: put {{rank}} in the path for one file per rank")
