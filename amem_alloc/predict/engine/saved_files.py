@@ -35,13 +35,17 @@ copy with a note that the file "was there before".
 A save of fake tensors into a buffer or an open file is noted at the script's line (the bytes
 hold zeros for the values), and a file that was there before the prediction, opened for writing
 after such a save, is noted as one that may now hold them: the script writes it itself, which
-amem cannot keep apart.
+amem cannot keep apart. A new file the script opened and saved into (`with open(p, "wb") as f:
+torch.save(state, f)`) is one saved from fake tensors, as by its path; so is a new file whose size
+at the end is that of a buffer such a save went into (Lightning saves its checkpoint into a BytesIO
+and writes it through fsspec): both are removed at the end, noted. A file that was there before
+is never taken for one (a new file moved over it is the script's own writing, noted above).
 
 Other new files the script writes (images, logs, data: DreamBooth's class images, which a real run
 takes as already made) stay, named in one note as the prediction ends; caches aside (downloads and
 compiled kernels are a later run's as they are).
 
-Not covered: a file written from a buffer (above) stays, noted; other writers (numpy, json, a
+Not covered: a file written from part of a buffer, or from a buffer and more, stays, noted; other writers (numpy, json, a
 library's own format) write what they write; a test of the path (`os.path.exists`) and `safe_open`
 where a library bound it at import (transformers) see the user's file, which holds the same names
 and shapes where it is the same program's.
@@ -99,6 +103,8 @@ class SavedFiles:
         self.aside: dict[str, str] = {}    # a file that was there, a file of zeros moved over it -> where it waits
         self.into_buffer = False           # a save of fake tensors went into a buffer or file object
         self.stamps: dict[str, int] = {}   # a new path -> its rank's collectives when it appeared (run_files.py)
+        self.buffer_sizes: set[int] = set()   # sizes of the buffers saves of fake tensors went into
+        self.replaced: set[str] = set()       # files that were there, a new one moved or copied over them
 
     def _appeared(self, real: str) -> None:
         self.stamps[real] = run_files.now()
@@ -124,11 +130,26 @@ class SavedFiles:
 
     def saved_into(self, f: Any) -> None:
         """A save of fake tensors into a buffer or an open file (Lightning saves a checkpoint into
-        a BytesIO, then writes it through fsspec), noted at the script's line."""
+        a BytesIO, then writes it through fsspec), noted at the script's line; a new file the script
+        opened itself holds zeros as one saved by its path does."""
         name = getattr(f, "name", None)
+        if isinstance(name, str) and _real(name) in self.created:   # a new file the script opened itself
+            self.zeros.add(_real(name))
+            notes.record(notes.STAND_IN, NEW_NOTE.format(path=name), where=notes.call_site(3))
+            return
         what = name if isinstance(name, str) else f"a buffer ({type(f).__name__})"
         notes.record(notes.STAND_IN, BUFFER_NOTE.format(what=what), where=notes.call_site(3))
         self.into_buffer = True
+
+    def saved_into_done(self, f: Any) -> None:
+        """After a save of fake tensors into a buffer: its size, to tell at the end the new file
+        written from it (Lightning writes its checkpoint from a BytesIO through fsspec)."""
+        if getattr(f, "name", None) is not None:
+            return
+        with contextlib.suppress(Exception):   # a stream that cannot tell its size: noted only
+            size = f.getbuffer().nbytes if hasattr(f, "getbuffer") else f.tell()
+            if size > 0:
+                self.buffer_sizes.add(size)
 
     def opened_for_writing(self, path: Any) -> None:
         """The script opened `path` to write it: from now on a file this prediction wrote."""
@@ -170,8 +191,11 @@ class SavedFiles:
         fake tensors taken over a file that was there before (torch.save to a temporary file, then
         os.replace: timm's checkpoints) sets that file aside first, to be put back as the
         prediction ends; its copies and links hold zeros as it does."""
-        if source in self.zeros and os.path.isfile(path) and path not in self.written:
-            self._set_aside(path)
+        if os.path.isfile(path) and path not in self.written:
+            if source in self.zeros:
+                self._set_aside(path)
+            else:
+                self.replaced.add(path)   # never taken for one written from a buffer (leftovers)
         if event == "os.rename":
             self.moved(source, path)
         elif source in self.zeros:
@@ -217,7 +241,12 @@ class SavedFiles:
 
     def leftovers(self) -> list[str]:
         """What to remove as the prediction ends: each file saved from fake tensors still there, or
-        the outermost folder this prediction made that holds it."""
+        the outermost folder this prediction made that holds it; a new file the size of a buffer a
+        save of fake tensors went into is one written from it."""
+        for path in self.created:
+            if path not in self.zeros and path not in self.replaced and _size(path) in self.buffer_sizes:
+                self.zeros.add(path)
+                notes.record(notes.STAND_IN, NEW_NOTE.format(path=path), where=self.created[path])
         out = set()
         for path in self.zeros:
             if os.path.lexists(path):
@@ -323,6 +352,13 @@ def _real(path: Any) -> str:
     return os.path.realpath(os.fsdecode(path))
 
 
+def _size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
+
+
 def _is_name(path: Any) -> bool:
     return isinstance(path, (str, bytes, os.PathLike))
 
@@ -363,9 +399,12 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
                 saved.saved_into(f)
         known.saving += 1
         try:
-            return save(obj, f, *args, **kwargs)
+            out = save(obj, f, *args, **kwargs)
         finally:
             known.saving -= 1
+        if not _is_path(f) and holds_fake(obj):
+            saved.saved_into_done(f)
+        return out
 
     def load_copy(f, *args, **kwargs):
         return load(saved.source(f) if _is_path(f) else f, *args, **kwargs)
