@@ -74,18 +74,33 @@ def test_a_rank_writing_a_path_it_got_back_keeps_its_own_and_the_first_ranks_is_
 
 
 def test_a_nested_level_hands_its_runs_paths_on_and_a_later_run_does_not_see_them(tmp_path):
-    """What-if trials: each runs from where the first run started."""
+    """Ranks of one job, then another job's: each runs from where the first started."""
     path = tmp_path / "out" / "checkpoint-1" / "model.pt"
     found = []
     with run_files.level():
-        for trial in range(2):
-            with run_files.level():
+        for job in range(2):
+            with run_files.level(), run_files.rank_run(0):
                 run_files.run_started()
                 found.append(path.exists())
-                _write(path)
+                _write(path, f"job {job}")
                 run_files.run_ended({str(tmp_path / "out"): 0, str(path): 0})
     assert found == [False, False]
-    assert path.exists()
+    assert path.read_text() == "job 0"
+
+
+def test_what_if_trials_start_where_the_first_run_did_and_only_its_files_stay(tmp_path):
+    """A trial is a run of a changed job: it finds none of the first run's files, and its own
+    (Lightning's event files, one per run, in one log folder) are not the user's to keep."""
+    logs = tmp_path / "logs"
+    found = []
+    with run_files.level():
+        for run in range(3):   # the prediction, then two trials
+            run_files.run_started()
+            found.append(sorted(os.listdir(logs)) if logs.exists() else None)
+            events = _write(logs / f"events.{run}")
+            run_files.run_ended({str(logs): 0, events: 0})
+    assert found == [None, None, None]
+    assert sorted(os.listdir(logs)) == ["events.0"]
 
 
 def test_paths_taken_out_of_a_level_are_adopted_by_another_and_given_to_its_later_ranks(tmp_path):

@@ -29,15 +29,18 @@ wrote before it is on the disk, or listed; a rank that makes no progress for `PA
 longer waited for. A worker sends the paths its ranks made to the process it records for
 (`take_out`, `adopt`), whose later ranks find them.
 
-When the whole prediction ends (saved_files.whole_prediction), every run's paths are put back where
+When the whole prediction ends (saved_files.whole_prediction), every rank's paths are put back where
 the script wrote them, the lowest run's where two wrote the same path, before the checkpoints of
-zeros among them are removed; a level nested in another (a trial's ranks) hands its runs' paths
+zeros among them are removed; of the runs that are no rank, only the first's (the others are
+what-if trials, runs of a changed job: their logs and images are no run's the user makes); a level nested in another (a trial's ranks) hands its runs' paths
 to that level instead, so that a later trial does not find them.
 
 Collectives are counted as the fake process group sees them (collectives.py); where a stand-in
 answers for a collective a rank would have made (object_collectives.py) it counts as torch's code
 would. Not modelled: the order of two ranks' writes between the same two collectives (a race in a
-real job too); waiting at collectives other than barriers.
+real job too); waiting at collectives other than barriers; a rank recorded before another never
+finds what that one writes (each rank writes its part, a barrier, rank 0 reads them all: rank 0,
+recorded first, finds only its own).
 """
 from __future__ import annotations
 
@@ -84,6 +87,7 @@ class _Run:
     waiting: list = field(default_factory=list)     # other ranks' paths not given back yet, latest stamp first
     given: set = field(default_factory=set)         # (rank, path) of those given back
     version: int = -1                               # the level's paths `waiting` was made from
+    handed: bool = False                            # ended in a nested level, handed to this one
 
 
 class _Board:
@@ -181,12 +185,15 @@ class Level:
 
     # -- the level's end --
     def hand_to(self, outer: "Level") -> None:
+        if self.paths:   # more than one run: the last one's too, each path with its rank and run
+            self.set_aside()
         for p in self.paths:
-            p.own = False
-        for run in self.ended:
-            run.rank = None   # another job's rank: never given to the outer level's ranks
+            p.own = False   # another job's: never given to the outer level's ranks, always put back
         outer.paths.extend(self.paths)
+        for run in self.ended:   # a level of one run: its paths stay where they are, another job's
+            run.handed = True
         outer.ended.extend(self.ended)
+        outer.version += 1
         self.paths, self.ended = [], []
 
     def put_back(self) -> None:
@@ -194,8 +201,8 @@ class Level:
         was moved)."""
         if self.paths:
             self.set_aside()
-        for p in sorted(self.paths, key=lambda p: (p.rank if p.rank is not None else -1, p.run,
-                                                   p.path.count(os.sep))):
+        for p in sorted(self._kept_for_the_user(), key=lambda p: (p.rank if p.rank is not None else -1, p.run,
+                                                                  p.path.count(os.sep))):
             if p.kept is None:
                 with contextlib.suppress(OSError):
                     os.makedirs(p.path, exist_ok=True)
@@ -206,6 +213,14 @@ class Level:
         self.paths, self.ended = [], []
 
     # -- helpers --
+    def _kept_for_the_user(self) -> list[MadePath]:
+        """What goes back: every rank's paths, and of the runs that are no rank only the first's:
+        the others are what-if trials, runs of a changed job the user never runs (Lightning's
+        event files of six runs in one log folder)."""
+        runs = [p.run for p in self.paths if p.own and p.rank is None]
+        first = min(runs, default=None)
+        return [p for p in self.paths if not (p.own and p.rank is None and p.run != first)]
+
     def _others(self, rank: int) -> list[MadePath]:
         """Other ranks' paths: this process's, and those listed by ranks recorded in other processes."""
         listed = [p for paths in self.listed.values() for p in paths]
@@ -262,7 +277,7 @@ class Level:
                 shutil.move(path, kept)
             except OSError:
                 return   # left where it is, seen by later runs as before
-        self.paths.append(MadePath(path, stamp, kept, run.rank, run.number, os.getpid()))
+        self.paths.append(MadePath(path, stamp, kept, run.rank, run.number, os.getpid(), own=not run.handed))
         self.version += 1
 
     def _give_back(self, p: MadePath, run: _Run) -> None:
