@@ -969,3 +969,26 @@ def test_a_model_compiled_after_fully_shard_compiles_what_torch_compiles(kind, t
         held = r.prediction.to_dict()["at_peak"]
         assert abs(held["parameter"] - params) < 4096 and abs(held["optimizer_state"] - 2 * params) < 8192, held
     assert "the script failed" not in capfd.readouterr().out
+
+
+UNKNOWN_ROOT = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+with open(sys.argv[1], "a") as f:
+    f.write(f"{dist.get_rank()}\\n")
+decision = torch.randn(1, device="cuda")   # unknown on the root too (Lightning's reduced decisions)
+dist.broadcast(decision, src=0)
+if decision.item() > 0:
+    held = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+"""
+
+
+def test_a_root_recorded_in_this_process_is_not_recorded_again_for_what_it_could_not_know(tmp_path):
+    """Rank 1 reads a value rank 0 broadcast that rank 0 itself did not know: recording rank 0
+    again, and rank 1 after it, gave nothing and doubled every Lightning DDP prediction."""
+    script, runs = tmp_path / "unknown_root.py", tmp_path / "runs.txt"
+    script.write_text(UNKNOWN_ROOT)
+    runs.write_text("")   # there before: each run appends to it (a new file would be each rank's own)
+    predict_ranks(launch_mod.Launch(2, 1, None), [str(script), str(runs)], "H100", "torch", steps=0, timeout=300,
+                  workers=1)
+    assert runs.read_text().split() == ["0", "1"]

@@ -89,10 +89,15 @@ def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording
     recording it (its root was recorded in another worker, or not at all: `--rank 3` alone), made
     again after recording those roots in the same process, so that it reads what they sent
     (Megatron broadcasts from each tensor-parallel group's first rank whether to train at all).
-    The roots' own recordings only fill the job's table of values sent (collectives.py)."""
+    The roots' own recordings only fill the job's table of values sent (collectives.py). A root
+    already recorded in this process sent what it could (a value unknown to it stays unknown:
+    recording both again gave nothing and doubled the time of every Lightning DDP job)."""
+    done: set[int] = set()
+
     def recorded(rank: int, waiting: frozenset = frozenset()) -> Recording:
         recording = record(rank)
-        roots = sorted(recording.roots_read - waiting - {rank})
+        done.add(rank)
+        roots = sorted(recording.roots_read - waiting - {rank} - done)
         if not roots:
             return recording
         for root in roots:
