@@ -38,11 +38,11 @@ LOAD = declare("deepspeed.ops.op_builder.builder.OpBuilder", "load",
                "an op's calls given host copies of fake tensors (no memory behind them) are skipped: "
                "DeepSpeedCPUAdam's update read them and crashed the process; a CUDA op is never built "
                "(engine/deepspeed_host_ops.py)")
+IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that wraps DeepSpeed's ops as "
+                 "deepspeed.ops.op_builder.builder is imported (engine/deepspeed_host_ops.py)")
 IN_PLACE = ("fused_adam", "fused_lamb", "fused_lion")   # CUDA ops that update their tensors in place
 UNBUILT_NOTE = ("DeepSpeed's CUDA op {name}: not built (it compiles for a GPU); its updates are in place and "
                 "allocate nothing on the device, as its kernels do")
-IMPORT = declare("sys", "meta_path", "a copy, first of all finders one that wraps DeepSpeed's ops as "
-                 "deepspeed.ops.op_builder.builder is imported (engine/deepspeed_host_ops.py)")
 
 
 def _has_fake(values) -> bool:

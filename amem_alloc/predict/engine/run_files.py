@@ -45,9 +45,10 @@ recorded first, finds only its own).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import mmap
 import os
-import pickle
 import shutil
 import struct
 import tempfile
@@ -55,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ... import atomic_write
 from .. import scratch
 
 PATIENCE_S = 120.0   # a rank not seen to move for this long is not waited for at barriers
@@ -238,18 +240,15 @@ class Level:
             self.version += 1
             for name in os.listdir(self.folder):
                 if name.startswith(_INDEX) and not name.endswith(f"-{os.getpid()}"):
-                    with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError):
-                        with open(os.path.join(self.folder, name), "rb") as f:
-                            self.listed[name] = pickle.load(f)
-        return self.listed
+                    with contextlib.suppress(OSError, ValueError, TypeError):
+                        with open(os.path.join(self.folder, name), encoding="utf-8") as f:
+                            self.listed[name] = [MadePath(**p) for p in json.load(f)]
 
     def _list(self, rank: int) -> None:
         """`rank`'s paths listed for the ranks recorded in other processes (written whole)."""
         name = os.path.join(self.folder, f"{_INDEX}{rank}-{os.getpid()}")
-        with contextlib.suppress(OSError):
-            with tempfile.NamedTemporaryFile("wb", dir=self.folder, prefix=".", delete=False) as f:
-                pickle.dump([p for p in self.paths if p.rank == rank], f)
-            os.replace(f.name, name)
+        with contextlib.suppress(OSError):   # atomic_write's temporary is hidden ("."): never read as a list
+            atomic_write.write_text(name, json.dumps([dataclasses.asdict(p) for p in self.paths if p.rank == rank]))
 
     def _wait_for_others(self, run: _Run) -> None:
         """Until every other running rank has entered this barrier (or ended, or stopped moving)."""

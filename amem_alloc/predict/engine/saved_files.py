@@ -392,17 +392,17 @@ def install(patches: PatchSet, saved: SavedFiles, known: Any) -> None:
     save, load = serialization.save, serialization.load
 
     def save_apart(obj, f, *args, **kwargs):
-        if holds_fake(obj):
-            if _is_path(f):
-                f = saved.target(f)
-            else:
-                saved.saved_into(f)
+        fake = holds_fake(obj)   # walked once: a state dict's every tensor
+        if fake and _is_path(f):
+            f = saved.target(f)
+        elif fake:
+            saved.saved_into(f)
         known.saving += 1
         try:
             out = save(obj, f, *args, **kwargs)
         finally:
             known.saving -= 1
-        if not _is_path(f) and holds_fake(obj):
+        if fake and not _is_path(f):
             saved.saved_into_done(f)
         return out
 
