@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ... import atomic_write
 from ...version import __version__
+from . import source_keys
 
 FORMAT = 1
 MAX_ENTRIES = 512
@@ -56,8 +57,10 @@ def folder() -> Path | None:
 
 def key(gm, example_inputs, kw: dict, props) -> str | None:
     """The graph's key (torch's, and the card's and amem's parts), or None where torch keys it not."""
-    if folder() is None:
+    place = folder()
+    if place is None:
         return None
+    source_keys.prime(place)
     torch_key = _torch_key(gm, example_inputs, kw)
     if torch_key is None:
         return None
