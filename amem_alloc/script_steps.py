@@ -65,15 +65,16 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
         counted()
 
     target, args, module = target_of(argv)
+    failed_with: list[str] = []
     hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     try:
         with _backward_steps(made, backward_step):
-            status = run(target, args, module=module, reraise=reraise, amems=amems)
+            status = run(target, args, module=module, reraise=reraise, amems=amems, failed_with=failed_with)
     finally:
         for hook in hooks:
             hook.remove()
     if status != 0:
-        raise ScriptFailed(name_of(argv), status)
+        raise ScriptFailed(name_of(argv), status, failed_with[-1] if failed_with else None)
     return steps[0]
 
 

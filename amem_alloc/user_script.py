@@ -68,9 +68,10 @@ def _os_exit_ends_the_script() -> Iterator[None]:
 class ScriptFailed(Exception):
     """The user's script ended with a non-zero exit status (its traceback already printed)."""
 
-    def __init__(self, script: str, status: int) -> None:
+    def __init__(self, script: str, status: int, error: str | None = None) -> None:
         super().__init__(f"{script} exited with status {status}")
         self.script, self.status = script, status
+        self.error = error   # "train.py:12: ValueError: ..." where it raised (error_line), else None
 
 
 _FOR_THE_SCRIPT = "_amem_for_the_script"
@@ -150,6 +151,18 @@ def script_traceback(err: BaseException) -> str:
     return "".join(traceback.format_exception(type(err), err, _user_frames(err.__traceback__)))
 
 
+def error_line(err: BaseException) -> str:
+    """`err` in one line, where the script's own code raised it: "train.py:12: ValueError: bad
+    value" (the last frame outside amem, torch and the other libraries; its first message line)."""
+    from . import code_files   # (imports torch: called where a prediction ran the script)
+
+    frames = traceback.extract_tb(_user_frames(err.__traceback__))
+    mine = [f for f in frames if code_files.is_user_file(f.filename)]
+    where = f"{code_files.display_path(mine[-1].filename, os.getcwd())}:{mine[-1].lineno}: " if mine else ""
+    message = (str(err).strip().splitlines() or [""])[0]
+    return where + type(err).__name__ + (f": {message}" if message else "")
+
+
 def print_script_error(err: BaseException) -> None:
     """The traceback Python would print, from the script's first frame on. Ctrl-C lands wherever
     the script was, often inside amem's own hooks: those frames are left out of its traceback."""
@@ -187,14 +200,16 @@ def exit_status(code) -> int:
 
 def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
         explain: Callable[[BaseException], str | None] | None = None,
-        amems: Callable[[BaseException], BaseException | None] | None = None) -> int:
+        amems: Callable[[BaseException], BaseException | None] | None = None,
+        failed_with: list[str] | None = None) -> int:
     """Runs the script or module as __main__; returns its exit status (its traceback printed).
 
     Exceptions of the `reraise` types propagate instead (amem compare's GPU runs count a
     torch.OutOfMemoryError as the run's OOM); so does an exception for which `amems(err)` returns
     an exception (amem's own failure, predict/failures.py), that one, raised from err. Where
     `explain(err)` gives a line (amem run: the script's first CUDA call on a machine with no GPU),
-    that line is printed instead of the traceback. The caller's sys.argv, sys.path, sys.stdout and
+    that line is printed instead of the traceback. The script's own exception, if it raised one, is
+    appended to `failed_with` in one line (error_line). The caller's sys.argv, sys.path, sys.stdout and
     sys.stderr and the builtins are theirs again afterwards: an in-process prediction (amem_alloc.fit,
     a rank) leaves no script folder behind, and what amem prints after the script is not swallowed by
     a `print` the script replaced (torchvision's references silence it on every rank but 0) or sent to
@@ -205,7 +220,7 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     sys.argv = [target, *args]
     try:
         with _os_exit_ends_the_script():
-            return _run_as_main(target, module, reraise, explain, amems)
+            return _run_as_main(target, module, reraise, explain, amems, failed_with)
     finally:
         sys.argv = argv_before
         sys.path[:] = path_before
@@ -214,7 +229,8 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
 
 
 def _run_as_main(target: str, module: bool, reraise: tuple, explain,
-                 amems: Callable[[BaseException], BaseException | None] | None) -> int:
+                 amems: Callable[[BaseException], BaseException | None] | None,
+                 failed_with: list[str] | None = None) -> int:
     try:
         if module:
             sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first
@@ -234,6 +250,8 @@ def _run_as_main(target: str, module: bool, reraise: tuple, explain,
         amems_instead = amems(err) if amems is not None else None
         if amems_instead is not None:
             raise amems_instead from err
+        if failed_with is not None:
+            failed_with.append(error_line(err))
         line = explain(err) if explain is not None else None
         if line:
             print(line, file=sys.stderr)

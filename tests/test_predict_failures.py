@@ -304,7 +304,10 @@ def test_json_says_why_there_is_no_prediction(tmp_path):
     out = tmp_path / "users.json"
     proc = amem("--json", out, "--", "python", users)
     assert proc.returncode == 1
-    assert json.loads(out.read_text()) == {"predicted": False, "failure": {
+    data = json.loads(out.read_text())
+    error = data["failure"].pop("script_error")   # the script's own exception, where its code raised it
+    assert error.endswith("users.py:4: ValueError: n must be >= 0") and error.startswith(str(tmp_path)), error
+    assert data == {"predicted": False, "failure": {
         "kind": "script_failed", "exit_status": 1, "says": [f"amem predict: {SCRIPT_FAILED} (exit status 1); no prediction"]}}
     ours = _script(tmp_path, AMEMS[0][1], name="ours.py")
     out = tmp_path / "ours.json"

@@ -13,7 +13,8 @@ process and a distributed job (predict_ranks.py) end the same way.
     the script's own status when it fails (its traceback printed as Python prints it)
 
 With --json, each of these also writes `{"predicted": false, "failure": {"kind", "exit_status",
-"says"}}` there (kind: script_failed, timeout, data_dependent, not_modelled, amem_failed).
+"says"}}` there (kind: script_failed, timeout, data_dependent, not_modelled, amem_failed), and for a
+script that raised, "script_error": its exception in one line, where its own code raised it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def status_of(failure: BaseException, child_reports: list[dict] = (), debug: boo
     for line in lines:
         print(line, file=sys.stderr)
     if json_path:
-        _write_failure(json_path, kind, status, lines)
+        _write_failure(json_path, kind, status, lines, getattr(failure, "error", None))
     return status
 
 
@@ -72,14 +73,18 @@ def outcome(failure: BaseException, child_reports: list[dict] = ()) -> tuple[str
     return "not_modelled", exit_status.NOT_MODELLED, [f"amem predict: {failure}; this run cannot be predicted"]
 
 
-def _write_failure(path: str, kind: str, status: int, lines: list[str]) -> None:
-    """`{"predicted": false, "failure": {...}}` at `path`, written whole; a path that cannot be
-    written is said in one more line (the failure's status stands)."""
+def _write_failure(path: str, kind: str, status: int, lines: list[str], script_error: str | None) -> None:
+    """`{"predicted": false, "failure": {...}}` at `path`, written whole (with the script's own
+    exception in one line where it raised one); a path that cannot be written is said in one more
+    line (the failure's status stands)."""
     import json
 
     from ..atomic_write import write_text
 
-    data = {"predicted": False, "failure": {"kind": kind, "exit_status": status, "says": lines}}
+    failure = {"kind": kind, "exit_status": status, "says": lines}
+    if script_error:
+        failure["script_error"] = script_error
+    data = {"predicted": False, "failure": failure}
     try:
         write_text(path, json.dumps(data, indent=1))
     except OSError as err:
