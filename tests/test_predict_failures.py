@@ -315,3 +315,39 @@ def test_json_says_why_there_is_no_prediction(tmp_path):
     data = json.loads(out.read_text())
     assert proc.returncode == 4 and data["failure"]["kind"] == "amem_failed" and data["failure"]["exit_status"] == 4
     assert data["failure"]["says"] == [proc.stderr.rstrip().splitlines()[-1]]
+
+
+# ---------------------------------------------------------------------------- arithmetic on a zero stand-in
+ZERO_DIVISION = """\
+    import math, torch
+    m = torch.nn.Linear(128, 10).cuda()
+    labels = torch.randint(-1, 10, (32,), device="cuda")
+    valid = (labels >= 0).sum().item()
+    loss = m(torch.randn(32, 128, device="cuda")).sum()
+    print({use})
+    """
+
+
+@pytest.mark.parametrize("use, error", [("loss.item() / valid", "ZeroDivisionError: float division by zero"),
+                                        ("math.log(valid)", "ValueError: math domain error")])
+def test_arithmetic_on_a_zero_stand_in_is_amems_limit_not_the_scripts_failure(tmp_path, use, error):
+    """A count read as the zero stand-in and divided by ended the script as its own failure ("the
+    script failed"); a GPU's value would not have been zero. It is amem's limit: one line naming
+    the error and the zero reads before it, status 4."""
+    script = _script(tmp_path, ZERO_DIVISION.format(use=use))
+    proc = amem("--", "python", script)
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert proc.returncode == 4 and SCRIPT_FAILED not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith(f"amem predict: s.py:6: {error}, computed from values prediction does not compute"), last
+    assert "item() of a CUDA tensor: 0 at" in last and "s.py:4" in last and "is_predicting()" in last
+
+
+def test_a_division_by_zero_of_the_scripts_own_stays_its_failure(tmp_path):
+    script = _script(tmp_path, """\
+        import torch
+        x = torch.ones(4, device="cuda")
+        print(1 / (len(x) - 4))
+        """)
+    proc = amem("--", "python", script)
+    assert proc.returncode == 1 and proc.stderr.rstrip().endswith(f"{SCRIPT_FAILED} (exit status 1); no prediction")
+    assert "ZeroDivisionError: division by zero" in proc.stderr

@@ -35,6 +35,7 @@ from typing import Any
 from .. import script_steps, user_script
 from . import failures, repeat, script_logging
 from .notes import NotModelledError, call_site
+from .engine import values
 from .engine.values import DataDependentError
 
 DEFAULT_STEPS = 5
@@ -149,7 +150,8 @@ def amems_failure_of(argv: list[str], run: Any):
     folder = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
     storages = getattr(getattr(run, "session", None), "storages", None)
     user_meta = (lambda: storages.holds("meta")) if storages is not None else (lambda: False)
-    return lambda err: failures.amems_failure(err, folder, (DataDependentError, NotModelledError), user_meta)
+    return lambda err: (failures.amems_failure(err, folder, (DataDependentError, NotModelledError), user_meta)
+                        or values.failure_from_zero(err, folder))
 
 
 def _repeats(run: Any) -> bool:

@@ -28,6 +28,12 @@ selected, every element distinct — each a note ("assumed" or "upper-bound") wi
 both rules where they differ. Ops with no upper bound (`bincount` without `minlength`,
 `repeat_interleave` with a tensor of repeats) stop with DataDependentError.
 
+A stand-in can end the script where a GPU's value would not: the script divides by a count or a
+time it read (`loss.item() / valid`, `1.0 / norm`). Such an error — a ZeroDivisionError, or
+`math.log(0)`'s "math domain error" — raised after zero stand-ins were given is amem's limit, not
+the script's failure (`failure_from_zero`): the run cannot be predicted, and the line names the
+error and the last zero stand-ins read before it, with how to go on.
+
 A value read from *assumed* values (known.py: an `if` on a router's choice, `counts.tolist()`)
 answers the rule's value and is an "assumed" note with what each rule gave: the notes say which
 branch each such stand-in chose. A zero stand-in read by `bool()` is noted "False" (`if t:` is not
@@ -40,6 +46,7 @@ import numpy as np
 import torch
 
 from .. import notes
+from ..notes import NotModelledError
 from ..rules import data_dependent
 from .known import UNSEEN
 
@@ -144,6 +151,35 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
         spec = args[1] if len(args) > 1 else ""
         return format(zero, spec) if not shape and spec else _describe(t, device)
     return _describe(t, device)
+
+
+ZEROS_SHOWN = 3   # the last zero stand-ins before the error, named in its line
+ZERO_STAND_INS = tuple(f": {z!r}" for z in (0, 0.0, False, 0j)) + (": zeros",)   # how the notes above end
+
+
+def failure_from_zero(err: BaseException, base: str | None):
+    """The NotModelledError that `err`, ending the script, is where it is arithmetic on a zero
+    stand-in (see the note), else None. `base`: the script's folder, for the line's paths."""
+    arithmetic = isinstance(err, ZeroDivisionError) or (isinstance(err, ValueError) and str(err) == "math domain error")
+    given = notes.current()
+    zeros = [n for n in (given or []) if n.kind == notes.STAND_IN and n.what.endswith(ZERO_STAND_INS)]
+    if not arithmetic or not zeros:
+        return None
+    shown = [f"{n.what} at {notes.displayed(n.where, base)}" for n in zeros[-ZEROS_SHOWN:]]
+    more = f"; {len(zeros) - ZEROS_SHOWN} more in the notes" if len(zeros) > ZEROS_SHOWN else ""
+    message = (f"{type(err).__name__}: {err}, computed from values prediction does not compute, read as zero "
+               f"({'; '.join(shown)}{more}); guard those reads or what uses them with "
+               "amem_alloc.predict.is_predicting()")
+    return NotModelledError(message, where=notes.displayed(_raised_at(err), base))
+
+
+def _raised_at(err: BaseException) -> str:
+    """call_site()'s text for where `err` was raised."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return notes.frames_site(tuple(reversed(frames)))
 
 
 _SCALAR_READS = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero": "bool() of a tensor",

@@ -19,7 +19,7 @@ LiveAllocator, and puts every original back on exit, whether the body raised or 
 * execution: synchronize, Stream / Event (torch.cuda's, and torch's generic ones made for CUDA) /
   stream(...) / current_stream / default_stream /
   set_stream are no-ops that keep stream identity (a Stream has a stable id, `with stream(s)`
-  makes it current); Event.elapsed_time is 0.0 (nothing runs);
+  makes it current); Event.elapsed_time is 1.0 ms, a noted stand-in (nothing runs);
 * memory: memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
   reset_peak_memory_stats, reset_max_memory_allocated, memory_stats (torch's keys),
   memory_summary, empty_cache (the core's empty_cache, and a release op in the program);
