@@ -578,6 +578,28 @@ def test_fsdp1_other_sharding_strategies(strategy):
     assert len([size for size, stream in _gathered(p) if size == block and stream != 0]) == F1_LAYERS * 3
 
 
+SHARDED_STATE_DICT = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+dist.init_process_group("nccl")
+model = FSDP(nn.Linear(64, 64).cuda())
+model(torch.randn(2, 64, device="cuda")).sum().backward()
+with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+    state = model.state_dict()   # FSDP's post-state-dict hook wraps each shard in a ShardedTensor
+print("sharded:", sorted(state), [tuple(v.local_tensor().shape) for v in state.values()])
+"""
+
+
+def test_fsdp1_sharded_state_dict_is_made_of_the_ranks_shards(tmp_path, capfd):
+    """HF Trainer's FSDP checkpoints (SHARDED_STATE_DICT): amem's own device check asked a
+    ShardedTensor, which has no storage of its own, for one, and the job read "the script failed";
+    the state dict is made, each value the rank's shard."""
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED_STATE_DICT)
+    _predict_argv([str(script)], 2)
+    assert "sharded: ['bias', 'weight'] [(32, 64), (32,)]" in capfd.readouterr().out   # rank 0's rows
+
+
 def test_fsdp1_cpu_offload_is_refused_in_one_line_with_exit_4():
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
                         str(MODELS / "dist_fsdp1.py")], env={"OFFLOAD": "1"}, timeout=300)
@@ -787,6 +809,33 @@ def test_a_rank_that_reads_what_its_root_sent_is_recorded_after_that_root(tmp_pa
         prediction = result.rank(r).prediction
         assert prediction.row("torch").peak_allocated >= 64 << 20, (r, prediction.row("torch").peak_allocated)
         assert not [n for n in prediction.notes if n["kind"] == "stand-in"], prediction.notes
+
+
+ROOT_CHECKED = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+count = torch.tensor(115 if rank == 0 else -1, device="cuda")   # DeepSpeed ZeRO-3's check that the
+dist.broadcast(count, src=0)                                     # ranks agree with rank 0's list length
+assert count.cpu().item() == 115, f"rank {rank} disagrees with rank 0"
+held = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+"""
+
+
+@pytest.mark.parametrize("world, ranks, workers", [(4, None, None), (2, (1,), 1)])
+def test_a_rank_that_failed_on_what_its_root_sent_is_recorded_again_after_it(tmp_path, capfd, world, ranks, workers):
+    """Rank 3, recorded in a worker beside rank 0's (a 4-rank DeepSpeed ZeRO-3 job by default), or
+    rank 1 alone, read rank 0's broadcast through a copy as the stand-in 0, failed the script's
+    check, and the job read "the script failed". It is recorded again after rank 0 and passes;
+    the line above says why its first failure is shown."""
+    script = tmp_path / "root_checked.py"
+    script.write_text(ROOT_CHECKED)
+    result = predict_ranks(launch_mod.Launch(world, 1, ranks), [str(script)], "H100", "torch", steps=0, timeout=300,
+                           workers=workers)
+    for r in ranks or (0, 3):   # None: the ends recorded together, the rest taken as rank 0
+        assert result.rank(r).prediction.row("torch").peak_allocated >= 32 << 20
+    if workers == 1:   # (a worker's output is its own)
+        assert f"amem predict: rank {ranks[-1]} failed (above) after reading what rank 0 broadcast" in capfd.readouterr().err
 
 
 PAD_ACROSS = """

@@ -121,9 +121,17 @@ class Storages:
         self.next_address = FAKE_ADDRESS_BASE
 
     def device_of(self, t: torch.Tensor) -> str | None:
+        """The device `t` claims; None for a tensor subclass with no storage of its own (a
+        ShardedTensor: its local shards hold its data and are seen as themselves)."""
         if t.device.type != "meta":
             return t.device.type
-        return self.device_of_storage(storage_of(t))
+        try:
+            storage = storage_of(t)
+        except RuntimeError as err:
+            if isinstance(err, NotModelledError) or type(t) in (torch.Tensor, torch.nn.Parameter):
+                raise
+            return None
+        return self.device_of_storage(storage)
 
     def device_of_storage(self, st: torch.UntypedStorage) -> str | None:
         """The device a storage made in the session claims ("cuda", "meta", ...), None if not one of them."""
