@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 from typing import Any, Callable
 
@@ -65,12 +66,32 @@ def run_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: A
     started = time.perf_counter()
     run = api.predicting(gpu, policies=policies, target=f"rank {rank} of {launch.world_size}: {' '.join(script)}",
                          strict=strict, shapes=shapes, device_count=launch.nproc_per_node, analyse=False)
-    with FreshLibraries(), RankEnvironment(launch, rank), run_files.rank_run(rank), run:
-        mode = CollectiveMode(run.session, sent)
-        with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode, \
-                Spawns(launch.nproc_per_node, rank):
-            done = script_mod.run(launch.script_for(script, rank), run, steps, timeout, write_repeats)
+    try:
+        with FreshLibraries(), RankEnvironment(launch, rank), run_files.rank_run(rank), run:
+            mode = CollectiveMode(run.session, sent)
+            with FakeWorld(launch, rank), FakeGroupDDP(run.session, mode.waited), WorkWaits(mode), mode, \
+                    Spawns(launch.nproc_per_node, rank):
+                done = script_mod.run(launch.script_for(script, rank), run, steps, timeout, write_repeats)
+    except Exception as failed:   # the script's failure or amem's: perhaps on a value another rank sent
+        roots = _roots_read(run, rank)
+        if roots:
+            raise RootsUnread(roots) from failed
+        raise
     return run, done, time.perf_counter() - started
+
+
+class RootsUnread(Exception):
+    """A rank's run failed after reading values other ranks broadcast that were unknown to the
+    process recording it (`roots`): recorded after them, it may not (roots_first)."""
+
+    def __init__(self, roots: frozenset) -> None:
+        super().__init__(f"read what ranks {sorted(roots)} broadcast, unknown here")
+        self.roots = roots
+
+
+def _roots_read(run: Any, rank: int) -> frozenset:
+    known = getattr(getattr(run, "session", None), "known", None)
+    return frozenset(known.roots_read) - {rank} if known is not None else frozenset()
 
 
 def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies: Any, steps: int,
@@ -80,8 +101,7 @@ def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies
     run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats,
                                   shapes)
     run.recorded.seconds = seconds
-    return Recording(rank, run.recorded, done, written_out=run.written_out,
-                     roots_read=frozenset(run.session.known.roots_read) - {rank})
+    return Recording(rank, run.recorded, done, written_out=run.written_out, roots_read=_roots_read(run, rank))
 
 
 def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording]:
@@ -91,13 +111,26 @@ def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording
     (Megatron broadcasts from each tensor-parallel group's first rank whether to train at all).
     The roots' own recordings only fill the job's table of values sent (collectives.py). A root
     already recorded in this process sent what it could (a value unknown to it stays unknown:
-    recording both again gave nothing and doubled the time of every Lightning DDP job)."""
+    recording both again gave nothing and doubled the time of every Lightning DDP job). A rank
+    whose script failed after such a read (DeepSpeed ZeRO-3 checks that every rank has rank 0's
+    list length: a stand-in 0 fails it) is made again after its roots likewise; where they were
+    recorded already, its failure stands."""
     done: set[int] = set()
 
     def recorded(rank: int, waiting: frozenset = frozenset()) -> Recording:
-        recording = record(rank)
+        try:
+            recording = record(rank)
+            read = recording.roots_read
+        except RootsUnread as unread:
+            recording, read = unread, unread.roots
         done.add(rank)
-        roots = sorted(recording.roots_read - waiting - {rank} - done)
+        roots = sorted(read - waiting - {rank} - done)
+        if isinstance(recording, RootsUnread):
+            if not roots:
+                raise recording.__cause__
+            print(f"amem predict: rank {rank} failed (above) after reading what rank{'s' if len(roots) > 1 else ''} "
+                  f"{', '.join(map(str, roots))} broadcast, unknown to it then; recording it again after "
+                  f"{'them' if len(roots) > 1 else 'it'}", file=sys.stderr, flush=True)
         if not roots:
             return recording
         for root in roots:

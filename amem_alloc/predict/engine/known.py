@@ -254,6 +254,19 @@ class KnownValues:
         self.forget(t)
         self.awaited[id(t.untyped_storage())] = rank
 
+    def pass_awaited(self, leaves: list, out) -> None:
+        """An op on unknown values, one of them a broadcast's awaited here: its outputs hold what
+        that rank sent too (`t.cpu()`, `t.tolist()` after `t + 0`), so a read of them asks for it."""
+        if not self.awaited:
+            return
+        rank = next((self.awaited[id(a.untyped_storage())] for a in leaves if isinstance(a, torch.Tensor)
+                     and id(a.untyped_storage()) in self.awaited), None)
+        if rank is None:
+            return
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self.by_id:
+                self.awaited[id(t.untyped_storage())] = rank
+
     def read_unknown(self, t: torch.Tensor) -> None:
         """An unknown value of `t` was read: where it came from another rank's broadcast, that rank
         is one whose recording first would have told it (distributed/ranks.py)."""
