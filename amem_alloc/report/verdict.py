@@ -144,7 +144,24 @@ def text_lines(v: dict) -> list[str]:
     top = max([v["usable_bytes"]] + [sum(r["parts"].values()) for r in v["policies"]])  # one scale for every bar
     for r in v["policies"]:
         lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'], top)}] {r['says']}")
-    return lines
+    return lines + growth_lines(v)
+
+
+def growth_lines(v: dict) -> list[str]:
+    """Where allocated memory grows every step (predict/analysis/growth.py): by how much, what keeps
+    it, and how many more steps each policy's spare lasts; the verdict holds only for the steps run."""
+    g = v.get("growth")
+    if not g:
+        return []
+    first, last = g["steps"]
+    kept = "; ".join(f"{s['where']} {format_bytes(s['bytes_per_step'])} a step" for s in g["sites"])
+    row = next((r for r in v["policies"] if r.get("steps_left") is not None), None)
+    lasts = (f": at this rate {row['policy']}'s {format_bytes(row['spare'])} to spare is gone after about "
+             f"{row['steps_left']:,} more steps") if row else ""
+    return [f"  grows every step: +{format_bytes(g['bytes_per_step'])} a step, steps {first} to {last} "
+            f"(allocated at their ends {format_bytes(g['allocated'][0])} to {format_bytes(g['allocated'][-1])}), "
+            f"kept by {kept or 'storages made with no frame of the script'}; the verdict covers the {last} steps "
+            f"run{lasts}"]
 
 
 def outside_lines(o: dict | None) -> list[str]:

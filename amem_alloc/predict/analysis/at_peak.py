@@ -210,7 +210,11 @@ def figures(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, st
 
 
 def _describe(key: int, n: int, info: Any, base: str | None) -> dict:
-    frames = list(getattr(info, "frames", ()) or ())
-    where = f"{display_path(frames[0][0], base)}:{frames[0][1]}" if frames else None
     return {"bytes": n, "category": getattr(info, "category", None), "module": getattr(info, "module", None),
-            "op": getattr(info, "op", None), "where": where}
+            "op": getattr(info, "op", None), "where": made_at(info, base)}
+
+
+def made_at(info: Any, base: str | None) -> str | None:
+    """"train.py:12": the first frame of a storage's allocation (AllocInfo.frames), None without one."""
+    frames = list(getattr(info, "frames", ()) or ())
+    return f"{display_path(frames[0][0], base)}:{frames[0][1]}" if frames else None

@@ -36,6 +36,7 @@ from typing import Any
 from ...categories import GROUPS, group_of
 from ...introspection import format_bytes
 from ...policies import Policy
+from . import growth
 
 # The allocator's share of the uncertainty: 2% of the peak reserved, the target the predicted
 # device totals were held to on the H200 (benchmarks/RESULTS.md, "On a GPU: NVIDIA H200")
@@ -63,6 +64,8 @@ def verdict(p: Any) -> dict:
     outside = getattr(p, "outside", None)
     held, spread = (outside.total, outside.uncertainty) if outside is not None else (g.context, 0)
     parts = parts_at_peak(p)
+    over = getattr(p, "over_run", None)
+    grows = growth.per_step(p.ops, p.infos, over.at_markers, getattr(p, "script_folder", None)) if over else None
     rows = []
     for r in p.rows:
         split = dict(parts)
@@ -75,11 +78,12 @@ def verdict(p: Any) -> dict:
                      "headroom": r.headroom, "short_by": max(0, -spare),
                      "device_total": total.at_peak, "device_total_needed": total.needed,
                      "uncertainty": total.uncertainty, "borderline": total.borderline,
-                     "parts": split, "says": says(r, g.usable, total.uncertainty, total if held else None)})
+                     "parts": split, "says": says(r, g.usable, total.uncertainty, total if held else None),
+                     "steps_left": growth.steps_left(grows, spare)})
     return {"card": g.name, "usable_bytes": g.usable, "capacity_bytes": g.total_memory, "policies": rows,
             "outside_allocator": outside.to_dict() if outside is not None else None,
             "uncertainty_bytes": spread, "uncertainty": uncertainty_reason(spread),
-            "next_step": next_step(p, rows),
+            "next_step": next_step(p, rows), "growth": grows,
             "parts_measured_at": "the peak of allocated memory (cached but free: peak reserved less that)"}
 
 
