@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 
-
 from amem_alloc.report.verdict import growth_lines
 from helpers import run_command
 
