@@ -86,6 +86,24 @@ def test_another_policy_that_fits_is_the_next_step(tmp_path):
     assert next_step(P(), [dict(r, fits=True) for r in rows]) is None
 
 
+def test_the_batch_argument_is_the_long_option_the_script_declares_beside_its_short_one(tmp_path):
+    """timm's and torchvision's train.py take `-b 256`: the next step said `amem fit --arg batch_size`,
+    whose `--batch_size=1` argparse refused ("the run fails at the smallest value"). The long option
+    the script declares with the short one used is named; an evaluation's batch option is not."""
+    from amem_alloc.predict.analysis.verdict import batch_argument
+
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\nparser = argparse.ArgumentParser()\n"
+                      "parser.add_argument('-b', '--batch-size', type=int, default=128)\n"
+                      "parser.add_argument(\n    '-vb', \"--validation-batch-size\", type=int)\n")
+    assert batch_argument(f"script {script} -b 256 --epochs 1") == "batch-size"
+    assert batch_argument(f"script {script} -vb 64") == "validation-batch-size"
+    assert batch_argument(f"script {script} --epochs 1") == "batch-size"   # the one not an evaluation's
+    assert batch_argument(f"script {script} --batch-size=8") == "batch-size"
+    script.write_text("import argparse\n")
+    assert batch_argument(f"script {script} -b 256") is None
+
+
 def test_within_the_context_estimate_is_borderline():
     """The band is the model's uncertainty for what the card's process holds outside the allocator
     (predict/context.py): an A100 is another architecture than the measured H200, so a share of the

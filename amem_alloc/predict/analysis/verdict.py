@@ -31,6 +31,7 @@ opens the predict report and the lines that end `amem predict`'s text).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...categories import GROUPS, group_of
@@ -159,10 +160,40 @@ def script_argv(target: str) -> list[str] | None:
 
 
 def batch_argument(target: str) -> str | None:
-    """The script's batch-size argument, where its command line names one (--batch_size=12 ->
-    batch_size): the argument `amem fit --arg` would search."""
-    for word in script_argv(target) or []:
+    """The script's batch-size argument, the long name `amem fit --arg` would search: where its
+    command line names one (--batch_size=12 -> batch_size); else from the script's own argparse
+    calls, the long option given beside a short one its command line used (timm's and torchvision's
+    `-b 256`: `add_argument("-b", "--batch-size", ...)` -> batch-size), or its one batch option
+    that is not an evaluation's; None where neither says."""
+    argv = script_argv(target) or []
+    for word in argv:
         name = word.split("=", 1)[0]
         if name.startswith("--") and "batch" in name.lower():
             return name[2:]
-    return None
+    declared = _batch_options(argv[0]) if argv else []
+    used = {w.split("=", 1)[0] for w in argv[1:] if w.startswith("-") and not w.startswith("--")}
+    beside = [long for shorts, long in declared if shorts & used]
+    alone = [long for _, long in declared if not _EVALUATION.search(long)]
+    if len(beside) == 1:
+        return beside[0]
+    return alone[0] if not beside and len(alone) == 1 else None
+
+
+_ADD_ARGUMENT = re.compile(r"add_argument\(\s*((?:['\"][^'\"]*['\"]\s*,\s*)*['\"][^'\"]*['\"])")
+_EVALUATION = re.compile(r"val|eval|test|infer|predict", re.I)
+
+
+def _batch_options(script: str) -> list[tuple[set[str], str]]:
+    """(short options, long name) of each `add_argument` in the script's file with a long option
+    naming a batch."""
+    try:
+        text = open(script, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return []
+    out = []
+    for call in _ADD_ARGUMENT.finditer(text):
+        names = re.findall(r"['\"]([^'\"]*)['\"]", call.group(1))
+        longs = [n[2:] for n in names if n.startswith("--") and "batch" in n.lower()]
+        if longs:
+            out.append(({n for n in names if n.startswith("-") and not n.startswith("--")}, longs[0]))
+    return out
