@@ -83,8 +83,9 @@ REWRITTEN_NOTE = ("{path} was there before the prediction and the script opened 
 ASIDE_NOTE = ("{path} was there before the prediction and the script moved a file saved from fake tensors (zeros "
               "for values) over it: the file was set aside and put back when the prediction ended")
 CREATED_NOTE = ("the script wrote {count} new file{s} outside caches ({listing}): written in a run that computes no "
-                "value (values are amem's stand-ins), they are not the real run's; a real run may take them as "
-                "done (DreamBooth's class images): remove them before it")
+                "value on the GPU, what they hold of such values is amem's stand-ins (what the script computed on "
+                "the CPU, such as tokenized data, is real); a real run may take them as done (DreamBooth's class "
+                "images): check them, or remove them before it")
 _LISTED = 3   # new files named in CREATED_NOTE
 _MAX_DEPTH = 8   # how deep a saved object is searched for fake tensors (a state dict's nesting is 3 or 4)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
