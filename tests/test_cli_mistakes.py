@@ -226,6 +226,8 @@ def test_a_cards_dashes_and_case_do_not_matter():
 
     assert gpus.get("RTX4090") is gpus.get("rtx_4090") is gpus.GPUS["RTX-4090"]
     assert gpus.get("h100nvl") is gpus.GPUS["H100-NVL"] and gpus.get("A100-40gb") is gpus.GPUS["A100-40GB"]
+    # an alias too: "H100-SXM" was offered as a choice ("did you mean H100-SXM?") and refused
+    assert gpus.get("H100-SXM") is gpus.get("h100_sxm5") is gpus.get("h100 sxm") is gpus.GPUS["H100-80GB"]
 
 
 def test_near_names_compares_without_case_or_dashes():

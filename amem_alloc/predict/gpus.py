@@ -89,8 +89,9 @@ GPUS: dict[str, Gpu] = {g.key: g for g in (
     _card("V100-32GB", "Tesla V100-SXM2-32GB", _nominal(32), (7, 0), 80, _EST),
 )}
 DEFAULT = "H100-80GB"
-ALIASES = {"H100": "H100-80GB", "H100-SXM": "H100-80GB", "A100": "A100-80GB", "4090": "RTX-4090",
-           "3090": "RTX-3090", "V100": "V100-32GB"}
+ALIASES = {"H100": "H100-80GB", "H100-SXM": "H100-80GB", "H100-SXM5": "H100-80GB", "A100": "A100-80GB",
+           "A100-SXM": "A100-80GB", "A100-SXM4": "A100-80GB", "4090": "RTX-4090", "3090": "RTX-3090",
+           "V100": "V100-32GB"}
 
 
 def _norm(text: str) -> str:
@@ -101,7 +102,7 @@ def _norm(text: str) -> str:
 def get(name: str) -> Gpu:
     """The card called `name` (case and -/_ do not matter); ValueError naming the choices."""
     wanted = _norm(name)
-    wanted = _norm(ALIASES.get(wanted, wanted))
+    wanted = next((_norm(card) for alias, card in ALIASES.items() if _norm(alias) == wanted), wanted)
     for key, gpu in GPUS.items():
         if _norm(key) == wanted:
             return gpu
