@@ -133,6 +133,23 @@ def test_strict_value_reads_raise_naming_the_users_line(code):
     assert err.value.filename == __file__ and err.value.lineno == 1
 
 
+def test_strict_leaves_torchs_own_grad_scaler_check_its_stand_in():
+    """GradScaler reads whether the gradients hold an inf inside torch (grad_scaler.py), which no
+    script can take out of its step: --strict stopped every fp16 script there. It gets its stand-in
+    (none found: the step is taken); the script's own read still stops."""
+    with FakeCudaSession(strict=True):
+        model = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(8, 64, device="cuda")).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        with pytest.raises(DataDependentError):
+            loss.item()
+
+
 @pytest.mark.parametrize("code, expected", [
     ("loss.item()", 0.0), ("bool(loss > 0)", False), ("float(loss)", 0.0), ("int(n)", 0),
     ("loss.cpu().numpy().tolist()", 0.0), ("f'{loss:.3f}'", "0.000"), ("n.tolist()", 0),

@@ -18,7 +18,9 @@ what CUDA allocates. So a read gets a stand-in and the run goes on:
 
 Every stand-in is a note (notes.py): the user's file and line, how often, and what was read. With
 `strict` (`amem predict --strict`) the first read stops the prediction instead
-(DataDependentError, one line naming the user's file and line).
+(DataDependentError, one line naming the user's file and line), except a read torch's own code
+makes, which the user cannot take out of the step (TORCHS_OWN_READS: GradScaler's check for an
+inf, answered 0: none found, the step taken).
 
 Where an output's *shape* depends on values (`nonzero`, `torch.where(cond)`, boolean-mask
 indexing, `masked_select`, `unique`), rules/data_dependent.py says what the program fixes and, for
@@ -125,7 +127,7 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
     where = notes.call_site()
     if known_values is not None:
         known_values.read_unknown(t)
-    if strict or name == "__dlpack__":
+    if (strict and _strict_applies(where)) or name == "__dlpack__":
         raise DataDependentError(what, where)
     with torch._C.DisableTorchFunction():
         dtype, shape = t.dtype, tuple(t.shape)
@@ -234,6 +236,17 @@ def _read_known(name: str, known, args: tuple, kwargs: dict):
         return getattr(known, name)(*args[1:], **kwargs)
 
 
+# reads torch makes itself, which the user cannot remove from the predicted step: --strict gives
+# them their stand-in too (GradScaler's check for an inf: 0, none found, the step taken)
+TORCHS_OWN_READS = ("torch/amp/grad_scaler.py:", "torch/cuda/amp/grad_scaler.py:")
+
+
+def _strict_applies(where: str) -> bool:
+    """Whether --strict stops at a read made at `where` (call_site's text): not at torch's own."""
+    library = where.partition(" (via ")[2]
+    return not library.startswith(TORCHS_OWN_READS)
+
+
 def scalar_op(func, args: tuple, strict: bool):
     """Dispatch-level reads that return a Python value (`_local_scalar_dense`, `is_nonzero`,
     `equal`): the zero stand-in, or None when `func` is none of them."""
@@ -242,7 +255,7 @@ def scalar_op(func, args: tuple, strict: bool):
         return None
     what = _SCALAR_READS[name]
     where = notes.call_site()
-    if strict:
+    if strict and _strict_applies(where):
         raise DataDependentError(what, where)
     value = False if name != "_local_scalar_dense" else zero_of(args[0].dtype)
     notes.record(notes.STAND_IN, f"{what}: {value!r}", where=where)
