@@ -9,8 +9,8 @@ it changes is what the user would have changed by hand, so the re-prediction rec
 would then allocate (never a formula on the unchanged figures):
 
 * `checkpoint=blocks` / `checkpoint=sqrt`: on the first forward of a root module (a global forward
-  pre-hook), the repeated block stack is found (`find_blocks`: the ModuleList or Sequential of
-  same-class children holding the most parameters, or `blocks=PATH`) and each block's `forward`
+  pre-hook), the repeated block stacks are found (`find_blocks`: each ModuleList or Sequential of
+  same-class blocks built of layers, not inside another, or `blocks=PATH`) and each block's `forward`
   is replaced on the instance, as transformers' GradientCheckpointingLayer does, by one running
   it under non-reentrant `torch.utils.checkpoint` (while grad is enabled). A checkpointed block
   writes no KV cache (`_no_cache`: `use_cache` False, its cache arguments None), as
@@ -170,24 +170,33 @@ def _same_class_stack(module: torch.nn.Module) -> bool:
             and len({type(c) for c in children}) == 1 and any(True for _ in children[0].parameters()))
 
 
-def find_blocks(root: torch.nn.Module, path: str | None = None) -> tuple[str, list[torch.nn.Module]] | None:
-    """(qualified name, blocks) of the repeated block stack: `path` if given (ValueError if it does
-    not name a module with children), else the ModuleList/Sequential of >= 2 same-class children
-    with the most parameters; None when there is none."""
+def find_blocks(root: torch.nn.Module, path: str | None = None) -> list[tuple[str, list[torch.nn.Module]]]:
+    """(qualified name, blocks) of each repeated block stack: `path` if given (none where it names
+    no module with children), else every ModuleList/Sequential of >= 2 same-class blocks built of
+    layers (a transformer's layers; each of a ResNet's four stages, the first holding the most
+    activations) that is not inside another such stack (a MoE layer's experts); where no stack's
+    blocks are built of layers, the stack with the most parameters (a list of Linear layers)."""
     if path is not None:
         try:
             stack = root.get_submodule(path)
         except AttributeError:
-            return None
+            return []
         children = list(stack.children())
-        return (path, children) if children else None
-    best, best_params = None, 0
-    for name, module in root.named_modules():
-        if _same_class_stack(module):
-            n = sum(p.numel() for p in module.parameters())
-            if n > best_params:
-                best, best_params = (name, list(module.children())), n
-    return best
+        return [(path, children)] if children else []
+    stacks = [(name, module) for name, module in root.named_modules() if _same_class_stack(module)]
+    chosen: list[tuple[str, torch.nn.Module]] = []
+    for name, module in stacks:   # named_modules: a stack before the stacks inside it
+        inside = any(outer == "" or name.startswith(outer + ".") for outer, _ in chosen)
+        if not inside and _built_of_layers(next(module.children())):
+            chosen.append((name, module))
+    if not chosen and stacks:
+        chosen = [max(stacks, key=lambda s: sum(p.numel() for p in s[1].parameters()))]
+    return [(name, list(module.children())) for name, module in chosen]
+
+
+def _built_of_layers(block: torch.nn.Module) -> bool:
+    """A block of two or more modules with parameters of their own (not a single Linear or Embedding)."""
+    return sum(1 for m in block.modules() if next(m.parameters(recurse=False), None) is not None) >= 2
 
 
 CACHE_ARGS = ("cache", "layer_past", "past_key_value", "past_key_values")   # transformers' names for a layer's KV cache
@@ -261,7 +270,7 @@ class Checkpoint(Change):
         super().__init__()
         self.scheme, self.path = scheme, blocks
         self.name = f"checkpoint={scheme}"
-        self.stack: str | None = None            # the qualified name of the stack found
+        self.stack: str | None = None            # the qualified names of the stacks found
         self.blocks = 0
         self.segment = 1
         self.flops = {"recompute": 0, "forward": 0}   # the recomputed ops' / the roots' grad-enabled forward FLOPs
@@ -302,14 +311,16 @@ class Checkpoint(Change):
 
     def _wrap_stack(self, root: torch.nn.Module) -> None:
         found = find_blocks(root, self.path)
-        if found is None:
+        if not found:
             self._missing.append(type(root).__name__)
             return
-        self.stack, blocks = found
-        self.blocks = len(blocks)
-        self.segment = max(1, round(math.sqrt(len(blocks)))) if self.scheme == "sqrt" else 1
-        for start in range(0, len(blocks), self.segment):
-            self._wrap_segment(blocks[start:start + self.segment])
+        self.stack = ", ".join(name for name, _ in found)
+        for _, blocks in found:
+            segment = max(1, round(math.sqrt(len(blocks)))) if self.scheme == "sqrt" else 1
+            self.blocks += len(blocks)
+            self.segment = max(self.segment, segment)
+            for start in range(0, len(blocks), segment):
+                self._wrap_segment(blocks[start:start + segment])
         self.applied += 1
 
     # ---------------------------------------------------------------- running a segment
