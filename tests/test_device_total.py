@@ -153,7 +153,7 @@ def test_the_mlps_device_total_from_first_principles(mlp):
     assert mlp.run.libraries == {"cuda": 1, "cublas": 1, "backward": 1}
     d = mlp.to_dict()
     assert d["policies"][0]["device_total"] == MLP_RESERVED + 758 * MiB
-    assert d["device_total"]["bytes"] == 758 * MiB and d["gpu"]["context_bytes"] == 758 * MiB
+    assert d["outside_allocator"]["bytes"] == 758 * MiB and d["gpu"]["context_bytes"] == 758 * MiB
     v = d["verdict"]["policies"][0]
     assert v["device_total"] == MLP_RESERVED + 758 * MiB
     assert v["device_total_needed"] == row.min_capacity + 758 * MiB
@@ -254,10 +254,10 @@ def test_a_ddp_rank_holds_nccls_communicator(destroyed, monkeypatch):
     result = predict_ranks(launch_mod.Launch(2, 1, (0,)), [script], "H200", "torch", steps=0, timeout=300, workers=1)
     rank = result.ranks[0].prediction   # (steps=0: the script runs to its end, its destroy included)
     assert rank.run.libraries.get("nccl") == 1          # init_process_group's one group
-    parts = {p["part"]: p["bytes"] for p in rank.to_dict()["device_total"]["parts"]}
+    parts = {p["part"]: p["bytes"] for p in rank.to_dict()["outside_allocator"]["parts"]}
     assert parts["NCCL: its kernels and first communicator"] == 262 * MiB
-    assert rank.to_dict()["device_total"]["bytes"] == (758 + 262) * MiB
-    assert any("NCCL's buffers for each peer" in n for n in rank.to_dict()["device_total"]["not_counted"])
+    assert rank.to_dict()["outside_allocator"]["bytes"] == (758 + 262) * MiB
+    assert any("NCCL's buffers for each peer" in n for n in rank.to_dict()["outside_allocator"]["not_counted"])
 
 
 def test_a_captured_graph_is_said_not_counted_beyond_its_pool():
@@ -270,7 +270,7 @@ def test_a_captured_graph_is_said_not_counted_beyond_its_pool():
         return y
     p = amem_alloc.predict(step, gpu="H200", policies="torch")
     assert p.run.libraries.get("graphs") == 1
-    assert any("instantiated CUDA graph" in n for n in p.to_dict()["device_total"]["not_counted"])
+    assert any("instantiated CUDA graph" in n for n in p.to_dict()["outside_allocator"]["not_counted"])
     assert not any("CUDA graph" in n for n in mlp_outside().not_counted)
 
 

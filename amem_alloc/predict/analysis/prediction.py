@@ -108,7 +108,7 @@ class Prediction:
             "gpu": {"name": g.name, "key": g.key, "capacity_bytes": g.total_memory, "context_bytes": g.context,
                     "usable_bytes": g.usable, "capability": list(g.capability),
                     "memory_source": g.memory_source, "context_source": g.context_source},
-            "device_total": self.outside.to_dict() if self.outside is not None else None,
+            "outside_allocator": self.outside.to_dict() if self.outside is not None else None,   # the device total less peak reserved
             "libraries": dict(self.run.libraries),
             "policies": [dict(_row_json(r), device_total=r.peak_reserved + held) for r in self.rows],
             "at_peak": self.at_peak.categories,
