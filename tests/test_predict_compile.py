@@ -668,3 +668,24 @@ def test_a_compiled_call_over_a_compiled_forward_compiles_what_torch_compiles(ca
     assert inner["status"] == "predicted as compiled (inductor)" and len(inner["graphs"]) == 1, inner
     assert outer["status"] == "runs as eager: nothing for inductor to compile", outer
     assert "Dynamo does not know how to trace" not in capfd.readouterr().err
+
+
+def test_what_a_failed_trace_printed_is_not_shown(capsys):
+    """FSDP1 prints the whole stack before its assertion fails on the trace's tensors
+    (torch.distributed.utils._p_assert): four screenfuls for regions that then ran as eager, said in
+    a note. What a trace that fails writes to stderr is dropped; the region runs as eager."""
+    import sys
+    import traceback
+
+    def checks(x):
+        if x.data_ptr() == 0:   # the trace's own tensors have no data; the session's have an address
+            traceback.print_stack(file=sys.stderr)
+            raise AssertionError("Expects tensor to be on the compute device")
+        return x * 2
+
+    s = FakeCudaSession(**H100)
+    with s:
+        torch.compile(checks)(torch.randn(64, 64, device="cuda"))
+    region, = s.compile_regions
+    assert region["status"].startswith("runs as eager"), region["status"]
+    assert "print_stack" not in capsys.readouterr().err

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -453,7 +455,7 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
     import torch._inductor.config
 
     trace = Trace()
-    with PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True,
+    with _said_if_traced(), PatchSet() as patches, torch._functorch.config.patch(force_non_lazy_backward_lowering=True,
                                                               enable_autograd_cache=False), \
             torch._inductor.config.patch(compile_threads=1, **_without_benchmarks(options)):
         _trace_patches(patches, props)
@@ -470,6 +472,17 @@ def run_traced(call, fake_args: tuple, fake_kwargs: dict, props, options: dict |
             _handlers().cache_clear()   # built from the functions as patched here
             _card_caches_clear()
     return trace
+
+
+@contextlib.contextmanager
+def _said_if_traced():
+    """What the trace writes to stderr, written after it where it succeeds; dropped where it fails
+    (the region runs as eager, and its note says why): FSDP1's own assertion prints the whole stack
+    before it raises (torch.distributed.utils._p_assert), a screenful for a failure amem recovers from."""
+    written = io.StringIO()
+    with contextlib.redirect_stderr(written):
+        yield
+    sys.stderr.write(written.getvalue())
 
 
 def _card_caches_clear() -> None:
