@@ -133,8 +133,10 @@ def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, mo
     for rank in ranks:
         p = result.rank(rank).prediction
         state = live_at_end(p)
+        # parameters: the bf16 partitions (each parameter's ds_tensor, a view of one flat buffer) and
+        # the fp32 master partition
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
-            s * 4, 2 * s * 4, s * 4), (world, rank, state)
+            s * 2 + s * 4, 2 * s * 4, s * 4), (world, rank, state)
         by_function: dict = {}
         for info in _live_at_last_step(p):
             gathered = _made_in(info.frames, "wait")   # a full parameter all-gathered (left out, above)

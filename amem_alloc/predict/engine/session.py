@@ -325,12 +325,14 @@ class FakeCudaSession:
 
     def _state_of(self, root) -> list[tuple]:
         """(tensor, table, label) for a model's parameters, buffers and their gradients now (a
-        DTensor's local shard; a gradient not made yet left out)."""
+        DTensor's local shard; DeepSpeed ZeRO-3's partition of a parameter, `ds_tensor`, a view of
+        its flat buffer; a gradient not made yet left out)."""
         out = []
         for name, p in list(root.named_parameters()) + list(root.named_buffers()):
             out.append((p, self.know.model_state, ("parameter", name)))
             if isinstance(p, torch.nn.Parameter):
                 out.append((p.grad, self.know.grads, name))
+                out.append((getattr(p, "ds_tensor", None), self.know.model_state, ("parameter", name)))
         return [(getattr(t, "_local_tensor", t), table, label) for t, table, label in out
                 if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
 
