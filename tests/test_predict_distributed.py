@@ -600,6 +600,41 @@ def test_fsdp1_sharded_state_dict_is_made_of_the_ranks_shards(tmp_path, capfd):
     assert "sharded: ['bias', 'weight'] [(32, 64), (32,)]" in capfd.readouterr().out   # rank 0's rows
 
 
+MERGED_GATHERS = {
+    "fsdp1_optimizer_state": """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+dist.init_process_group("nccl")
+model = FSDP(nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.Linear(1024, 8, bias=False), nn.LayerNorm(8)).cuda(),
+             use_orig_params=True)   # rank 0's half of the flat parameter holds none of the last two layers
+opt = torch.optim.AdamW(model.parameters())
+model(torch.randn(4, 1024, device="cuda")).sum().backward()
+opt.step()
+FSDP.optim_state_dict(model, opt)   # all_gather_object of each rank's optimizer keys, merged
+""",
+    "distributed_checkpoint": """
+import sys, torch, torch.nn as nn, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("nccl")
+model = fully_shard(nn.Linear(64, 64).cuda())
+dcp.save(model.state_dict(), checkpoint_id=sys.argv[1])   # gather_object of each rank's plan, checked whole
+"""}
+
+
+@pytest.mark.parametrize("name", list(MERGED_GATHERS))
+def test_code_merging_what_an_object_gather_answered_fails_as_amems_limit(tmp_path, name):
+    """Each rank's object gathers answer with its own objects; FSDP1's optimizer state dict and a
+    distributed checkpoint's save merge them, check they cover the whole, and fail: that read as
+    "the script failed" (HF Trainer's and litgpt's FSDP checkpoints). It is amem's limit, said."""
+    from amem_alloc.predict.notes import NotModelledError
+
+    script = tmp_path / f"{name}.py"
+    script.write_text(MERGED_GATHERS[name])
+    with pytest.raises(NotModelledError) as err:
+        _predict_argv([str(script), str(tmp_path / "checkpoint")], 2)
+    assert "gathered from every rank" in str(err.value) and "records each rank apart" in str(err.value)
+
+
 def test_fsdp1_cpu_offload_is_refused_in_one_line_with_exit_4():
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--", "python",
                         str(MODELS / "dist_fsdp1.py")], env={"OFFLOAD": "1"}, timeout=300)

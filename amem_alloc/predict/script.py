@@ -151,7 +151,7 @@ def amems_failure_of(argv: list[str], run: Any):
     storages = getattr(getattr(run, "session", None), "storages", None)
     user_meta = (lambda: storages.holds("meta")) if storages is not None else (lambda: False)
     return lambda err: (failures.amems_failure(err, folder, (DataDependentError, NotModelledError), user_meta)
-                        or values.failure_from_zero(err, folder))
+                        or values.failure_from_stand_in(err, folder))
 
 
 def _repeats(run: Any) -> bool:

@@ -38,6 +38,7 @@ class SessionState:
         self.autocast_cache: dict = {}    # autocast's cast cache: id(leaf) -> (weakref to leaf, cast copy)
         self.stream_uses: Any = None      # engine/stream_uses.StreamUses
         self.thread = _PerThread()        # torch.cuda's current device and stream, per thread
+        self.stand_in_callers: list = []  # (what, frames) a stand-in was handed to (engine/values.py `handed_to`)
 
 
 _CURRENT: contextvars.ContextVar[SessionState | None] = contextvars.ContextVar("amem_predict_state", default=None)

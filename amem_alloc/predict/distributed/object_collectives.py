@@ -13,6 +13,10 @@ Ranks are recorded apart and never see each other's objects, so each rank answer
 a rank that receives a broadcast keeps the list it passed in (Lightning, like most callers,
 passes the value every rank computed alike), `all_gather_object` fills every slot with this
 rank's object and `gather_object` does so on the destination. Each answer is noted as a stand-in.
+Code that merges what it gathered and checks that it covers the whole (FSDP1's optimizer state
+dict, a distributed checkpoint's save plan) fails on it: an error raised in the innermost library
+frames that were handed the answer ends the run as not modelled, not as the script's failure
+(engine/values.py `handed_to`).
 The source rank's broadcast runs torch's own code. Not counted: the small staging tensors that
 NCCL's object collectives put on the GPU (the pickled bytes and their sizes, freed at once).
 
@@ -28,9 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import notes
-from ..engine import run_files
+from ..engine import run_files, values
 
 FUNCTIONS = ("broadcast_object_list", "all_gather_object", "gather_object")
+GATHERED = "what torch.distributed.{function} gathered from every rank (here: this rank's own objects, each time)"
 ZERO_NOTE = ("ZeroRedundancyOptimizer.consolidate_state_dict: other ranks' shards of the optimizer state are their "
              "parameter groups without state (the fake process group carries no values between ranks; the "
              "consolidated state is host memory)")
@@ -67,12 +72,14 @@ def replacements(originals: dict[str, Any]) -> dict[str, Any]:
 
     def all_gather_object(object_list: list, obj: Any, group: Any = None, **kwargs: Any) -> None:
         _stand_in("all_gather_object")
+        values.handed_to(GATHERED.format(function="all_gather_object"))
         object_list[:] = [obj] * len(object_list)
 
     def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
                       group_dst: int | None = None, **kwargs: Any) -> None:
         if _rank_in(group) == _group_rank(group, dst, group_dst) and object_gather_list is not None:
             _stand_in("gather_object")
+            values.handed_to(GATHERED.format(function="gather_object"))
             object_gather_list[:] = [obj] * len(object_gather_list)
 
     return {"broadcast_object_list": broadcast_object_list, "all_gather_object": all_gather_object,

@@ -36,6 +36,12 @@ time it read (`loss.item() / valid`, `1.0 / norm`). Such an error — a ZeroDivi
 the script's failure (`failure_from_zero`): the run cannot be predicted, and the line names the
 error and the last zero stand-ins read before it, with how to go on.
 
+Likewise an error raised in the library code that was handed another stand-in — what an object
+collective gathered, this rank's own objects for every rank (distributed/object_collectives.py),
+which FSDP1's optimizer state dict and a distributed checkpoint's save merge and check — is that
+stand-in's consequence (`handed_to` keeps the innermost library frames it was handed to; an error
+raised in one of them while it runs is not the script's).
+
 A value read from *assumed* values (known.py: an `if` on a router's choice, `counts.tolist()`)
 answers the rule's value and is an "assumed" note with what each rule gave: the notes say which
 branch each such stand-in chose. A zero stand-in read by `bool()` is noted "False" (`if t:` is not
@@ -44,10 +50,12 @@ taken, `if not t:` is). A check for a nan or an inf is answered from assumed val
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from .. import notes
+from .. import failures, notes
 from ..notes import NotModelledError
 from ..rules import data_dependent
 from .known import UNSEEN
@@ -157,6 +165,52 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
 
 ZEROS_SHOWN = 3   # the last zero stand-ins before the error, named in its line
 ZERO_STAND_INS = tuple(f": {z!r}" for z in (0, 0.0, False, 0j)) + (": zeros",)   # how the notes above end
+
+
+CALLERS_KEPT = 3   # the innermost library frames a stand-in object is handed to (handed_to)
+
+
+def handed_to(what: str) -> None:
+    """A stand-in object (what an object collective gathered: this rank's own, for every rank)
+    handed to the library code running now: an error raised in one of its innermost frames, while
+    they run, is that stand-in's consequence (failure_from_stand_in)."""
+    from .. import state
+
+    st = state.current()
+    if st is None:
+        return
+    frames, f = [], sys._getframe(1)
+    while f is not None and len(frames) < CALLERS_KEPT:
+        name = f.f_code.co_filename
+        if not name.startswith(notes._AMEM_DIR) and not notes.is_user_file(name) and not name.startswith(notes._STDLIB):
+            frames.append((id(f), f.f_code))   # not the frame: it would keep its locals (tensors) alive
+        f = f.f_back
+    st.stand_in_callers.append((what, frames))
+
+
+def failure_from_stand_in(err: BaseException, base: str | None):
+    """The NotModelledError that `err`, ending the script, is where a stand-in caused it (see the
+    note: arithmetic on a zero; an error in the library code a stand-in object was handed to),
+    else None. `base`: the script's folder, for the line's paths."""
+    return failure_from_zero(err, base) or _failure_from_handed(err, base)
+
+
+def _failure_from_handed(err: BaseException, base: str | None):
+    from .. import state
+
+    st = state.current()
+    if st is None or not st.stand_in_callers or isinstance(err, (KeyboardInterrupt, SystemExit)):
+        return None   # (DCP's CheckpointException is a BaseException)
+    raised_in, tb = set(), err.__traceback__
+    while tb is not None:
+        raised_in.add((id(tb.tb_frame), tb.tb_frame.f_code))
+        tb = tb.tb_next
+    for what, frames in reversed(st.stand_in_callers):
+        if any(f in raised_in for f in frames):
+            message = (f"{failures.what(err)}, raised where torch used {what}: a prediction records each rank "
+                       "apart, so it has no other rank's objects")
+            return NotModelledError(message, where=notes.displayed(_raised_at(err), base))
+    return None
 
 
 def failure_from_zero(err: BaseException, base: str | None):
