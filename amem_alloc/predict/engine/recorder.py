@@ -63,20 +63,12 @@ class Recorder(TorchDispatchMode):
         self.cache = MetaCache()
         self.last_op = None   # the previous op's name (AUTOGRAD rules ask what it made)
         self.closed = False   # the session ended: a program's thread still running passes calls through
-        self.depth = 0        # ops inside ops (a decomposition's): the outermost one's inputs tell the phase
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.closed:
             return func(*args, **(kwargs or {}))
-        if not self.depth:
-            self.session.inputs_need_grad = any(isinstance(a, torch.Tensor) and a.requires_grad
-                                                for a in leaves(args, kwargs or {}))
-        self.depth += 1
-        try:
-            with unspoofed():   # inside an op, fake tensors are what they are: meta
-                return self._dispatch(func, types, args, kwargs or {})
-        finally:
-            self.depth -= 1
+        with unspoofed():   # inside an op, fake tensors are what they are: meta
+            return self._dispatch(func, types, args, kwargs or {})
 
     def _dispatch(self, func, types, args, kwargs):
         if any(wrapper_subclass(t) for t in types):

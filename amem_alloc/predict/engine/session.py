@@ -135,7 +135,6 @@ class FakeCudaSession:
         self.compile_regions: list[dict] = []   # per torch.compile region traced: where, and how predicted
         self.graph_runner = GraphRunner(self)   # runs a compiled region's graphs (graph_runner.py)
         self._phase_override: str | None = None
-        self.inputs_need_grad = False   # the op running now (outermost) takes a tensor that requires grad
         self._default_cuda = False
         self.notes = notes_mod.Notes()   # stand-ins, estimates, what was not modelled (notes.py)
         self.collector = CollectorWatch(self.notes, self.recording)   # what Python's collector frees (collector.py)
@@ -261,11 +260,7 @@ class FakeCudaSession:
             return self._phase_override
         if torch._C._current_graph_task_id() != -1:
             return "backward"
-        if self.modules.module is not None:
-            return "forward"
-        # outside every module, only an op on the autograd graph is forward (a loss); a buffer made
-        # there (DeepSpeed's buckets, an EMA copy of the parameters) is not an activation
-        return "forward" if torch.is_grad_enabled() and self.inputs_need_grad else "other"
+        return "forward" if self.modules.module is not None or torch.is_grad_enabled() else "other"
 
     def _on_alloc(self, key: int, nbytes: int, op: str, t) -> None:
         if children.in_child():
