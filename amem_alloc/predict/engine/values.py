@@ -163,10 +163,6 @@ def read(name: str, t, args: tuple, kwargs: dict, device: str, strict: bool, kno
     return _describe(t, device)
 
 
-ZEROS_SHOWN = 3   # the last zero stand-ins before the error, named in its line
-ZERO_STAND_INS = tuple(f": {z!r}" for z in (0, 0.0, False, 0j)) + (": zeros",)   # how the notes above end
-
-
 CALLERS_KEPT = 3   # the innermost library frames a stand-in object is handed to (handed_to)
 
 
@@ -211,6 +207,10 @@ def _failure_from_handed(err: BaseException, base: str | None):
                        "apart, so it has no other rank's objects")
             return NotModelledError(message, where=notes.displayed(_raised_at(err), base))
     return None
+
+
+ZEROS_SHOWN = 3   # the last zero stand-ins before the error, named in its line
+ZERO_STAND_INS = tuple(f": {z!r}" for z in (0, 0.0, False, 0j)) + (": zeros",)   # how the notes above end
 
 
 def failure_from_zero(err: BaseException, base: str | None):
