@@ -115,6 +115,15 @@ def test_no_answer_to_find_is_one_line(script, args, needle, tmp_path):
     assert needle in _one_line(["--arg", "batch", "--policy", "torch", *args], script, tmp_path)
 
 
+def test_an_option_the_script_does_not_take_is_said_to_be_the_likely_cause(tmp_path):
+    """`--arg batch_size` on a script whose option is `--batch` (timm's `-b`/`--batch-size`): argparse
+    refuses it with status 2, which read as if the run failed for its memory."""
+    line = _one_line(["--arg", "batch_size", "--policy", "torch", "--capacity-gb", "1"], GROWS, tmp_path)
+    assert "fails at the smallest value, --batch_size 1" in line and "is --batch_size the script's own?" in line
+    assert "is --batch the script's own?" not in _one_line(["--arg", "batch", "--policy", "torch", "--capacity-gb",
+                                                             "1"], FAILS, tmp_path)
+
+
 def test_a_script_that_grows_gets_its_largest_value(tmp_path):
     """4 MiB per unit (float32 1024 x 1024), one tensor, on a 1 GiB device: 256 units fill it
     exactly; 257 need 1 GiB + 4 MiB."""

@@ -185,9 +185,14 @@ def search(predict_at: Callable[[int], Any], arg: str, gpu: Any, policies: list[
                      margin, margin_text)
 
 
+ARGPARSE_USAGE = 2   # the exit status argparse gives a command line it refuses
+
+
 def _check_first(arg: str, first: Trial, policies: list[str], margin: int = 0) -> None:
     if first.prediction is None:
-        raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}",
+        usage = (f" (status 2 is argparse's for an option it does not take: is --{arg} the script's own? its "
+                 "--help lists them)") if first.status == ARGPARSE_USAGE else ""
+        raise FitError(f"the run fails at the smallest value, --{arg} {first.value}: {first.failed}{usage}",
                        amems=first.status == 4)
     if not any(first.fits(p) for p in policies):
         need = min(first.row(p).min_capacity for p in policies)
