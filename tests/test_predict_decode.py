@@ -321,7 +321,7 @@ def test_the_numpy_walk_of_a_long_program_gives_the_plain_walks_figures():
     walk = at_peak._Walk(infos, markers).run(ops)
     assert arrays.simple()
     assert arrays.walk() == (walk.peak_op, walk.peak, walk.peaks, walk.at_markers)
-    assert arrays.live_at(walk.peak_op) == at_peak._live_at(ops, walk.peak_op)
+    assert arrays.live_at(walk.peak_op) == at_peak.live_at(ops, walk.peak_op)
     assert not at_peak._Arrays(ops + [(1, 5, 0, 0)], infos, markers).simple()   # freed twice: the plain walk
 
 

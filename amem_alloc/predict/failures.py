@@ -266,7 +266,7 @@ def _frames(e: BaseException) -> list[tuple[str, int]]:
 _TORCH_CHECKS = os.path.join(os.path.dirname(torch.__file__), "__init__.py")
 
 
-def _is_library_line(filename: str) -> bool:
+def is_library_line(filename: str) -> bool:
     """A frame worth naming as the library's line (notes.call_site's rule): not amem's, the user's,
     the standard library's, torch's plumbing between calls or its checks, or generated code."""
     return not (is_user_file(filename) or filename == _TORCH_CHECKS
@@ -278,7 +278,7 @@ def _sites(culprit: BaseException, err: BaseException, folder: str | None) -> tu
     from the script's exception when amem's failure was caught where no user frame shows."""
     frames = _frames(culprit)
     users = [f for f in frames if is_user_file(f[0])] or [f for f in _frames(err) if is_user_file(f[0])]
-    libraries = [f for f in frames if _is_library_line(f[0])]
+    libraries = [f for f in frames if is_library_line(f[0])]
     user = f"{display_path(users[-1][0], folder)}:{users[-1][1]}" if users else None
     library = f"{short_path(libraries[-1][0])}:{libraries[-1][1]}" if libraries else None
     return user, library

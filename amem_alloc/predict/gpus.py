@@ -99,10 +99,13 @@ def _norm(text: str) -> str:
     return text.strip().upper().replace("_", "").replace(" ", "").replace("-", "")
 
 
+_ALIAS_OF = {_norm(alias): card for alias, card in ALIASES.items()}   # compared as names are
+
+
 def get(name: str) -> Gpu:
     """The card called `name` (case and -/_ do not matter); ValueError naming the choices."""
     wanted = _norm(name)
-    wanted = next((_norm(card) for alias, card in ALIASES.items() if _norm(alias) == wanted), wanted)
+    wanted = _norm(_ALIAS_OF.get(wanted, wanted))
     for key, gpu in GPUS.items():
         if _norm(key) == wanted:
             return gpu

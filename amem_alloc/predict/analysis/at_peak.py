@@ -90,7 +90,8 @@ class _Walk:
         return self
 
 
-def _live_at(ops: list[tuple], op: int) -> dict[int, int]:
+def live_at(ops: list[tuple], op: int) -> dict[int, int]:
+    """key -> bytes (rounded to 512 B) of each storage live after op `op`."""
     live: dict[int, int] = {}
     for kind, key, size, _ in ops[: op + 1]:
         if kind == replay.ALLOC:
@@ -184,7 +185,7 @@ def _walked(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, st
             peak_op, peak, peaks, at_markers = arrays.walk()
             return peak_op, peak, peaks, at_markers, arrays.live_at(peak_op)
     walk = _Walk(infos, markers).run(ops)
-    return walk.peak_op, walk.peak, walk.peaks, walk.at_markers, _live_at(ops, walk.peak_op)
+    return walk.peak_op, walk.peak, walk.peaks, walk.at_markers, live_at(ops, walk.peak_op)
 
 
 def figures(ops: list[tuple], infos: dict[int, Any], markers: list[tuple[int, str]], base: str | None = None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import replay
-from .at_peak import made_at
+from .at_peak import live_at, made_at
 
 MIN_STEPS = 3               # step ends needed: two increases after the first step
 MIN_GROWTH = 64 << 10       # bytes a step must add, each of the last steps
@@ -55,16 +55,12 @@ def _kept(ops: list[tuple], infos: dict[int, Any], window: list[int], base: str 
     `window` (the ops at their ends) but the last and still live at its end (a step's own
     storages, live at its end and gone in the next, are not growth)."""
     start, stop, end = window[0], window[-2], window[-1]
-    made: dict[int, int] = {}
-    for i, (kind, key, size, _) in enumerate(ops[:end]):
-        if kind == replay.ALLOC and start <= i < stop:
-            made[key] = size
-        elif kind == replay.FREE:
-            made.pop(key, None)
+    made = {key for kind, key, _, _ in ops[start:stop] if kind == replay.ALLOC}
     by_site: dict[str, int] = {}
-    for key, size in made.items():
-        where = made_at(infos.get(key), base) or "(no frame of the script's)"
-        by_site[where] = by_site.get(where, 0) + size
+    for key, size in live_at(ops, end - 1).items():   # (a marker's op: the ops before it had run)
+        if key in made:
+            where = made_at(infos.get(key), base) or "(no frame of the script's)"
+            by_site[where] = by_site.get(where, 0) + size
     steps = len(window) - 2
     return {where: n // steps for where, n in by_site.items()}
 

@@ -254,13 +254,14 @@ class KnownValues:
         self.forget(t)
         self.awaited[id(t.untyped_storage())] = rank
 
-    def pass_awaited(self, leaves: list, out) -> None:
+    def pass_awaited(self, args: tuple, kwargs: dict, out) -> None:
         """An op on unknown values, one of them a broadcast's awaited here: its outputs hold what
-        that rank sent too (`t.cpu()`, `t.tolist()` after `t + 0`), so a read of them asks for it."""
+        that rank sent too (`t.cpu()`, `t.tolist()` after `t + 0`), so a read of them asks for it.
+        (Called for every such op: nothing is walked while nothing is awaited.)"""
         if not self.awaited:
             return
-        rank = next((self.awaited[id(a.untyped_storage())] for a in leaves if isinstance(a, torch.Tensor)
-                     and id(a.untyped_storage()) in self.awaited), None)
+        rank = next((self.awaited[id(a.untyped_storage())] for a in tree_flatten((args, kwargs))[0]
+                     if isinstance(a, torch.Tensor) and id(a.untyped_storage()) in self.awaited), None)
         if rank is None:
             return
         for t in tree_flatten(out)[0]:

@@ -159,7 +159,7 @@ class Recorder(TorchDispatchMode):
         facts = rules.values(func, args, kwargs, out, known_values, self.session.shape_rule())
         known_values.written(func, args, kwargs)
         known_values.learn(facts)
-        known_values.pass_awaited(tree_leaves((args, kwargs)), out)
+        known_values.pass_awaited(args, kwargs, out)
 
     def _free(self, keys) -> None:
         for key in keys:

@@ -177,8 +177,7 @@ def handed_to(what: str) -> None:
         return
     frames, f = [], sys._getframe(1)
     while f is not None and len(frames) < CALLERS_KEPT:
-        name = f.f_code.co_filename
-        if not name.startswith(notes._AMEM_DIR) and not notes.is_user_file(name) and not name.startswith(notes._STDLIB):
+        if failures.is_library_line(f.f_code.co_filename):
             frames.append((id(f), f.f_code))   # not the frame: it would keep its locals (tensors) alive
         f = f.f_back
     st.stand_in_callers.append((what, frames))
@@ -197,10 +196,7 @@ def _failure_from_handed(err: BaseException, base: str | None):
     st = state.current()
     if st is None or not st.stand_in_callers or isinstance(err, (KeyboardInterrupt, SystemExit)):
         return None   # (DCP's CheckpointException is a BaseException)
-    raised_in, tb = set(), err.__traceback__
-    while tb is not None:
-        raised_in.add((id(tb.tb_frame), tb.tb_frame.f_code))
-        tb = tb.tb_next
+    raised_in = {(id(frame), frame.f_code) for frame, _ in _raised_through(err)}
     for what, frames in reversed(st.stand_in_callers):
         if any(f in raised_in for f in frames):
             message = (f"{failures.what(err)}, raised where torch used {what}: a prediction records each rank "
@@ -229,12 +225,17 @@ def failure_from_zero(err: BaseException, base: str | None):
     return NotModelledError(message, where=notes.displayed(_raised_at(err), base))
 
 
+def _raised_through(err: BaseException):
+    """(frame, line) of each entry of `err`'s traceback, outermost first."""
+    tb = err.__traceback__
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
 def _raised_at(err: BaseException) -> str:
     """call_site()'s text for where `err` was raised."""
-    frames, tb = [], err.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
+    frames = [(frame.f_code.co_filename, line, frame.f_code.co_name) for frame, line in _raised_through(err)]
     return notes.frames_site(tuple(reversed(frames)))
 
 
