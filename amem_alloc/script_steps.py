@@ -16,6 +16,8 @@ line through this module's frames.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 from typing import Callable, Iterator
 
 from .patching import PatchSet, declare
@@ -38,6 +40,7 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     steps, depth, backward, made = [0], [0], [None], [False]   # backward: the pass whose end counts a step
+    wrapper = _WrapperStep()
 
     def enter(optimizer, args, kwargs) -> None:
         depth[0] += 1
@@ -48,7 +51,8 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
             return
         task = torch._C._current_graph_task_id()
         if task == -1:
-            counted()
+            if not wrapper.takes_part(optimizer, counted):
+                counted()
         elif backward[0] != task:
             backward[0] = task
             torch.autograd.Variable._execution_engine.queue_callback(counted)
@@ -68,9 +72,10 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
     failed_with: list[str] = []
     hooks = (register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(count))
     try:
-        with _backward_steps(made, backward_step):
+        with _backward_steps(made, backward_step, wrapper.backward_begins):
             status = run(target, args, module=module, reraise=reraise, amems=amems, failed_with=failed_with)
     finally:
+        wrapper.unwatch()
         for hook in hooks:
             hook.remove()
     if status != 0:
@@ -79,9 +84,10 @@ def run_steps(argv: list[str], on_step=None, reraise: tuple = (), amems=None, on
 
 
 @contextlib.contextmanager
-def _backward_steps(made: list, counted: Callable[[], None]) -> Iterator[None]:
+def _backward_steps(made: list, counted: Callable[[], None], begins: Callable[[], None]) -> Iterator[None]:
     """While the script runs: `made[0]` says whether it made an optimizer; a backward pass (not
-    one nested in another) that ends with none made is a step, `counted()`."""
+    one nested in another) that ends with none made is a step, `counted()`; `begins()` before
+    each."""
     import torch
 
     init, backward = torch.optim.Optimizer.__init__, torch.autograd.backward
@@ -92,6 +98,7 @@ def _backward_steps(made: list, counted: Callable[[], None]) -> Iterator[None]:
         return init(self, *args, **kwargs)
 
     def backward_pass(*args, **kwargs):
+        begins()
         nested[0] += 1
         try:
             out = backward(*args, **kwargs)
@@ -104,3 +111,71 @@ def _backward_steps(made: list, counted: Callable[[], None]) -> Iterator[None]:
         patches.apply(OPTIMIZER_MADE, torch.optim.Optimizer, "__init__", optimizer_init)
         patches.apply(BACKWARD_PASS, torch.autograd, "backward", backward_pass)
         yield
+
+
+class _WrapperStep:
+    """The step an object holding an optimizer takes of it from its own `step` method (see the
+    note): the first of its optimizer steps starts watching that frame, the others are part of it,
+    and the step is counted as it returns."""
+
+    LOOKS_UP = 8   # frames above the optimizer's step searched for the holder's `step`
+    _NOT_ONCE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+    def __init__(self):
+        self.frame = None       # the holder's `step` being watched
+        self.on_return = None   # what its return calls (the count)
+
+    def takes_part(self, optimizer, counted: Callable[[], None]) -> bool:
+        """Whether this optimizer step is part of a holder's step (then counted as that returns)."""
+        if self.frame is not None:
+            return True
+        frame = self._holders_step(optimizer)
+        if frame is None or sys.getprofile() is not None:
+            return False
+        self.frame, self.on_return = frame, counted
+        sys.setprofile(self._profile)
+        return True
+
+    def _holders_step(self, optimizer):
+        import torch
+
+        frame = sys._getframe(3)   # above this, count() and torch's step wrapper
+        for _ in range(self.LOOKS_UP):
+            if frame is None:
+                return None
+            code = frame.f_code
+            if code.co_name == "step" and not code.co_flags & self._NOT_ONCE:
+                owner = frame.f_locals.get("self")
+                if owner is not None and not isinstance(owner, torch.optim.Optimizer) and _holds(owner, optimizer):
+                    return frame
+            frame = frame.f_back
+        return None
+
+    def _profile(self, frame, event, arg) -> None:
+        if frame is self.frame and event == "return":
+            self.finish()
+
+    def finish(self) -> None:
+        """The watched step ends: counted (which may stop the script: its exception goes on from
+        the holder's `step` to its caller)."""
+        counted = self.on_return
+        self.unwatch()
+        if counted is not None:
+            counted()
+
+    def backward_begins(self) -> None:
+        """A backward pass inside the watched frame: it is no single step; the step so far counts."""
+        if self.frame is not None:
+            self.finish()
+
+    def unwatch(self) -> None:
+        if self.frame is not None and sys.getprofile() == self._profile:
+            sys.setprofile(None)
+        self.frame = self.on_return = None
+
+
+def _holds(owner, optimizer) -> bool:
+    try:
+        return any(value is optimizer for value in vars(owner).values())
+    except TypeError:   # no __dict__
+        return False

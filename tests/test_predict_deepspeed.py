@@ -13,7 +13,8 @@ world`, so every partition starts 4-byte aligned; `parameter_alignment` is off b
 model's parameters become views into it. Each rank owns P = padded / W elements of it: its fp32
 master partition (P x 4 B, `single_partition_of_fp32_groups`), AdamW's exp_avg and exp_avg_sq of it
 (2 x P x 4 B; `step` on the CPU: foreach, not capturable) and, for the step, its fp32 gradient
-partition (P x 4 B, set as the partition's .grad for the inner optimizer's step and freed after it).
+partition (P x 4 B, set as the partition's .grad for the inner optimizer's step and freed after it,
+before ZeRO's own step returns: the end of the training step, where --steps counts it).
 Every backward fills an IPG bucket: `contiguous_gradients` (default on) makes `setup_buckets`
 allocate one buffer of `reduce_bucket_size` (default 5e8) elements of the bf16 reduction dtype,
 1e9 B (a second one only with `overlap_comm`, off by default for stages 1 and 2), released at the
@@ -24,8 +25,11 @@ ZeRO-3 (DeepSpeedZeroOptimizer_Stage3): each parameter is padded to a multiple o
 rank owns S = sum over parameters of ceil(numel / W) elements: its bf16 partitions moved into one
 flat buffer (`defragment`, S x 2 B), its fp32 master partition (one sub-group: `sub_group_size`
 1e12; S x 4 B), AdamW's two states (2 x S x 4 B), a bf16 gradient partition buffer for the whole
-run (`grad_partitions_flat_buffer`, S x 2 B), the fp32 gradient for the step (S x 4 B), and the IPG
-bucket allocated once at initialisation and held (5e8 bf16 elements, 1e9 B). Full parameters
+run (`grad_partitions_flat_buffer`, S x 2 B), the fp32 gradient for the step (S x 4 B, freed as
+its sub-group is stepped), and the IPG bucket allocated once at initialisation and held (5e8 bf16
+elements, 1e9 B). As its step ends (`_post_step`), the parameters of at most
+`param_persistence_threshold` (1e5) elements, here the biases and the last weight (12,010), are
+all-gathered whole and stay gathered (each into its padded partitions: ceil(n / W) W elements). Full parameters
 all-gathered for forward and backward come and go as DeepSpeed's prefetcher decides (one can stay
 gathered across steps, within `stage3_max_reuse_distance`); they are left out of the comparison.
 Categories: ZeRO-3's bf16 partitions, its gradient partition buffer and its IPG bucket are made
@@ -51,6 +55,7 @@ MODELS = Path(__file__).parent / "predict_models"
 SHAPES = [(1000, 1000), (1000,), (1000, 1000), (1000,), (10, 1000), (10,)]
 N = sum(math.prod(s) for s in SHAPES)
 IPG_BUCKET = 500_000_000 * 2   # reduce_bucket_size's default, bf16
+PERSISTENT = [math.prod(s) for s in SHAPES if math.prod(s) <= 100_000]   # param_persistence_threshold
 
 
 def _predict(stage: int, world: int, ranks: tuple, monkeypatch):
@@ -71,6 +76,21 @@ def _live_at_last_step(prediction) -> list:
     return [prediction.infos[key] for key in live]
 
 
+def _most_during_last_step(prediction, category: str) -> int:
+    """The most requested bytes of `category` live at once during the last optimizer step (from the
+    step before it's end to its own)."""
+    steps = [i for i, name in prediction.markers if name == "step"]
+    live, most = {}, 0
+    for i, (kind, key, size, _) in enumerate(prediction.ops[:steps[-1]]):
+        if kind == ALLOC and prediction.infos[key].category == category:
+            live[key] = size
+        elif kind == FREE:
+            live.pop(key, None)
+        if i >= steps[-2]:
+            most = max(most, sum(live.values()))
+    return most
+
+
 def _made_in(frames, function: str) -> bool:
     return any(f[2] == function for f in frames)
 
@@ -85,7 +105,8 @@ def test_zero_1_and_2_hold_the_padded_flat_buffer_and_their_partition_of_the_fp3
         p = result.rank(rank).prediction
         state = live_at_end(p)
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
-            padded * 2 + part * 4, 2 * part * 4, part * 4), (stage, world, rank, state)
+            padded * 2 + part * 4, 2 * part * 4, None), (stage, world, rank, state)
+        assert _most_during_last_step(p, "gradient") == part * 4
         steps = [i for i, name in p.markers if name == "step"]
         buckets = [i for i, (kind, _, size, _) in enumerate(p.ops) if kind == ALLOC and size == IPG_BUCKET]
         assert len(buckets) == len(steps) == 3, (buckets, steps)
@@ -110,13 +131,15 @@ def test_deepspeeds_own_fused_adam_is_never_built_and_steps_in_place(monkeypatch
         p = result.rank(rank).prediction
         state = live_at_end(p)
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
-            padded * 2 + part * 4, 2 * part * 4, part * 4), (rank, state)
+            padded * 2 + part * 4, 2 * part * 4, None), (rank, state)
+        assert _most_during_last_step(p, "gradient") == part * 4
         assert any("DeepSpeed's CUDA op fused_adam: not built" in n["what"] for n in p.notes), p.notes
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, monkeypatch):
     s = sum(math.ceil(math.prod(shape) / world) for shape in SHAPES)
+    persistent = [math.ceil(n / world) * world * 2 for n in PERSISTENT]   # bytes, gathered whole
     ranks = (0, world - 1)
     linear = torch.nn.functional.linear
     result = _predict(3, world, ranks, monkeypatch)
@@ -128,15 +151,16 @@ def test_zero_3_holds_each_parameters_padded_partition_and_its_buffers(world, mo
                 "_create_fp32_partitions": [s * 4],                      # the fp32 master partition
                 "_setup_for_real_optimizer": sorted([s * 2, IPG_BUCKET]),  # gradient partitions, IPG bucket
                 "step_with_gradscaler": [s * 4, s * 4],                  # AdamW's exp_avg, exp_avg_sq
-                "_prepare_fp32_grad_for_sub_group": [s * 4],             # the fp32 gradient for the step
-                "<module>": [8 * 1000 * 2]}                              # the script's batch (bf16) it holds
+                "<module>": [8 * 1000 * 2],                              # the script's batch (bf16) it holds
+                "_allgather_params_coalesced": sorted(b for b in persistent if b >= 1000)}  # gathered in _post_step
     for rank in ranks:
         p = result.rank(rank).prediction
         state = live_at_end(p)
-        # parameters: the bf16 partitions (each parameter's ds_tensor, a view of one flat buffer) and
-        # the fp32 master partition
+        # parameters: the bf16 partitions (each parameter's ds_tensor, a view of one flat buffer), the
+        # fp32 master partition and the persistent parameters gathered whole
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
-            s * 2 + s * 4, 2 * s * 4, s * 4), (world, rank, state)
+            s * 2 + s * 4 + sum(persistent), 2 * s * 4, None), (world, rank, state)
+        assert _most_during_last_step(p, "gradient") == s * 4   # the fp32 gradient for the step
         by_function: dict = {}
         for info in _live_at_last_step(p):
             gathered = _made_in(info.frames, "wait")   # a full parameter all-gathered (left out, above)
@@ -152,9 +176,11 @@ def test_hf_trainer_with_a_deepspeed_zero_2_config_holds_each_ranks_partitions(m
     trainer.py `get_decay_parameter_names`), and DeepSpeed flattens and pads each group on its own.
     Per rank, for each group of n elements padded to n' = ceil(n / 2W) 2W: its bf16 flat buffer
     (n' x 2 B), its fp32 partition (n' / W x 4 B) and AdamW's two states of it, plus fused AdamW's
-    4-byte step count on the GPU per group. DeepSpeed steps the inner optimizer once per group, so
-    each group's step is an optimizer step to --steps: after 4, the last is the no-decay group's of
-    the second training step, whose fp32 gradient partition is the one live then."""
+    4-byte step count on the GPU per group. DeepSpeed steps the inner optimizer once per group from
+    its own step, which is one step to --steps (counted one by one, --steps 4 stopped the Trainer's
+    3 steps inside the second): at
+    its end both groups' fp32 gradient partitions are freed; during it each lives for its group's
+    step, the larger one the most."""
     pytest.importorskip("transformers")
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -173,9 +199,12 @@ def test_hf_trainer_with_a_deepspeed_zero_2_config_holds_each_ranks_partitions(m
     padded = [math.ceil(n / (2 * world)) * 2 * world for n in groups]
     parts = [n // world for n in padded]
     for rank in (0, 1):
-        state = live_at_end(result.rank(rank).prediction)
+        p = result.rank(rank).prediction
+        state = live_at_end(p)
         assert (state.get("parameter"), state.get("optimizer_state"), state.get("gradient")) == (
-            sum(padded) * 2 + sum(parts) * 4, 2 * sum(parts) * 4 + 4 * 2, parts[1] * 4), (rank, state)
+            sum(padded) * 2 + sum(parts) * 4, 2 * sum(parts) * 4 + 4 * 2, None), (rank, state)
+        assert _most_during_last_step(p, "gradient") == max(parts) * 4
+        assert [name for _, name in p.markers].count("step") == 3   # the Trainer's max_steps (was 6)
 
 
 def test_deepspeed_the_caller_imported_on_the_cpu_is_imported_afresh_on_the_fake_gpu(monkeypatch):

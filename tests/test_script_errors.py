@@ -173,3 +173,69 @@ def test_an_optimizer_container_stepping_its_parts_is_one_step(tmp_path):
     seen = []
     assert script_steps.run_steps([str(script)], seen.append) == 4
     assert seen == [1, 2, 3, 4]
+
+
+HOLDER = """
+import torch
+params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)]
+inner = torch.optim.SGD([{"params": [params[0]]}, {"params": [params[1]]}], lr=0.1)
+class Zero:   # as DeepSpeed's ZeRO optimizers: no torch Optimizer; steps the one it holds per group
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+    def step(self):
+        for group in self.optimizer.param_groups:
+            self.optimizer.step()
+            print("group stepped", flush=True)
+zero = Zero(inner)
+for _ in range(3):
+    zero.step()
+inner.step()
+"""
+
+
+def test_the_steps_an_optimizers_holder_takes_of_it_in_its_step_are_one_step(tmp_path, capsys):
+    """DeepSpeed's ZeRO optimizers step their torch optimizer once per parameter group from their
+    own step(): one training step. Counted one by one, HF Trainer with ZeRO and two groups was
+    stopped by --steps at half its steps, the last inside a step."""
+    from amem_alloc import script_steps
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    seen = []
+    assert script_steps.run_steps([str(script)], seen.append) == 4
+    assert seen == [1, 2, 3, 4]
+
+    class Enough(Exception):
+        pass
+
+    def stop(n):
+        raise Enough
+
+    capsys.readouterr()
+    with pytest.raises(Enough):   # stopped as the holder's step returns: both groups stepped
+        script_steps.run_steps([str(script)], stop, reraise=(Enough,))
+    assert capsys.readouterr().out.count("group stepped") == 2
+    assert sys.getprofile() is None
+
+
+def test_a_holders_step_that_runs_the_loop_counts_each_of_its_steps(tmp_path):
+    """A method named step that holds the optimizer but runs the whole loop (a backward pass
+    begins inside it) is no single step: each optimizer step still counts."""
+    from amem_alloc import script_steps
+
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        class Trainer:
+            def __init__(self):
+                self.model = torch.nn.Linear(2, 2)
+                self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            def step(self):
+                for _ in range(3):
+                    self.model(torch.ones(1, 2)).sum().backward()
+                    self.opt.step()
+        Trainer().step()
+    """))
+    seen = []
+    assert script_steps.run_steps([str(script)], seen.append) == 3
+    assert seen == [1, 2, 3] and sys.getprofile() is None
