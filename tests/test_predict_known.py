@@ -108,6 +108,23 @@ def test_a_known_value_brought_to_the_host_is_the_real_tensor():
         assert is_fake(torch.randn(4, device="cuda").cpu())
 
 
+def test_a_parameter_whose_values_a_checkpoint_gave_moves_to_the_host_with_its_gradient():
+    """A parameter loaded from a checkpoint holds known values; `module.cpu()` moves it and its
+    gradient (unknown) as one kind of copy, as on the GPU: with a real copy of the parameter and a
+    fake one of its gradient, torch's `_apply` failed "out_param.grad must not be None" (Lightning's
+    teardown after its batch size finder restored its checkpoint)."""
+    from amem_alloc.predict.engine.values import is_fake
+
+    with FakeCudaSession():
+        model = torch.nn.Linear(4, 4).cuda()
+        model(torch.randn(2, 4, device="cuda")).sum().backward()
+        model.load_state_dict({"weight": torch.ones(4, 4), "bias": torch.zeros(4)})
+        weight = model.weight
+        model.cpu()
+        assert model.weight is weight and weight.device.type == "cpu" and weight.grad.device.type == "cpu"
+        assert is_fake(weight) and weight.grad is not None
+
+
 def test_integer_tensors_are_shadowed_up_to_a_larger_cap():
     """Indices and masks decide sizes and branches: they are shadowed up to MAX_INDEX_ELEMENTS
     (floating tensors up to MAX_ELEMENTS)."""

@@ -272,7 +272,7 @@ class DeviceMode(TorchFunctionMode):
             return torch.Tensor.to(t, **options)            # real stays real
         if target == source:
             return torch.Tensor.to(t, **options)            # no device change: a copy only if asked
-        if target == "cpu":
+        if target == "cpu" and not t.requires_grad:   # (a parameter stays fake: known.py)
             value = self._known(t)
             if value is not None:   # a value the program knows, brought to the host: the real tensor,
                 return torch.Tensor.to(value, **{**options, "copy": True})   # as torch gives it (known.py)

@@ -36,7 +36,11 @@ Rules, per op the recorder sees (execution.Recorder):
 A known value brought to the host (`.cpu()`, `.to("cpu")`) is the real host tensor torch would
 give, not a fake one (engine/device_mode.py): accelerate sends a generator's state through the
 device and back, and `torch.Generator.set_state` takes only a real byte tensor. An assumed value
-stays fake there (its reads are noted).
+stays fake there (its reads are noted), and so does a tensor that requires grad (a parameter whose
+values a checkpoint gave): `module.cpu()` moves a parameter and its gradient alike only where both
+copies are of one kind (torch's `_has_compatible_shallow_copy_type`), and a real copy of the
+parameter beside a fake one of its gradient failed its check ("out_param.grad must not be None":
+Lightning's teardown after its batch size finder restored its checkpoint).
 
 A stand-in number is an ordinary number once handed out: `losses[k] = loss.item()` writes 0.0
 (the stand-in, noted where `.item()` read it) into a known tensor, which stays known, holding it.
