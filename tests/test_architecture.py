@@ -263,7 +263,7 @@ PREDICT_TIERS = {
     "state": 0, "context": 0, "run": 0, "failures": 0, "repeat": 0, "options": 0, "scratch": 0,
     "gpus": 1, "notes": 1,
     "rules": 2,
-    "engine": 3, "script_logging": 3,
+    "engine": 3, "script_logging": 3, "batch_search": 3,
     "shims": 4, "analysis": 4, "script": 4, "decode_loop": 4,
     "whatif": 5, "stop_signals": 5,
     "api": 6,

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from .. import script_steps, user_script
-from . import failures, repeat, script_logging
+from . import batch_search, failures, repeat, script_logging
 from .notes import NotModelledError, call_site
 from .engine import values
 from .engine.values import DataDependentError
@@ -115,6 +115,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
 
     def after_step(n: int) -> None:
         done[0] = n
+        batch_search.note_if_inside()
         run.marker("step")
         if steps and n >= steps:
             raise StopPrediction

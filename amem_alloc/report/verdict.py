@@ -144,7 +144,17 @@ def text_lines(v: dict) -> list[str]:
     top = max([v["usable_bytes"]] + [sum(r["parts"].values()) for r in v["policies"]])  # one scale for every bar
     for r in v["policies"]:
         lines.append(f"  {r['policy'].ljust(width)}  [{_bar(r['parts'], v['usable_bytes'], top)}] {r['says']}")
-    return lines + growth_lines(v)
+    return lines + growth_lines(v) + batch_search_lines(v)
+
+
+def batch_search_lines(v: dict) -> list[str]:
+    """A script that chooses its batch by running out of memory (predict/batch_search.py): the
+    verdict is for the batch it held, which the real run may not keep (a search that shrinks the
+    batch only where a policy does not fit; the notes say it either way)."""
+    said = v.get("batch_search")
+    if not said or not (said["grows"] or any(not r["fits"] for r in v["policies"])):
+        return []
+    return [f"  not modelled: {said['what']} ({said['where']})"]
 
 
 def growth_lines(v: dict) -> list[str]:

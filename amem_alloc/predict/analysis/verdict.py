@@ -37,6 +37,7 @@ from typing import Any
 from ...categories import GROUPS, group_of
 from ...introspection import format_bytes
 from ...policies import Policy
+from .. import batch_search
 from . import growth
 
 # The allocator's share of the uncertainty: 2% of the peak reserved, the target the predicted
@@ -84,7 +85,7 @@ def verdict(p: Any) -> dict:
     return {"card": g.name, "usable_bytes": g.usable, "capacity_bytes": g.total_memory, "policies": rows,
             "outside_allocator": outside.to_dict() if outside is not None else None,
             "uncertainty_bytes": spread, "uncertainty": uncertainty_reason(spread),
-            "next_step": next_step(p, rows), "growth": grows,
+            "next_step": next_step(p, rows), "growth": grows, "batch_search": batch_search.said(getattr(p, "notes", None)),
             "parts_measured_at": "the peak of allocated memory (cached but free: peak reserved less that)"}
 
 
