@@ -16,6 +16,7 @@ line through this module's frames.
 from __future__ import annotations
 
 import contextlib
+import dis
 import inspect
 import sys
 from typing import Callable, Iterator
@@ -153,7 +154,10 @@ class _WrapperStep:
 
     def _profile(self, frame, event, arg) -> None:
         if frame is self.frame and event == "return":
-            self.finish()
+            if _returns(frame):
+                self.finish()
+            else:   # an exception leaves it: the script's own, which must go on as it is
+                self.unwatch()
 
     def finish(self) -> None:
         """The watched step ends: counted (which may stop the script: its exception goes on from
@@ -172,6 +176,16 @@ class _WrapperStep:
         if self.frame is not None and sys.getprofile() == self._profile:
             sys.setprofile(None)
         self.frame = self.on_return = None
+
+
+_RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
+
+
+def _returns(frame) -> bool:
+    """Whether the frame's last instruction is a return (the profile's "return" event comes on an
+    exception leaving it too)."""
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] in _RETURNS
 
 
 def _holds(owner, optimizer) -> bool:

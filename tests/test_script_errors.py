@@ -218,6 +218,26 @@ def test_the_steps_an_optimizers_holder_takes_of_it_in_its_step_are_one_step(tmp
     assert sys.getprofile() is None
 
 
+def test_an_error_leaving_a_holders_step_is_the_scripts_own(tmp_path):
+    """The holder's step raising (the script's own error) is no step: its error goes on as the
+    script's, never replaced by the stop a count would raise."""
+    from amem_alloc import script_steps
+    from amem_alloc.user_script import ScriptFailed
+
+    script = tmp_path / "raising.py"
+    script.write_text(HOLDER.replace('print("group stepped", flush=True)', 'raise ValueError("the script\'s own")'))
+
+    class Enough(Exception):
+        pass
+
+    def stop(n):
+        raise Enough
+
+    with pytest.raises(ScriptFailed):
+        script_steps.run_steps([str(script)], stop, reraise=(Enough,))
+    assert sys.getprofile() is None
+
+
 def test_a_holders_step_that_runs_the_loop_counts_each_of_its_steps(tmp_path):
     """A method named step that holds the optimizer but runs the whole loop (a backward pass
     begins inside it) is no single step: each optimizer step still counts."""
