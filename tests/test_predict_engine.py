@@ -64,6 +64,16 @@ def test_tensors_say_cuda_and_allocations_are_requested_bytes():
     assert y.dtype == torch.float16
 
 
+def test_a_factory_outside_torchs_list_of_them_makes_a_fake_cuda_tensor():
+    """torch.normal(mean, std, size, device=) (Opacus' noise) is no function torch lists as a
+    device constructor: it reached torch's CUDA with no driver, "cannot model" (exit 4). A torch
+    function given a device and no tensor makes its tensor there."""
+    with FakeCudaSession() as s:
+        noise = torch.normal(mean=0, std=1.0, size=(16, 1, 8, 8), device="cuda", dtype=torch.float32)
+        assert noise.is_cuda and noise.shape == (16, 1, 8, 8)
+    assert [(size, s.infos[key].op) for kind, key, size, _ in s.ops if kind == ALLOC] == [(4096, "normal.float_float")]
+
+
 def test_cpu_tensors_are_fake_too_and_moving_them_allocates_on_cuda():
     with FakeCudaSession() as s:
         big = torch.empty(1 << 30, dtype=torch.uint8)     # 1 GiB on the "CPU": nothing real
@@ -123,7 +133,8 @@ def test_listeners_hear_every_alloc_free_and_marker_in_order():
 
 
 @pytest.mark.parametrize("code", ["loss.item()", "print(loss)", "bool(loss > 0)", "float(loss)",
-                                  "loss.cpu().numpy()", "f'{loss:.3f}'", "torch.equal(loss, loss)"])
+                                  "loss.cpu().numpy()", "f'{loss:.3f}'", "torch.equal(loss, loss)",
+                                  "torch.allclose(loss, loss)"])
 def test_strict_value_reads_raise_naming_the_users_line(code):
     with FakeCudaSession(strict=True):
         loss = torch.randn(3, device="cuda").sum()   # random: its value is not known (known.py)

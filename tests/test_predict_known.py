@@ -76,6 +76,22 @@ def test_a_check_that_every_element_holds_holds_on_unknown_values():
         [(n.what, n.seen) for n in assumed]
 
 
+def test_whole_tensor_comparisons_hold_on_unknown_values_and_are_true_on_known_ones():
+    """`assert torch.allclose(a, b)` (torch.func's tutorials) failed inside amem, allclose's kernel
+    reading a value of meta tensors, read as the script's failure; `torch.equal` answered False and
+    the script's assert failed. Unknown, both hold (noted), as `all()` does; known, they answer what
+    a GPU answers."""
+    with FakeCudaSession() as s:
+        a = torch.randn(10, 64, device="cuda")
+        assert torch.allclose(a, a * 1.0) and torch.equal(a, a.clone())
+        ids = torch.arange(4, device="cuda")
+        assert torch.equal(ids, torch.tensor([0, 1, 2, 3]).cuda())
+        assert not torch.equal(ids, torch.tensor([0, 1, 2, 4]).cuda())
+        assert not torch.allclose(ids.float(), ids.float() + 1)
+    said = sorted(n.what for n in s.notes if n.kind == "stand-in")
+    assert said == ["torch.allclose: True", "torch.equal: True"], said
+
+
 def test_a_values_check_for_nan_or_inf_finds_none():
     """A program that works on the GPU computes numbers: `isfinite` is true, `isnan`/`isinf` and
     `x != x` false, and noted as assumed (rules/data_dependent.py `finite`). The zero stand-in read

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from .. import notes as notes_mod
 from .. import rules
@@ -27,6 +28,10 @@ from .storages import Storages
 _FACTORIES = None
 _FROM_DATA = {"tensor", "as_tensor", "asarray"}   # factories of (nested) data, which may hold tensors
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
+def _holds_tensors(args) -> bool:
+    return any(isinstance(a, torch.Tensor) for a in tree_leaves(args))
+
+
 def _factories() -> set:
     global _FACTORIES
     if _FACTORIES is None:
@@ -119,8 +124,8 @@ class DeviceMode(TorchFunctionMode):
         method = self.methods.get(func)
         if method is not None:
             return method(func, args, kwargs)
-        if func in _factories() or (name in _LIKE and "device" in kwargs):
-            return self._factory(func, args, kwargs)
+        if func in _factories() or ("device" in kwargs and (name in _LIKE or not _holds_tensors(args))):
+            return self._factory(func, args, kwargs)   # (a device and no tensor: torch.normal(0.0, 1.0, size, device=))
         with Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
             if autocast_rules.active():                     # from nothing (a wrapped scalar)
                 return autocast_rules.call(func, name, args, kwargs, self)

@@ -240,7 +240,10 @@ def _raised_at(err: BaseException) -> str:
 
 
 _SCALAR_READS = {"_local_scalar_dense": "a tensor's value (item)", "is_nonzero": "bool() of a tensor",
-                 "equal": "torch.equal"}
+                 "equal": "torch.equal", "allclose": "torch.allclose"}
+# comparisons of whole tensors that hold where the program works (an assert, a test of a copy): true,
+# as `all()` of unknown values is (data_dependent.py); allclose's own kernel reads a value it cannot have
+_HOLDS = {"equal", "allclose"}
 
 
 def reads_values(func, args: tuple, kwargs: dict) -> bool:
@@ -304,7 +307,8 @@ def _strict_applies(where: str) -> bool:
 
 def scalar_op(func, args: tuple, strict: bool):
     """Dispatch-level reads that return a Python value (`_local_scalar_dense`, `is_nonzero`,
-    `equal`): the zero stand-in, or None when `func` is none of them."""
+    `equal`, `allclose`): the zero stand-in (True for a comparison that holds: `_HOLDS`), or None
+    when `func` is none of them."""
     name = func.__name__.split(".")[0]
     if name not in _SCALAR_READS:
         return None
@@ -312,7 +316,7 @@ def scalar_op(func, args: tuple, strict: bool):
     where = notes.call_site()
     if strict and _strict_applies(where):
         raise DataDependentError(what, where)
-    value = False if name != "_local_scalar_dense" else zero_of(args[0].dtype)
+    value = True if name in _HOLDS else False if name != "_local_scalar_dense" else zero_of(args[0].dtype)
     notes.record(notes.STAND_IN, f"{what}: {value!r}", where=where)
     return (value,)
 
