@@ -532,3 +532,25 @@ def test_a_script_that_ends_after_one_optimizer_step_is_said_to(tmp_path):
     assert said in one.stdout.splitlines()[2] and said not in two.stdout, one.stdout[:600]
     # the table's last column is said what it is (read as fragmentation at the allocated peak)
     assert "frag. at peak: the share of reserved memory not allocated when reserved memory peaked" in two.stdout
+
+
+EXPORT = """import torch
+m = torch.nn.Linear(64, 64).cuda()
+x = torch.randn(4, 64, device="cuda")
+{guard}ep = torch.export.export(m, (x,))
+print("exported", type(ep).__name__)
+"""
+
+
+def test_torch_export_where_autograd_would_ask_the_driver_is_said_in_one_line(tmp_path):
+    """torch.export of a module whose parameters require grad (torch.distributed.pipelining's
+    pipeline() exports so) traces on torch's own fake CUDA tensors; autograd asked the CUDA driver
+    for a stream and the process aborted (status 134, no message). It is now refused in one line,
+    status 4; exported under no_grad it runs."""
+    script = tmp_path / "export.py"
+    script.write_text(EXPORT.format(guard=""))
+    proc = amem("--", "python", script)
+    _one_line_error(proc, 4, "torch.export of Linear", "export.py:4", "torch.no_grad()")
+    script.write_text(EXPORT.format(guard="with torch.no_grad():\n    "))
+    proc = amem("--", "python", script)
+    assert proc.returncode == 0 and "exported ExportedProgram" in proc.stdout, proc.stderr[-2000:]

@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
+from ..notes import NotModelledError
 from . import autocast as autocast_rules
 from . import compiled as compiled_mod
 from . import data_parallel, legacy_types, module_hooks
@@ -93,6 +94,9 @@ DEFAULT_TENSOR_TYPE = declare("torch", "set_default_tensor_type",
 
 PROFILER = declare("torch.autograd.profiler.profile", "__init__",
                    "CUDA activity off, as torch turns it off where CUDA is not available (noted)")
+EXPORT = declare("torch.export", "export",
+                 "a module with parameters that require grad, exported with grad enabled: not modelled, said in "
+                 "one line (on torch's fake CUDA tensors autograd asks the CUDA driver, and with none the process aborts)")
 CAPTURE_RANGE = declare_many("torch.cuda.profiler", ["start", "stop"],
                              "an external profiler's capture range: returns at once (it would ask the driver), noted")
 
@@ -113,6 +117,7 @@ def apply(session: Any, patches: PatchSet) -> None:
     _grouping(session, patches)
     _legacy_types(session, patches)
     _profiler(patches)
+    _export(patches)
     data_parallel.install(patches)
 
 
@@ -486,3 +491,23 @@ def _profiler(patches: PatchSet) -> None:
 def _default_device_context() -> Any:
     """The DeviceContext torch.set_default_device installed (torch/__init__.py), or None."""
     return getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+
+
+# ============================================================================ torch.export
+EXPORT_REASON = ("torch.export of {name}, whose parameters require grad, with grad enabled (as "
+                 "torch.distributed.pipelining's pipeline() exports a stage): torch traces it on its own fake CUDA "
+                 "tensors, for which autograd asks the CUDA driver, and with no GPU the process would abort; export "
+                 "under torch.no_grad() or with requires_grad_(False) where the program allows, or split the stages by hand")
+
+
+def _export(patches: PatchSet) -> None:
+    import torch.export
+
+    export = torch.export.export
+
+    def refused_where_autograd_would_ask_the_driver(mod, *args, **kwargs):
+        if torch.is_grad_enabled() and isinstance(mod, torch.nn.Module) and any(
+                p.requires_grad for p in mod.parameters()):
+            raise NotModelledError(EXPORT_REASON.format(name=type(mod).__name__))
+        return export(mod, *args, **kwargs)
+    patches.apply(EXPORT, torch.export, "export", functools.wraps(export)(refused_where_autograd_would_ask_the_driver))
