@@ -270,6 +270,19 @@ def test_what_is_the_type_and_the_first_sentence_of_the_first_line():
     assert len(long) < 200 and long.endswith("...")
 
 
+def test_pipelinings_refusal_under_the_fake_process_group_is_amems():
+    """torch.distributed.pipelining refuses to infer a stage's shapes across the ranks of a fake
+    process group (prediction's); on the GPU's real group the stages exchange them. Under
+    `amem predict -- torchrun` the pipelining tutorial's manual split read "the script failed"."""
+    from amem_alloc.predict.failures import _signature
+
+    refusal = RuntimeError("Stage 0 requires dynamic shape inference, which is not supported with a fake process "
+                           "group. Provide complete static metadata (inputs/outputs, ...) to the PipelineStage "
+                           "constructor.")
+    assert _signature(refusal) is not None and not _signature(refusal).meta
+    assert _signature(RuntimeError("Stage 0 requires dynamic shape inference")) is None
+
+
 def test_a_failure_inside_a_compiled_graphs_replay_is_amems():
     """Rule 7 (failures.py): torch's error raised while amem replays inductor's wrapper (here a
     shape mismatch, which names nothing fake) is amem's: only the graph's ops run there, and

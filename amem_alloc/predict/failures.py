@@ -114,6 +114,9 @@ SIGNATURES = (
     # amem's code asking a vmap/functorch wrapper, a sparse or a nested tensor for its storage:
     # they have none, and torch's own code does not ask.
     _sig(r"Cannot access storage of \w+", meta=False, amem_call=True),
+    # torch.distributed.pipelining's refusal to infer a stage's shapes across the ranks of a fake
+    # process group (prediction's; the GPU's real group exchanges them).
+    _sig(r"not supported with a fake process group", meta=False),
     # The real CUDA driver reached: prediction answers torch.cuda itself, on a machine with no
     # usable GPU (or a torch without CUDA); on the GPU the script is for, the call works.
     _sig(r"Found no NVIDIA driver|CUDA driver version is insufficient|no CUDA-capable device is detected|"
