@@ -254,6 +254,31 @@ def test_new_files_the_script_writes_from_a_run_without_values_are_named_once(tm
     assert os.path.basename(created[0]["where"]).startswith("test_predict_saved_files.py:")
 
 
+def test_python_source_the_run_writes_and_imports_is_code_not_a_file_of_values(tmp_path):
+    """PyTorch Geometric writes each layer's generated module to the temporary folder and imports
+    it: it holds no value of the run, and the note telling the user to check or remove files
+    written without values named it. A file the run writes and does not import is still named."""
+    import importlib.util
+    import sys
+
+    def program():
+        source = tmp_path / "generated_layer.py"
+        source.write_text("def propagate(x):\n    return x\n")
+        spec = importlib.util.spec_from_file_location("generated_layer", source)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["generated_layer"] = module
+        spec.loader.exec_module(module)
+        (tmp_path / "written.py").write_text("not imported")
+
+    try:
+        result = amem_alloc.predict(program, gpu="H100", policies=["torch"])
+    finally:
+        sys.modules.pop("generated_layer", None)
+    created = [n["what"] for n in result.notes if "new file" in n["what"]]
+    assert len(created) == 1 and created[0].startswith("the script wrote 1 new file outside caches ("), created
+    assert "written.py" in created[0] and "generated_layer" not in created[0]
+
+
 def test_a_checkpoint_moved_over_a_file_that_was_there_puts_it_back_and_its_copies_go(tmp_path):
     """timm's CheckpointSaver saves to a temporary file, os.replace()s it onto last.pth, then links
     and copies it to other names. At 5d2e06d a real run's last.pth in that folder was replaced by

@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Iterator
 
@@ -336,12 +337,18 @@ def _cache_folders() -> list[str]:
 
 
 def _is_cache(path: str) -> bool:
-    """A cache's file, Python's bytecode, or one in the temporary folders of torch's compiler and
-    of amem (scratch.py)."""
+    """A cache's file, Python's bytecode, one in the temporary folders of torch's compiler and of
+    amem (scratch.py), or Python source the run imported (code a library generated and loaded:
+    PyTorch Geometric's layers, written to the temporary folder; it holds no value of the run)."""
     temporary = _real(tempfile.gettempdir()) + os.sep
     return ("__pycache__" in path.split(os.sep)
             or path.startswith((temporary + "torchinductor_", temporary + scratch.PREFIX))
-            or any(path != folder and _within(path, folder) for folder in _cache_folders()))
+            or any(path != folder and _within(path, folder) for folder in _cache_folders())
+            or (path.endswith(".py") and path in _imported_files()))
+
+
+def _imported_files() -> set[str]:
+    return {_real(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if isinstance(f, str)}
 
 
 def _within(path: str, folder: str) -> bool:
