@@ -3,6 +3,7 @@ stops under prediction because amem failed (its own code, or torch handed fake t
 line, `amem predict: cannot model <what> at <user file:line> (<library file:line>); please report it`,
 and exit status 4, never "the script failed"; --debug adds the traceback. The user's own errors keep
 their traceback and status. Each script below runs in a fresh `python -m amem_alloc predict`."""
+import json
 import os
 import re
 import subprocess
@@ -353,6 +354,29 @@ def test_arithmetic_on_a_zero_stand_in_is_amems_limit_not_the_scripts_failure(tm
     assert proc.returncode == 4 and SCRIPT_FAILED not in proc.stderr, proc.stderr[-2000:]
     assert last.startswith(f"amem predict: s.py:6: {error}, computed from values prediction does not compute"), last
     assert "item() of a CUDA tensor: 0 at" in last and "s.py:4" in last and "is_predicting()" in last
+
+
+def test_arithmetic_on_a_zero_stand_in_after_steps_keeps_the_steps_predicted(tmp_path):
+    """pytorch/examples' super_resolution trains, then computes PSNR as 10 log10(1 / mse.item()):
+    the zero stand-in ended it as not modelled, and the training steps predicted before were lost.
+    After optimizer steps the prediction stands for them, status 0, and says where and why the
+    script stopped (text and JSON); before any step it is not modelled, as above."""
+    script = _script(tmp_path, """\
+        import math, torch
+        m = torch.nn.Linear(128, 10).cuda()
+        opt = torch.optim.Adam(m.parameters())
+        for step in range(2):
+            m(torch.randn(32, 128, device="cuda")).square().mean().backward()
+            opt.step()
+        print("PSNR", 10 * math.log10(1 / m(torch.randn(4, 128, device="cuda")).square().mean().item()))
+        """)
+    out = tmp_path / "p.json"
+    proc = amem("--json", out, "--", "python", script)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = json.loads(out.read_text())["stopped_after"]
+    assert said.startswith("the script ran 2 optimizer steps, then stopped at s.py:7: ZeroDivisionError"), said
+    assert said.endswith("the figures cover the steps it ran, not what it would have done after")
+    assert "The script ran 2 optimizer steps, then stopped at s.py:7" in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_a_division_by_zero_of_the_scripts_own_stays_its_failure(tmp_path):

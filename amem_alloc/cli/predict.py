@@ -63,7 +63,8 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
     except predict_exits.failures() as failure:
         return predict_exits.status_of(failure, run.child_reports, args.debug, args.json)
     if script:
-        run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps, run.written_out)
+        run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps, run.written_out,
+                                                                 getattr(run, "ended_by", None))
     return run.result
 
 

@@ -131,8 +131,15 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
                                          amems=amems_failure_of(argv, run), on_backward_step=_note_backward_steps)
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)
+    except NotModelledError as failure:   # after steps, a stand-in's consequence: the steps stand
+        if not (done[0] and getattr(failure, "after_stand_in", False)):
+            raise
+        run.ended_by = ENDED_BY.format(done=done[0], s="s" if done[0] > 1 else "", failure=failure)
+        return done[0]
 
 
+ENDED_BY = ("the script ran {done} optimizer step{s}, then stopped at {failure}: the figures cover the steps it ran, "
+            "not what it would have done after")
 BACKWARD_STEPS_NOTE = ("the script made no torch.optim optimizer (it updates its parameters itself): each backward "
                        "pass is a step for --steps")
 
@@ -160,8 +167,11 @@ def _repeats(run: Any) -> bool:
     return recording is not None and repeat.last_steps_repeat(recording.ops, recording.markers)
 
 
-def stopped_after_line(done: int, steps: int, written_out: int = 0) -> str | None:
-    """What the output says when --steps stopped the script, or None when it ran to its end."""
+def stopped_after_line(done: int, steps: int, written_out: int = 0, ended_by: str | None = None) -> str | None:
+    """What the output says when --steps stopped the script, or a stand-in's consequence did
+    (`ended_by`, run() says it), or None when it ran to its end."""
+    if ended_by:
+        return ended_by
     if written_out:
         ran = done - written_out
         return (f"the script ran {ran} optimizer steps; steps {ran + 1}-{done} repeat step {ran} exactly (steps "

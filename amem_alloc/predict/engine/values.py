@@ -33,8 +33,10 @@ both rules where they differ. Ops with no upper bound (`bincount` without `minle
 A stand-in can end the script where a GPU's value would not: the script divides by a count or a
 time it read (`loss.item() / valid`, `1.0 / norm`). Such an error — a ZeroDivisionError, or
 `math.log(0)`'s "math domain error" — raised after zero stand-ins were given is amem's limit, not
-the script's failure (`failure_from_zero`): the run cannot be predicted, and the line names the
-error and the last zero stand-ins read before it, with how to go on.
+the script's failure (`failure_from_zero`): the line names the error and the last zero stand-ins
+read before it, with how to go on. After optimizer steps, the steps made stand (script.py): the
+prediction covers them and says where and why the script stopped; before any, the run cannot be
+predicted.
 
 Likewise an error raised in the library code that was handed another stand-in — what an object
 collective gathered, this rank's own objects for every rank (distributed/object_collectives.py),
@@ -186,8 +188,12 @@ def handed_to(what: str) -> None:
 def failure_from_stand_in(err: BaseException, base: str | None):
     """The NotModelledError that `err`, ending the script, is where a stand-in caused it (see the
     note: arithmetic on a zero; an error in the library code a stand-in object was handed to),
-    else None. `base`: the script's folder, for the line's paths."""
-    return failure_from_zero(err, base) or _failure_from_handed(err, base)
+    else None. `base`: the script's folder, for the line's paths. Its `after_stand_in` is True: what
+    ran before it was predicted as on the GPU (script.py keeps the steps made by then)."""
+    failure = failure_from_zero(err, base) or _failure_from_handed(err, base)
+    if failure is not None:
+        failure.after_stand_in = True
+    return failure
 
 
 def _failure_from_handed(err: BaseException, base: str | None):
