@@ -28,8 +28,13 @@ from .storages import Storages
 _FACTORIES = None
 _FROM_DATA = {"tensor", "as_tensor", "asarray"}   # factories of (nested) data, which may hold tensors
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
-def _holds_tensors(args) -> bool:
-    return any(isinstance(a, torch.Tensor) for a in tree_leaves(args))
+def _makes_on_cuda(args, kwargs) -> bool:
+    """A call given a CUDA device and no tensor makes its tensor there, whether or not torch lists it
+    as a device constructor (torch.normal(0.0, 1.0, size, device="cuda"): Opacus' noise). (amem's
+    own calls name the fake device, meta, and take their own path.)"""
+    device = kwargs.get("device")
+    return (device is not None and device_type(device) == "cuda"
+            and not any(isinstance(a, torch.Tensor) for a in tree_leaves(args)))
 
 
 def _factories() -> set:
@@ -124,8 +129,8 @@ class DeviceMode(TorchFunctionMode):
         method = self.methods.get(func)
         if method is not None:
             return method(func, args, kwargs)
-        if func in _factories() or ("device" in kwargs and (name in _LIKE or not _holds_tensors(args))):
-            return self._factory(func, args, kwargs)   # (a device and no tensor: torch.normal(0.0, 1.0, size, device=))
+        if func in _factories() or (name in _LIKE and "device" in kwargs) or _makes_on_cuda(args, kwargs):
+            return self._factory(func, args, kwargs)
         with Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
             if autocast_rules.active():                     # from nothing (a wrapped scalar)
                 return autocast_rules.call(func, name, args, kwargs, self)
