@@ -358,6 +358,39 @@ def test_amem_predict_torchrun_writes_ranks_json_and_one_trace_per_rank(tmp_path
         assert f"rank {r['rank']}" in html and format_bytes(r["policies"][0]["peak_allocated"]) in html
 
 
+NO_SET_DEVICE = """import os, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+{set_device}m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(2):
+    m(torch.randn(8, 256, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("sets_device", [False, True])
+def test_ranks_of_a_node_left_on_cuda_0_are_said_in_the_text(tmp_path, sets_device):
+    """pytorch/examples' imagenet under torchrun without --gpu sets no device: every rank runs on
+    cuda:0, which NCCL refuses ("Duplicate GPU detected"); it was predicted as if each rank had its
+    own GPU, with nothing said. The rank's note is in the text too, above the worst rank's own
+    prediction (rank 0's, which has it not)."""
+    script = tmp_path / "ddp.py"
+    script.write_text(NO_SET_DEVICE.format(
+        set_device='torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n' if sets_device else ""))
+    out = tmp_path / "p.json"
+    proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--policy", "torch", "--json", str(out),
+                        "--", "torchrun", "--nproc-per-node", "2", str(script)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ranks = {r["rank"]: [n["what"] for n in r["notes"] if "makes its collectives on cuda:0" in n["what"]]
+             for r in json.loads(out.read_text())["ranks"]}
+    if sets_device:
+        assert ranks == {0: [], 1: []} and "notes of other ranks" not in proc.stdout
+        return
+    assert ranks[0] == [] and len(ranks[1]) == 1 and ranks[1][0].startswith("local rank 1 makes its collectives")
+    text = proc.stdout
+    assert text.index("notes of other ranks (not in rank 0's below):") < text.index("worst rank: 0")
+    assert "  not-modelled: local rank 1 makes its collectives on cuda:0" in text and "(rank 1)" in text
+
+
 def test_a_trace_path_without_rank_is_refused_for_several_ranks(tmp_path):
     proc = run_command([sys.executable, "-m", "amem_alloc", "predict", "--nproc-per-node", "2", "--trace",
                         str(tmp_path / "t.pickle"), "--", "python", str(MODELS / "dist_fsdp2.py")], timeout=120)

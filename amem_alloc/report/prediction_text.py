@@ -219,10 +219,34 @@ def format_ranks(ranks: Any, written: list | tuple = ()) -> str:
     lines.append("")
     lines += _rank_table(entries)
     worst = next(e for e in entries if e["rank"] == d["worst_rank"])
+    lines += _other_ranks_notes(entries, worst)
     lines += ["", f"worst rank: {worst['rank']} (the one that needs the most memory under "
                   f"{worst['policies'][0]['policy']}); its prediction:", ""]
     lines.append(format_prediction({**worst, "gpu": d["gpu"], "note": d["note"], "predicted": True}, written=written))
     return "\n".join(lines)
+
+
+OTHER_NOTES_SHOWN = 8   # notes of ranks other than the worst listed in the text (all are in the JSON)
+
+
+def _other_ranks_notes(entries: list[dict], worst: dict) -> list[str]:
+    """The notes other ranks have and the worst rank, whose prediction follows, has not (a rank
+    that shares its GPU, files only rank 0 writes), each with the ranks it came from."""
+    shown = {(n["kind"], n["what"]) for n in worst.get("notes") or ()}
+    ranks_of: dict = {}
+    for e in entries:
+        for n in e.get("notes") or ():
+            if (n["kind"], n["what"]) not in shown:
+                ranks_of.setdefault((n["kind"], n["what"], n["where"]), []).append(e["rank"])
+    if not ranks_of:
+        return []
+    lines = ["", f"notes of other ranks (not in rank {worst['rank']}'s below):"]
+    for (kind, what, where), ranks in list(ranks_of.items())[:OTHER_NOTES_SHOWN]:
+        lines.append(f"  {kind}: {what} at {where} (rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))})")
+    if len(ranks_of) > OTHER_NOTES_SHOWN:
+        lines.append(f"  and {len(ranks_of) - OTHER_NOTES_SHOWN} more (the JSON's ranks[].notes)")
+    return lines
 
 
 def _rank_table(entries: list[dict]) -> list[str]:

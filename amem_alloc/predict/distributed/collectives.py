@@ -81,6 +81,28 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return out
 
 
+SHARED_DEVICE = ("local rank {rank} makes its collectives on cuda:0, the device of local rank 0 too (the script "
+                 "sets no device for its rank): NCCL refuses two ranks of a node on one GPU (\"Duplicate GPU "
+                 "detected\"), and where they ran they would share its memory; predicted as if each rank had a GPU of "
+                 "its own. Call torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before the first collective")
+
+
+def _note_a_shared_device() -> None:
+    """The first collective of a rank other than its node's first, made on cuda:0: that rank and
+    local rank 0 would share one GPU (pytorch/examples' imagenet under torchrun without --gpu)."""
+    import os
+
+    from .. import notes
+    from ..engine.devices import cuda_index
+
+    try:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return
+    if local > 0 and cuda_index() == 0:
+        notes.record(notes.NOT_MODELLED, SHARED_DEVICE.format(rank=local))
+
+
 class CollectiveMode(TorchDispatchMode):
     """Dispatch mode: NCCL's streams and lifetimes for c10d ops and functional collectives."""
 
@@ -115,6 +137,8 @@ class CollectiveMode(TorchDispatchMode):
         if namespace not in ("c10d", "_c10d_functional"):
             return func(*args, **kwargs)
         self.collectives += 1
+        if self.collectives == 1:
+            _note_a_shared_device()
         # what other ranks wrote before this collective is there to find (at a barrier, once they reach it)
         run_files.synced(barrier=func is _c10d.barrier.default)
         flat = self._flat_buffer(func, args)
