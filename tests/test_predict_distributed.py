@@ -654,11 +654,11 @@ dcp.save(model.state_dict(), checkpoint_id=sys.argv[1])   # gather_object of eac
 """}
 
 
-@pytest.mark.parametrize("name", list(MERGED_GATHERS))
-def test_code_merging_what_an_object_gather_answered_fails_as_amems_limit(tmp_path, name):
-    """Each rank's object gathers answer with its own objects; FSDP1's optimizer state dict and a
-    distributed checkpoint's save merge them, check they cover the whole, and fail: that read as
-    "the script failed" (HF Trainer's and litgpt's FSDP checkpoints). It is amem's limit, said."""
+def test_code_merging_what_an_object_gather_answered_fails_as_amems_limit(tmp_path):
+    """Each rank's object gathers answer with its own objects; a distributed checkpoint's save
+    merges them, checks they cover the whole, and fails: that read as "the script failed" (HF
+    Trainer's and litgpt's FSDP checkpoints). It is amem's limit, said."""
+    name = "distributed_checkpoint"
     from amem_alloc.predict.notes import NotModelledError
 
     script = tmp_path / f"{name}.py"
@@ -666,6 +666,22 @@ def test_code_merging_what_an_object_gather_answered_fails_as_amems_limit(tmp_pa
     with pytest.raises(NotModelledError) as err:
         _predict_argv([str(script), str(tmp_path / "checkpoint")], 2)
     assert "gathered from every rank" in str(err.value) and "records each rank apart" in str(err.value)
+
+
+
+def test_a_checkpoint_merging_gathered_objects_after_steps_keeps_the_steps_predicted(tmp_path):
+    """FSDP1's optimizer state dict merges what each rank's all_gather_object answered and fails
+    the same way; made after an optimizer step (a checkpoint saved in training), it ended the
+    prediction as not modelled, losing the step: the step made stands, and each rank says where
+    and why its script stopped (rank 0, whose optimizer holds none of the keys the merge checks;
+    rank 1's merge passes)."""
+    script = tmp_path / "osd.py"
+    script.write_text(MERGED_GATHERS["fsdp1_optimizer_state"])
+    result = _predict_argv([str(script)], 2, ranks=(0, 1))
+    assert [r.steps for r in result.ranks] == [1, 1]
+    for said in [result.rank(0).prediction.stopped_after]:
+        assert said.startswith("the script ran 1 optimizer step, then stopped at osd.py:10 "), said
+        assert "records each rank apart" in said and said.endswith("not what it would have done after")
 
 
 def test_fsdp1_cpu_offload_is_refused_in_one_line_with_exit_4():

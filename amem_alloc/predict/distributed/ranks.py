@@ -101,7 +101,8 @@ def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies
     run, done, seconds = run_rank(launch, rank, script, gpu, policies, steps, timeout, strict, sent, write_repeats,
                                   shapes)
     run.recorded.seconds = seconds
-    return Recording(rank, run.recorded, done, written_out=run.written_out, roots_read=_roots_read(run, rank))
+    return Recording(rank, run.recorded, done, written_out=run.written_out, ended_by=getattr(run, "ended_by", None),
+                     roots_read=_roots_read(run, rank))
 
 
 def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording]:
@@ -169,7 +170,8 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
             by_rank[rank] = result
             continue
         prediction = _analyse(recording, gpu, policies)
-        prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps, recording.written_out)
+        prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps, recording.written_out,
+                                                                 recording.ended_by)
         result = RankResult(recording.rank, prediction, same_as=None, steps=recording.steps,
                             recording_s=recording.seconds)
         seen[recording.signature] = result

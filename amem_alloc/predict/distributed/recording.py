@@ -51,6 +51,7 @@ class Recording:
     steps: int          # optimizer steps the script made (with those written out)
     signature: str = ""
     written_out: int = 0   # steps repeating the last one run, written out instead (repeat.py)
+    ended_by: str | None = None   # why the script stopped after its steps (script.py's ENDED_BY), or None
     roots_read: frozenset = frozenset()   # ranks whose broadcast values it read, unknown (collectives.py)
 
     def __post_init__(self) -> None:
