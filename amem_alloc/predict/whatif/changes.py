@@ -271,7 +271,9 @@ class Checkpoint(Change):
         self.scheme, self.path = scheme, blocks
         self.name = f"checkpoint={scheme}"
         self.stack: str | None = None            # the qualified names of the stacks found
-        self.blocks = 0
+        self.blocks = 0                          # blocks checkpointed: run with grad enabled, inside a segment
+        self._checkpointed: set[int] = set()     # their ids
+        self.already: list[str] = []             # stacks whose blocks the script checkpoints itself
         self.segment = 1
         self.flops = {"recompute": 0, "forward": 0}   # the recomputed ops' / the roots' grad-enabled forward FLOPs
         self._roots: list = []                   # weak references to the modules first seen running (a model
@@ -314,10 +316,14 @@ class Checkpoint(Change):
         if not found:
             self._missing.append(type(root).__name__)
             return
+        own = [name for name, blocks in found if all(getattr(b, "gradient_checkpointing", False) for b in blocks)]
+        self.already += own   # (transformers' gradient_checkpointing_enable(): each layer checkpoints itself)
+        found = [(name, blocks) for name, blocks in found if name not in own]
+        if not found:
+            return
         self.stack = ", ".join(name for name, _ in found)
         for _, blocks in found:
             segment = max(1, round(math.sqrt(len(blocks)))) if self.scheme == "sqrt" else 1
-            self.blocks += len(blocks)
             self.segment = max(self.segment, segment)
             for start in range(0, len(blocks), segment):
                 self._wrap_segment(blocks[start:start + segment])
@@ -348,6 +354,8 @@ class Checkpoint(Change):
                 out = run_segment(*args, **kwargs)
             else:
                 from torch.utils.checkpoint import checkpoint
+                change._checkpointed.update(id(b) for b in blocks)
+                change.blocks = len(change._checkpointed)
                 args, kwargs, dropped = no_cache(args, kwargs)
                 change.caches_dropped += dropped
                 with _flop_mode(change.flops, "recompute"):   # what backward will run again
@@ -375,6 +383,15 @@ class Checkpoint(Change):
             self.patches.apply(BLOCK_FORWARD, block, "forward", passed_on(i))
 
     def finish(self) -> None:
+        if self.applied and self.segment_calls and not self.blocks:
+            self.notes.append(f"the blocks of {self.stack} ran only without grad (they keep no activations): "
+                              "nothing to checkpoint")
+            self.applied = 0   # (a frozen reference model's layers)
+        if self.already:
+            self.notes.append(f"the script already checkpoints each block of {', '.join(self.already)} (transformers' "
+                              "gradient_checkpointing_enable()): left as it is")
+        if self.already and not self.applied:
+            return
         if self.caches_dropped:
             self.notes.append(f"the blocks of {self.stack} were called with a KV cache (use_cache): checkpointed, "
                               "they write none, as transformers' gradient checkpointing does (a recompute would "
