@@ -99,7 +99,9 @@ def _note_a_shared_device() -> None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError:
         return
-    if local > 0 and cuda_index() == 0:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    one_visible = visible is not None and "," not in visible   # (a launcher that gives each rank its own GPU)
+    if local > 0 and cuda_index() == 0 and not one_visible:
         notes.record(notes.NOT_MODELLED, SHARED_DEVICE.format(rank=local))
 
 
