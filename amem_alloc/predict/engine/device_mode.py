@@ -28,6 +28,8 @@ from .storages import Storages
 _FACTORIES = None
 _FROM_DATA = {"tensor", "as_tensor", "asarray"}   # factories of (nested) data, which may hold tensors
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
+
+
 def _makes_on_cuda(args, kwargs) -> bool:
     """A call given a CUDA device and no tensor makes its tensor there, whether or not torch lists it
     as a device constructor (torch.normal(0.0, 1.0, size, device="cuda"): Opacus' noise). (amem's
