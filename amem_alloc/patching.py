@@ -287,8 +287,8 @@ _AUDIT_HOOKED: list[bool] = []
 
 
 def _on_audit_event(event: str, args: tuple) -> None:
-    if event not in _LISTENED:
-        return
+    if not _LISTENED or event not in _LISTENED:   # (None while the interpreter tears the module down:
+        return                                    # the hook, which cannot be removed, still hears events)
     for listeners in list(_LISTENERS.values()):
         if listeners and event in listeners[-1][0]:
             try:

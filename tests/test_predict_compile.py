@@ -381,6 +381,13 @@ def test_module_compile_is_predicted_as_compiled():
         module(x)
     assert [r["region"] for r in s.compile_regions] == ["Region", "Region"]
     assert all(r["status"].startswith("predicted as compiled (inductor)") for r in s.compile_regions)
+    # the second trace's note says it is a later call traced again (a region whose calls are
+    # predicted differently had two notes at one line that read as contradicting each other)
+    from amem_alloc.predict.engine.compiled import TRACED_AGAIN
+
+    said = sorted(n.what for n in s.notes if n.what.startswith("torch.compile region Region"))
+    assert said == ["torch.compile region Region: predicted as compiled (inductor)",
+                    "torch.compile region Region: predicted as compiled (inductor)" + TRACED_AGAIN], said
 
 
 def test_a_compiled_function_with_side_effects_runs_eager_and_says_why():

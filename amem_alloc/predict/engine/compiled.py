@@ -132,7 +132,7 @@ class CompiledRegion:
             plan = f"runs as eager: {compile_inputs.refusal(e) or compile_trace.describe_failure(e)}"
         status = plan if isinstance(plan, str) else plan.status + _mode_notes(self.options)
         record = region_record(self.session, self.name, where, status, getattr(plan, "saved_bytes", 0),
-                               compiled=not isinstance(plan, str))
+                               compiled=not isinstance(plan, str), again=bool(self.plans))
         if isinstance(plan, Plan):
             record["graphs"].append(_graph_record(plan))
         if isinstance(plan, GraphBreaks):   # its graphs are planned as dynamo runs them, into this record
@@ -233,13 +233,19 @@ def _leaf(kind, v, outs, tensors, objects):
     return v
 
 
-def region_record(session, name: str, where: str, status: str, saved_bytes: int = 0, compiled: bool = False) -> dict:
+TRACED_AGAIN = " (a later call, traced again as dynamo recompiles: new input shapes, modes or tensors read from outside)"
+
+
+def region_record(session, name: str, where: str, status: str, saved_bytes: int = 0, compiled: bool = False,
+                  again: bool = False) -> dict:
     """A traced region's entry in the output (the JSON's compiled_regions), and its note: how it is
-    predicted (`compiled`), or why it runs as eager."""
+    predicted (`compiled`), or why it runs as eager; `again`: a later trace of the region (its note
+    says so: one region's calls can be predicted differently, and two notes at one line must not
+    read as contradicting each other)."""
     record = {"region": name, "where": where, "status": status, "saved_bytes": saved_bytes, "graphs": []}
     session.compile_regions.append(record)
     kind = notes_mod.COMPILED if compiled else notes_mod.NOT_MODELLED
-    notes_mod.record(kind, f"torch.compile region {name}: {status}", where=where)
+    notes_mod.record(kind, f"torch.compile region {name}: {status}" + (TRACED_AGAIN if again else ""), where=where)
     return record
 
 
