@@ -173,7 +173,12 @@ class Level:
         self.board.set(run.rank, run.collectives, _ENDED)
 
     def set_aside(self) -> None:
-        """The paths of the runs ended, moved aside (another run is to start)."""
+        """The paths of the runs ended, moved aside (another run is to start), once the ranks
+        running beside them in other workers have ended: a rank that found a path after a barrier
+        reads it whenever it likes, and moved it would be gone until that rank's next collective
+        gave it back (rank 2 of 3 missed rank 0's checkpoint after their barrier)."""
+        if any(run.made and run.rank is not None for run in self.ended):
+            self._wait_for_ranks_beside()
         for run in self.ended:
             for path, stamp in _everything_within(run.made, run.collectives):
                 self._keep(path, stamp, run)
@@ -259,6 +264,23 @@ class Level:
             while True:
                 collectives, state = self.board.get(other)
                 if state != _RUNNING or collectives >= run.collectives:
+                    break
+                if collectives != seen:
+                    seen, since = collectives, time.monotonic()
+                elif time.monotonic() - since > PATIENCE_S:
+                    self.given_up.add(other)
+                    break
+                time.sleep(_POLL_S)
+
+    def _wait_for_ranks_beside(self) -> None:
+        """Until every rank running in another process has ended (or stopped moving)."""
+        for other in self.board.running():
+            if other in self.given_up:
+                continue
+            seen, since = self.board.get(other)[0], time.monotonic()
+            while True:
+                collectives, state = self.board.get(other)
+                if state != _RUNNING:
                     break
                 if collectives != seen:
                     seen, since = collectives, time.monotonic()
