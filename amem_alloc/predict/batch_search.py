@@ -69,17 +69,10 @@ def _note(search: Search, frame) -> None:
     batch = frame.f_locals.get(search.batch) if not search.grows else None   # (a finder's changes each trial)
     text = (GROWS if search.grows else SHRINKS).format(
         name=search.name, batch=f", {batch}" if isinstance(batch, int) and not isinstance(batch, bool) else "")
-    where = notes.frames_site(tuple(_outward(frame)))
+    where = notes.frame_site(frame)
     held = notes.current()
     if held is not None and not any(n.kind == notes.NOT_MODELLED and n.what == text for n in held):
         notes.record(notes.NOT_MODELLED, text, where=where)
-
-
-def _outward(frame):
-    """(file, line, function) from `frame` outward, up to the script runner (amem's own frames)."""
-    while frame is not None and not notes.is_script_runner(frame.f_code.co_filename):
-        yield frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
 
 
 def said(shown: list[dict]) -> dict | None:

@@ -37,12 +37,16 @@ KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED, WRITT
 def call_site(skip: int = 1) -> str:
     """"user.py:12" or "user.py:12 (via package/file.py:34)" for the code running now; a library
     line alone when no user frame is on the stack."""
-    def running():
-        f = sys._getframe(skip + 1)
+    return frame_site(sys._getframe(skip + 1))
+
+
+def frame_site(frame) -> str:
+    """call_site()'s text for the code running in `frame` (a frame on the stack now)."""
+    def running(f):
         while f is not None and not is_script_runner(f.f_code.co_filename):   # beyond it: amem's command line
             yield f.f_code.co_filename, f.f_lineno
             f = f.f_back
-    return _site(running())
+    return _site(running(frame))
 
 
 def frames_site(frames: tuple) -> str:

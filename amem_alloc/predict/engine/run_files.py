@@ -54,7 +54,7 @@ import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ... import atomic_write
 from .. import scratch
@@ -257,30 +257,22 @@ class Level:
 
     def _wait_for_others(self, run: _Run) -> None:
         """Until every other running rank has entered this barrier (or ended, or stopped moving)."""
-        for other in self.board.running():
-            if other == run.rank or other in self.given_up:
-                continue
-            seen, since = self.board.get(other)[0], time.monotonic()
-            while True:
-                collectives, state = self.board.get(other)
-                if state != _RUNNING or collectives >= run.collectives:
-                    break
-                if collectives != seen:
-                    seen, since = collectives, time.monotonic()
-                elif time.monotonic() - since > PATIENCE_S:
-                    self.given_up.add(other)
-                    break
-                time.sleep(_POLL_S)
+        self._wait_until(lambda collectives: collectives >= run.collectives, skip=run.rank)
 
     def _wait_for_ranks_beside(self) -> None:
         """Until every rank running in another process has ended (or stopped moving)."""
+        self._wait_until(lambda collectives: False)
+
+    def _wait_until(self, reached: Callable[[int], bool], skip: int | None = None) -> None:
+        """Until each running rank (but `skip`) has ended or `reached(its collectives)`; one not
+        seen to make a collective for PATIENCE_S is given up on (never waited for again)."""
         for other in self.board.running():
-            if other in self.given_up:
+            if other == skip or other in self.given_up:
                 continue
             seen, since = self.board.get(other)[0], time.monotonic()
             while True:
                 collectives, state = self.board.get(other)
-                if state != _RUNNING:
+                if state != _RUNNING or reached(collectives):
                     break
                 if collectives != seen:
                     seen, since = collectives, time.monotonic()
