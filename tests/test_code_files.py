@@ -27,3 +27,19 @@ def test_a_package_installed_with_target_is_a_library_and_a_plain_folder_the_use
     (tmp_path / "mine" / "helpers.py").write_text("")
     line = _ask(tmp_path, [tmp_path / "target", tmp_path / "mine"])
     assert line.startswith("[False, True]") and "'somelib/core.py'" in line, line
+
+
+def test_call_site_skips_as_many_frames_as_its_callers_ask(tmp_path, monkeypatch):
+    """call_site(skip)'s count is what every note's caller relies on: 2 names the line that called
+    the function asking, 3 the line above. A refactor that shifted it by a frame named "?" for a
+    spawned child's CUDA use (CI, 2026-11-29)."""
+    (tmp_path / "usermod.py").write_text(
+        "from amem_alloc.predict.notes import call_site\n"
+        "def asks(skip): return call_site(skip)\n"
+        "def calls(skip): return asks(skip)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import usermod
+    here = str(tmp_path / "usermod.py")
+    assert usermod.calls(1) == f"{here}:2"   # call_site's own frame is amem's: passed over
+    assert usermod.calls(2) == f"{here}:2"
+    assert usermod.calls(3) == f"{here}:3"

@@ -36,8 +36,9 @@ KINDS = (STAND_IN, UPPER_BOUND, ASSUMED, ESTIMATE, NOT_MODELLED, COMPILED, WRITT
 
 def call_site(skip: int = 1) -> str:
     """"user.py:12" or "user.py:12 (via package/file.py:34)" for the code running now; a library
-    line alone when no user frame is on the stack."""
-    return frame_site(sys._getframe(skip + 1))
+    line alone when no user frame is on the stack. The walk begins `skip - 1` frames above
+    call_site's own: 1 begins at call_site (amem's, passed over), 2 at its caller, 3 above that."""
+    return frame_site(sys._getframe(skip - 1))
 
 
 def frame_site(frame) -> str:
