@@ -30,12 +30,15 @@ _FROM_DATA = {"tensor", "as_tensor", "asarray"}   # factories of (nested) data, 
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
 
 
-def _makes_on_cuda(args, kwargs) -> bool:
-    """A call given a CUDA device and no tensor makes its tensor there, whether or not torch lists it
-    as a device constructor (torch.normal(0.0, 1.0, size, device="cuda"): Opacus' noise). (amem's
-    own calls name the fake device, meta, and take their own path.)"""
+def _makes_on_cuda(func, name: str, args, kwargs) -> bool:
+    """A public torch function given a CUDA device and no tensor makes its tensor there, whether or
+    not torch lists it as a device constructor (torch.normal(0.0, 1.0, size, device="cuda"): Opacus'
+    noise). Not any function that takes a device: `torch._C._nn._parse_to(device="cuda")`, which
+    Module.to calls to read its arguments, makes nothing and must answer cuda. (amem's own calls
+    name the fake device, meta, and take their own path.)"""
     device = kwargs.get("device")
-    return (device is not None and device_type(device) == "cuda"
+    return (device is not None and device_type(device) == "cuda" and not name.startswith("_")
+            and getattr(torch, name, None) is func
             and not any(isinstance(a, torch.Tensor) for a in tree_leaves(args)))
 
 
@@ -131,7 +134,7 @@ class DeviceMode(TorchFunctionMode):
         method = self.methods.get(func)
         if method is not None:
             return method(func, args, kwargs)
-        if func in _factories() or (name in _LIKE and "device" in kwargs) or _makes_on_cuda(args, kwargs):
+        if func in _factories() or (name in _LIKE and "device" in kwargs) or _makes_on_cuda(func, name, args, kwargs):
             return self._factory(func, args, kwargs)
         with Implicit(self._call_device(args, kwargs)):   # for tensors its decomposition makes
             if autocast_rules.active():                     # from nothing (a wrapped scalar)
