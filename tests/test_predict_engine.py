@@ -274,6 +274,50 @@ def test_an_ema_copy_no_forward_runs_holds_parameters():
     del ema
 
 
+def test_a_parameter_over_a_tensor_subclass_keeps_it_and_its_memory():
+    """torchao's quantize_ and float8 training make `nn.Parameter(<a wrapper subclass>)` (int8 data
+    and scales; a float8-cast weight): at bba7eab the parameter became a plain CPU tensor, the
+    weights' 64 MiB left the prediction and the script went on as if nothing had happened."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    with FakeCudaSession() as s:
+        a, b = torch.empty(2048, 2048, device="cuda"), torch.empty(2048, 2048, device="cuda")   # 16 MiB each
+        p = torch.nn.Parameter(TwoTensor(a, b), requires_grad=False)
+        del a, b
+        assert type(p) is TwoTensor and p.is_cuda and isinstance(p, torch.nn.Parameter)
+        s.marker("made")
+    assert by_category(s, live_at(s, "made")) == {"parameter": 2 * 16 * MiB}
+    del p
+
+
+def test_a_model_moved_to_the_gpu_holds_parameters_though_its_forward_never_runs():
+    """Weights read directly (`F.linear(x, m.weight)`, torchao quantizing before any forward): at
+    bba7eab the 16 MiB weight was labelled a temporary (parameters were learnt from forwards)."""
+    with FakeCudaSession() as s:
+        m = torch.nn.Linear(2048, 2048, bias=False).cuda()
+        with torch.no_grad():
+            y = F.linear(torch.empty(8, 2048, device="cuda"), m.weight)
+        s.marker("read")
+    assert by_category(s, live_at(s, "read"))["parameter"] == 16 * MiB
+    del m, y
+
+
+@pytest.mark.parametrize("move", [lambda m: m.to("cuda"), lambda m: m.to(device="cuda"),
+                                  lambda m: m.to(device=torch.device("cuda"), dtype=torch.bfloat16),
+                                  lambda m: m.to(dtype=torch.float16, device="cuda", non_blocking=True)])
+def test_every_form_of_module_to_moves_the_weights_to_the_gpu(move):
+    """timm's train.py moves its model with `model.to(device=device, dtype=model_dtype)`: at bba7eab
+    the keyword form left every weight on the meta device, the parameters' memory out of the
+    prediction (and under autocast a ViT's patch embedding failed on the bias's dtype)."""
+    with FakeCudaSession() as s:
+        m = torch.nn.Linear(2048, 2048, bias=False)
+        move(m)
+        assert m.weight.device == torch.device("cuda", 0)
+        s.marker("moved")
+    assert by_category(s, live_at(s, "moved"))["parameter"] == 2048 * 2048 * m.weight.element_size()
+    del m
+
+
 def test_autocast_weight_copies_live_while_autocast_or_autograd_needs_them():
     s, model = _train_step()
     casts = {key: size for kind, key, size, _ in s.ops

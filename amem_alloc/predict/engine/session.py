@@ -59,7 +59,7 @@ from .graph_runner import GraphRunner
 from .recorder import Recorder
 from .values import DataDependentError
 from .collector import CollectorWatch
-from .storages import Storages, user_frames
+from .storages import Storages, storage_tensors, user_frames
 from .known import KnownValues
 from .pinned import PinnedHost
 
@@ -303,9 +303,8 @@ class FakeCudaSession:
 
     # ------------------------------------------------------------------ what storages are
     def _mark(self, t, table: dict, label: str) -> None:
-        t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2, tensor parallel): its shard's storage
-        if isinstance(t, torch.Tensor):
-            self._mark_key(self.storages.key_of(t), table, label)
+        for inner in storage_tensors(t):
+            self._mark_key(self.storages.key_of(inner), table, label)
 
     def _mark_key(self, key, table: dict, label: str) -> None:
         if key is not None and key in self.records:
@@ -319,17 +318,17 @@ class FakeCudaSession:
                 rec.add_role("optimizer_state")
 
     def _state_of(self, root) -> list[tuple]:
-        """(tensor, table, label) for a model's parameters, buffers and their gradients now (a
-        DTensor's local shard; DeepSpeed ZeRO-3's partition of a parameter, `ds_tensor`, a view of
-        its flat buffer; a gradient not made yet left out)."""
+        """(tensor, table, label) for a model's parameters, buffers and their gradients now
+        (DeepSpeed ZeRO-3's partition of a parameter, `ds_tensor`, a view of its flat buffer; a
+        gradient not made yet left out). A tensor subclass is marked by the tensors it holds
+        (storage_tensors: a DTensor's local shard, torchao's int data and scales)."""
         out = []
         for name, p in list(root.named_parameters()) + list(root.named_buffers()):
             out.append((p, self.know.model_state, ("parameter", name)))
             if isinstance(p, torch.nn.Parameter):
                 out.append((p.grad, self.know.grads, name))
                 out.append((getattr(p, "ds_tensor", None), self.know.model_state, ("parameter", name)))
-        return [(getattr(t, "_local_tensor", t), table, label) for t, table, label in out
-                if isinstance(getattr(t, "_local_tensor", t), torch.Tensor)]
+        return [(t, table, label) for t, table, label in out if isinstance(t, torch.Tensor)]
 
     def _learn_model_state(self) -> None:
         """The running models' parameters, buffers and gradients, as they are now (at each optimizer
@@ -342,6 +341,12 @@ class FakeCudaSession:
         """A Parameter made over a CUDA storage (a model deep-copied for its EMA, which may never run a
         forward, and so is no model the module scope sees): that storage holds a parameter."""
         self._mark(param, self.know.model_state, ("parameter", "made as a Parameter"))
+
+    def moved_model(self, model) -> None:
+        """A model moved or cast (Module._apply): its parameters and buffers are learnt now, by
+        name (a model whose forward never runs: its weights read as `F.linear(x, m.weight)`)."""
+        for t, table, label in self._state_of(model):
+            self._mark(t, table, label)
 
     def _remember_state_of(self, root) -> None:
         """A model's state as it first runs (see remember_model_state)."""
@@ -357,7 +362,8 @@ class FakeCudaSession:
                 self._remembered[ref] = self._keys_of_state(root)
 
     def _keys_of_state(self, root) -> list[tuple]:
-        return [(self.storages.key_of(t), table, label) for t, table, label in self._state_of(root)]
+        return [(self.storages.key_of(inner), table, label) for t, table, label in self._state_of(root)
+                for inner in storage_tensors(t)]
 
     def _learn_gone_models(self) -> None:
         for ref, keys in self._remembered.items():

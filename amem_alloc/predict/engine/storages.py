@@ -105,6 +105,20 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage:
         return t.untyped_storage()
 
 
+def storage_tensors(t) -> list[torch.Tensor]:
+    """The plain tensors whose storages hold `t`: itself, or for a wrapper tensor subclass (DTensor's
+    local shard, torchao's quantized and float8 weights: int data and scales) the tensors it holds,
+    as torch's own `__tensor_flatten__` lists them, recursively. Anything else: none."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not isinstance(t, torch.Tensor):
+        return []
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [inner for name in names for inner in storage_tensors(getattr(t, name, None))]
+
+
 # ============================================================================ which storages are CUDA
 class Storages:
     """Every storage made inside the session: id(storage object) -> (key, device). Torch keeps one

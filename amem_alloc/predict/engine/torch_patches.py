@@ -11,8 +11,11 @@ The changes, and why:
   trunc_normal_'s rejection sampling), so they return the tensor unchanged;
 * `torch.nn.Parameter.__new__`, `Tensor.pin_memory`, `Tensor.is_pinned`: parameters are fake
   wherever they are made (their values never decide what CUDA allocates; a 7B model on the CPU
-  would need 28 GB), and pinning host memory, which needs a CUDA driver, makes an ordinary copy;
+  would need 28 GB; a tensor subclass wrapping tensors, torchao's quantized weights or a
+  DTensor, stays what it is: the tensors it holds are already fake), and pinning host memory, which needs a CUDA driver, makes an ordinary copy;
   both on the classes, not in the modes: the DataLoader pins batches in a thread of its own;
+* `torch.nn.Module._apply` (`.cuda()`, `.to()`): a model moved holds parameters and buffers, though
+  its forward may never run (its weights read directly, `F.linear(x, m.weight)`);
 * `torch.compile` and `nn.Module.compile`: inductor's regions are predicted as compiled
   (compiled.py), other backends run as eager and the output says so (keeping what compiling
   changes for an optimizer step: capturable state);
@@ -44,7 +47,7 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
 
 from ...patching import PatchSet, declare, declare_many
 from .. import notes as notes_mod
@@ -62,6 +65,8 @@ CLEAR_CACHE = declare("torch", "clear_autocast_cache", "drops the emulated cast 
 INIT = declare("torch.nn.init", "every in-place initializer (name_)",
                "initializers only write values: they return the tensor unchanged (no minutes of real init)")
 PARAMETER = declare("torch.nn.Parameter", "__new__", "parameters are fake wherever they are made")
+MODULE_APPLY = declare("torch.nn.Module", "_apply", "a model moved to the GPU holds parameters, whether or not its "
+                       "forward ever runs (F.linear(x, m.weight))")
 PIN = declare("torch.Tensor", "pin_memory", "pinning needs a CUDA driver: an ordinary copy")
 IS_PINNED = declare("torch.Tensor", "is_pinned", "answers for the copies pin_memory made")
 COMPILE = declare("torch", "compile", "inductor's regions predicted as compiled (torch traces them on its fake CUDA "
@@ -164,7 +169,7 @@ def _host(session: Any, patches: PatchSet) -> None:
     pinned = session.pinned
 
     def parameter(cls, data=None, requires_grad=True):
-        if isinstance(data, torch.Tensor) and not is_fake(data):
+        if isinstance(data, torch.Tensor) and not is_fake(data) and not is_traceable_wrapper_subclass(data):
             with torch._C.DisableTorchFunction(), _disable_current_modes():
                 data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
         made = orig_new(cls, data, requires_grad)
@@ -179,8 +184,27 @@ def _host(session: Any, patches: PatchSet) -> None:
         return out
 
     patches.apply(PARAMETER, torch.nn.Parameter, "__new__", parameter)
+    _moved_models(session, patches)
     patches.apply(PIN, torch.Tensor, "pin_memory", pin_memory)
     patches.apply(IS_PINNED, torch.Tensor, "is_pinned", lambda t, device=None: not is_fake(t) and pinned.holds(t))
+
+
+def _moved_models(session: Any, patches: PatchSet) -> None:
+    """`.cuda()`, `.to()`, `.half()`... of a model (Module._apply, which recurses through its
+    children): once the outermost call returns, its parameters and buffers are learnt as such."""
+    orig_apply, depth = torch.nn.Module._apply, [0]
+
+    def apply(module, *args, **kwargs):
+        depth[0] += 1
+        try:
+            out = orig_apply(module, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if not depth[0]:
+            session.moved_model(module)
+        return out
+
+    patches.apply(MODULE_APPLY, torch.nn.Module, "_apply", apply)
 
 
 # ============================================================================ torch.compile
