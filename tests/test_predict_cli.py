@@ -230,6 +230,9 @@ def test_a_script_without_an_optimizer_counts_its_backward_passes_as_steps(tmp_p
     data = json.loads(js.read_text())
     said = [n for n in data["notes"] if n["kind"] == "assumed" and "no torch.optim optimizer" in n["what"]]
     assert len(said) == (0 if optimizer else 1) and all(n["where"].endswith("manual.py:8") for n in said), said
+    # the stop says what was counted (it said "optimizer steps" of a script that made none)
+    unit = "3 optimizer steps" if optimizer else "3 backward passes"
+    assert f"stopped after {unit} (--steps 3" in data["stopped_after"], data["stopped_after"]
 
 
 def test_notes_made_in_backward_name_the_line_that_called_it(tmp_path):

@@ -64,7 +64,8 @@ def _predict(args: argparse.Namespace, script: list[str] | None, gpu: Any, polic
         return predict_exits.status_of(failure, run.child_reports, args.debug, args.json)
     if script:
         run.result.stopped_after = script_mod.stopped_after_line(run.steps_run, steps, run.written_out,
-                                                                 getattr(run, "ended_by", None))
+                                                                 getattr(run, "ended_by", None),
+                                                                 getattr(run, "backward_steps", False))
     return run.result
 
 

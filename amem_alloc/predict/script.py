@@ -128,26 +128,30 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
             return script_steps.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
                                                                     SpawnedRanks, KeyboardInterrupt),
-                                         amems=amems_failure_of(argv, run), on_backward_step=_note_backward_steps)
+                                         amems=amems_failure_of(argv, run),
+                                         on_backward_step=lambda: _note_backward_steps(run))
     except StopPrediction:
         return done[0] + getattr(run, "written_out", 0)
     except NotModelledError as failure:   # after steps, a stand-in's consequence: the steps stand
         if not (done[0] and getattr(failure, "after_stand_in", False)):
             raise
-        run.ended_by = ENDED_BY.format(done=done[0], s="s" if done[0] > 1 else "", failure=failure)
+        unit = "backward pass" if getattr(run, "backward_steps", False) else "optimizer step"
+        run.ended_by = ENDED_BY.format(steps=_count(done[0], unit), failure=failure)
         return done[0]
 
 
-ENDED_BY = ("the script ran {done} optimizer step{s}, then stopped at {failure}: the figures cover the steps it ran, "
+ENDED_BY = ("the script ran {steps}, then stopped at {failure}: the figures cover the steps it ran, "
             "not what it would have done after")
 BACKWARD_STEPS_NOTE = ("the script made no torch.optim optimizer (it updates its parameters itself): each backward "
                        "pass is a step for --steps")
 
 
-def _note_backward_steps() -> None:
+def _note_backward_steps(run: Any) -> None:
+    """The script's steps are its backward passes: noted, and the run's lines say so (stopped_after_line)."""
     from . import notes
 
     notes.record(notes.ASSUMED, BACKWARD_STEPS_NOTE)
+    run.backward_steps = True
 
 
 def amems_failure_of(argv: list[str], run: Any):
@@ -167,21 +171,31 @@ def _repeats(run: Any) -> bool:
     return recording is not None and repeat.last_steps_repeat(recording.ops, recording.markers)
 
 
-def stopped_after_line(done: int, steps: int, written_out: int = 0, ended_by: str | None = None) -> str | None:
+def stopped_after_line(done: int, steps: int, written_out: int = 0, ended_by: str | None = None,
+                       backward_steps: bool = False) -> str | None:
     """What the output says when --steps stopped the script, or a stand-in's consequence did
-    (`ended_by`, run() says it), or None when it ran to its end."""
+    (`ended_by`, run() says it), or None when it ran to its end. `backward_steps`: the script made
+    no optimizer, and its steps were its backward passes."""
+    unit = "backward pass" if backward_steps else "optimizer step"
     if ended_by:
         return ended_by
     if written_out:
         ran = done - written_out
-        return (f"the script ran {ran} optimizer steps; steps {ran + 1}-{done} repeat step {ran} exactly (steps "
+        return (f"the script ran {_count(ran, unit)}; steps {ran + 1}-{done} repeat step {ran} exactly (steps "
                 f"{ran - 1} and {ran} made the same allocations) and are written out, not run (--steps {steps}; "
                 "--steps 0 runs it to its end)")
     if steps and done >= steps:
-        return (f"the script was stopped after {done} optimizer steps (--steps {steps}; --steps 0 runs it "
+        return (f"the script was stopped after {_count(done, unit)} (--steps {steps}; --steps 0 runs it "
                 "to its end): the figures cover what ran until then")
     if done == 1 and steps != 1:
-        return ("the script ended after 1 optimizer step: the figures cover that step; a second step, run "
-                "with the optimizer's state already held, often peaks higher (give the script more data or "
-                "epochs to see it)")
+        held = "the first's gradients" if backward_steps else "the optimizer's state"
+        return (f"the script ended after 1 {unit}: the figures cover that step; a second step, run with {held} "
+                "already held, often peaks higher (give the script more data or epochs to see it)")
     return None
+
+
+def _count(n: int, unit: str) -> str:
+    """'3 optimizer steps', '1 backward pass', '2 backward passes'."""
+    if n == 1:
+        return f"1 {unit}"
+    return f"{n} {unit}{'es' if unit.endswith('s') else 's'}"

@@ -102,7 +102,7 @@ def record_rank(launch: Launch, rank: int, script: list[str], gpu: Any, policies
                                   shapes)
     run.recorded.seconds = seconds
     return Recording(rank, run.recorded, done, written_out=run.written_out, ended_by=getattr(run, "ended_by", None),
-                     roots_read=_roots_read(run, rank))
+                     backward_steps=getattr(run, "backward_steps", False), roots_read=_roots_read(run, rank))
 
 
 def roots_first(record: Callable[[int], Recording]) -> Callable[[int], Recording]:
@@ -171,7 +171,7 @@ def predict_ranks(launch: Launch, script: list[str], gpu: Any, policies: Any, st
             continue
         prediction = _analyse(recording, gpu, policies)
         prediction.stopped_after = script_mod.stopped_after_line(recording.steps, steps, recording.written_out,
-                                                                 recording.ended_by)
+                                                                 recording.ended_by, recording.backward_steps)
         result = RankResult(recording.rank, prediction, same_as=None, steps=recording.steps,
                             recording_s=recording.seconds)
         seen[recording.signature] = result

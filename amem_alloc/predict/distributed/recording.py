@@ -52,6 +52,7 @@ class Recording:
     signature: str = ""
     written_out: int = 0   # steps repeating the last one run, written out instead (repeat.py)
     ended_by: str | None = None   # why the script stopped after its steps (script.py's ENDED_BY), or None
+    backward_steps: bool = False   # the script made no optimizer: its steps were its backward passes
     roots_read: frozenset = frozenset()   # ranks whose broadcast values it read, unknown (collectives.py)
 
     def __post_init__(self) -> None:
