@@ -30,7 +30,9 @@ Where a loop's steps begin and end, and how many it had left:
   inside an `enumerate`). It is ended by emptying that iterator: the step running finishes, the
   code after the loop runs; what the step ran after the model's return (as the written-out steps'
   first ops) is grown as the last step's would be, and later frees of the last steps' blocks move to
-  the written-out ones'. A loop that is not over a `range` runs every step.
+  the written-out ones'. A loop that is not over a `range` runs every step. What the loop built
+  (`out = torch.cat((out, token))`) holds only the steps run: the note says code after the loop
+  sees it shorter than a real run would (no rule here can know which tensor is the loop's result).
 * A library's loop between the model and the user's code (a diffusers pipeline's denoising loop,
   `for t in self.progress_bar(self.scheduler.timesteps)`, under `no_grad`): the same, where it runs
   over a range, a tuple or a list (a tensor iterates as the tuple of its rows), directly or
@@ -231,9 +233,12 @@ class DecodeLoops:
             return False
         self.written.append(WrittenOut(spans, left, grow, grow_after))
         ran = len(loop.bounds) - (0 if grow_after else 1)   # a user loop's bounds are step ends; generate's, heads
+        shorter = ("" if not grow_after else f"; what the loop built (a sequence of tokens) holds the {ran} steps "
+                   "run, so code after it sees it shorter than a real run would (--run-every-decode-step runs "
+                   "every step)")
         notes.record(notes.WRITTEN_OUT, f"decode loop: {ran} steps ran, the {left} steps left written out from "
-                     f"the last {repeat.GROW_RUN} (same allocations, each growing by the same bytes every step)",
-                     where=loop.where)
+                     f"the last {repeat.GROW_RUN} (same allocations, each growing by the same bytes every step)"
+                     f"{shorter}", where=loop.where)
         return True
 
     def _not_affine(self, loop: Loop, span: tuple[int, int]) -> bool:
