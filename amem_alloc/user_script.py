@@ -165,9 +165,11 @@ def error_line(err: BaseException) -> str:
 
 def print_script_error(err: BaseException) -> None:
     """The traceback Python would print, from the script's first frame on. Ctrl-C lands wherever
-    the script was, often inside amem's own hooks: those frames are left out of its traceback."""
+    the script was, often inside amem's own hooks, and an error amem raises as torch would (no SDPA
+    kernel for these inputs) is raised inside its rules: those frames are left out of their
+    tracebacks, which end where the script's or a library's code called torch."""
     tb = _user_frames(err.__traceback__)
-    if not isinstance(err, KeyboardInterrupt):
+    if not isinstance(err, KeyboardInterrupt) and not is_for_the_script(err):
         traceback.print_exception(type(err), err, tb)
         return
     shown = traceback.TracebackException(type(err), err, tb)
