@@ -22,6 +22,7 @@ import weakref
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ...code_files import is_script_runner, is_traced_file
 from ..notes import NotModelledError, call_site
@@ -109,8 +110,6 @@ def storage_tensors(t) -> list[torch.Tensor]:
     """The plain tensors whose storages hold `t`: itself, or for a wrapper tensor subclass (DTensor's
     local shard, torchao's quantized and float8 weights: int data and scales) the tensors it holds,
     as torch's own `__tensor_flatten__` lists them, recursively. Anything else: none."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     if not isinstance(t, torch.Tensor):
         return []
     if not is_traceable_wrapper_subclass(t):
