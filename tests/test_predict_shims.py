@@ -225,3 +225,14 @@ def test_an_external_profilers_capture_range_returns_at_once():
     result = amem_alloc.predict(body, gpu="H100", policies=["torch"])
     said = [note["what"].split(":")[0] for note in result.notes if "torch.cuda.profiler" in note["what"]]
     assert said == ["torch.cuda.profiler.start()", "torch.cuda.profiler.stop()"] * 2
+
+
+def test_a_tensor_prints_the_device_it_claims():
+    """A rank's tensors are on its own device (torch.cuda.set_device(LOCAL_RANK)): their printed form
+    said cuda:0 on every rank (Megatron's loss printed from rank 1)."""
+    with amem_alloc.predicting("H100", device_count=2, analyse=False):
+        torch.cuda.set_device(1)
+        x = torch.ones((), device="cuda")
+        assert x.device == torch.device("cuda", 1)
+        assert "device='cuda:1'" in repr(x * 2), repr(x * 2)
+        torch.cuda.set_device(0)

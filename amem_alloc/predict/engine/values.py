@@ -60,6 +60,7 @@ import torch
 from .. import failures, notes
 from ..notes import NotModelledError
 from ..rules import data_dependent
+from .devices import cuda_index
 from .known import UNSEEN
 
 META = torch.device("meta")
@@ -101,7 +102,7 @@ _NUMPY = {torch.bfloat16: np.float32, torch.float16: np.float16, torch.float32: 
 def _describe(t, device: str) -> str:
     with torch._C.DisableTorchFunction():
         shape, dtype = tuple(t.shape), str(t.dtype)
-    dev = "cuda:0" if device == "cuda" else device
+    dev = f"cuda:{cuda_index()}" if device == "cuda" else device   # the rank's own device, as its tensors claim
     return f"tensor(<no value: predicted>, device='{dev}', size={shape}, dtype={dtype})"
 
 
