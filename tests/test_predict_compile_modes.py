@@ -115,3 +115,26 @@ def test_a_new_shape_is_traced_again_each_at_its_own_partition():
                                  ((D_IN, D_MID), torch.float32, True))
         assert region["saved_bytes"] == want, rows
         assert survivors(s, f"forward {rows}", f"backward {rows}") == want + 4
+
+
+@pytest.mark.parametrize("switch", ["TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "disable=True"])
+def test_compiling_switched_off_is_torchs_no_op_with_no_note(monkeypatch, switch):
+    """With TORCHDYNAMO_DISABLE=1 torch.compile hands the model back; amem tried to compile it anyway,
+    and its note said the region fell back to eager on "'_NullDecorator' object has no attribute
+    'callback'" (litgpt users switch compiling off so)."""
+    kwargs = {"disable": True} if switch == "disable=True" else {}
+    if not kwargs:
+        monkeypatch.setenv(switch, "1")
+    import torch._dynamo.config as dynamo_config
+    seen = {}
+
+    def main():
+        model = torch.nn.Linear(256, 256).cuda()
+        compiled = torch.compile(model, **kwargs)
+        seen["same"] = compiled is model
+        compiled(torch.randn(64, 256, device="cuda")).sum().backward()
+
+    with dynamo_config.patch(disable=switch == "TORCH_COMPILE_DISABLE"):   # what that variable sets at import
+        prediction = amem_alloc.predict(main, gpu="H100", policies=["torch"])
+    assert seen["same"] == (switch != "TORCH_COMPILE_DISABLE")   # torch's own answer: the model, or a wrapper
+    assert not [n for n in prediction.notes if "torch.compile" in n["what"]], prediction.notes

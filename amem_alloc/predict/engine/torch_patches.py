@@ -43,6 +43,7 @@ The changes, and why:
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
@@ -216,10 +217,16 @@ def _compile(session: Any, patches: PatchSet) -> None:
     eager and says why; the eager backends (eager, aot_eager) run as eager, as they do; another
     backend runs as eager and the output says so. An optimizer step inside a compiled function gets
     `capturable=True`, as dynamo sets it (torch/_dynamo/variables/optimizer.py `_set_capturable`;
-    FakeCudaSession._opt_pre)."""
+    FakeCudaSession._opt_pre). Compiling switched off (`disable=True`, TORCHDYNAMO_DISABLE=1,
+    TORCH_COMPILE_DISABLE=1) is torch's own: torch.compile itself says what comes back, and it runs
+    as eager."""
+    original = torch.compile
+
     def compile(model=None, **kwargs):
         if model is None:
             return lambda fn: compile(fn, **kwargs)
+        if kwargs.get("disable") or _dynamo_disabled():
+            return original(model, **kwargs)
         backend = kwargs.get("backend", "inductor")
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", "a custom backend")
         if backend != "inductor":
@@ -238,6 +245,18 @@ def _compile(session: Any, patches: PatchSet) -> None:
     patches.apply(COMPILE, torch, "compile", compile)
     patches.apply(MODULE_COMPILE, torch.nn.Module, "compile", module_compile)
     patches.ignore_warning(HOOKS_WARNING, r"Using `torch\.compile\(module\)` when there are global hooks on modules")
+
+
+def _dynamo_disabled() -> bool:
+    """Whether torch has compiling switched off: TORCHDYNAMO_DISABLE=1 (torch._dynamo.optimize then
+    returns the model as it is), TORCH_COMPILE_DISABLE=1 or `torch._dynamo.config.disable` (its
+    frames are then never converted: the model runs as eager)."""
+    if os.environ.get("TORCHDYNAMO_DISABLE", "") == "1":
+        return True
+    config = sys.modules.get("torch._dynamo.config")
+    if config is not None:
+        return bool(getattr(config, "disable", False))
+    return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 
 
 OWN_HOOKS_NOTE = ("torch.compile region {name}: the module's own hooks ({hooks}) run as eager around its "
