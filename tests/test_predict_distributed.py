@@ -1104,6 +1104,41 @@ def test_a_model_compiled_after_fully_shard_compiles_what_torch_compiles(kind, t
     assert "the script failed" not in capfd.readouterr().out
 
 
+COMPILED_FSDP1 = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+dist.init_process_group("nccl")
+model = FSDP(torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).cuda(), use_orig_params=True,
+             device_id=torch.cuda.current_device())
+if sys.argv[1] == "compiled":
+    model = torch.compile(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    model(torch.randn(2048, 1024, device="cuda")).float().pow(2).mean().backward()
+    opt.step(); opt.zero_grad(set_to_none=True)
+    print("between steps", torch.cuda.memory_allocated(), flush=True)
+"""
+
+
+def test_a_compiled_fsdp1_model_runs_as_eager_and_holds_what_eager_holds(tmp_path, capfd):
+    """litgpt's `--devices 2` compiles its FSDP1 model: the region was first tried on torch's fakes,
+    where FSDP1's lazy initialisation and hooks ran part-way on them before failing ("FSDP does not
+    support CPU only execution"), and each later step held one more 8 MiB activation (123 MiB too
+    high for litgpt). The region runs as eager, said, with eager's figures to the byte."""
+    script = tmp_path / "fsdp1.py"
+    script.write_text(COMPILED_FSDP1)
+    held = {}
+    for kind in ("compiled", "eager"):
+        result = predict_ranks(launch_mod.Launch(1, 1, None), [str(script), kind], "H100", "torch", steps=3,
+                               timeout=300, workers=1)
+        prediction = result.ranks[0].prediction
+        held[kind] = (prediction.rows[0].peak_allocated, capfd.readouterr().out.count("between steps"))
+        regions = prediction.run.compiled_regions
+        assert [r["status"].startswith("runs as eager: a FullyShardedDataParallel (FSDP1)") for r in regions] == \
+            ([True] if kind == "compiled" else []), regions
+    assert held["compiled"] == held["eager"], held
+
+
 UNKNOWN_ROOT = """
 import os, sys, torch, torch.distributed as dist
 dist.init_process_group("nccl")

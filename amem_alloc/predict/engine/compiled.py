@@ -33,6 +33,9 @@ from .graph_breaks import GraphBreaks
 
 COMPILED = "predicted as compiled (inductor)"
 FSDP_HOOKS = "FSDP2's hooks run eager between its graphs, as on the GPU (dynamo never traces them)"
+FSDP1_EAGER = ("runs as eager: a FullyShardedDataParallel (FSDP1) region is not traced (its lazy initialisation "
+               "and hooks would run on torch's fake tensors and change FSDP's own state); torch compiles the "
+               "modules between its hooks, which may save less for backward than eager does")
 FORWARD_SKIPPED = ("runs as eager, as torch runs it: its hooks break the graph and dynamo skips {forward}, "
                    "torch's own module code, as a frame of its own")
 PARTITION_ONLY = ("predicted as compiled (inductor): AOTAutograd's partition as torch makes it; "
@@ -161,6 +164,8 @@ class CompiledRegion:
             if hooks_outside and type(optimizer).__name__ not in compiled_optimizer.FUSABLE:
                 notes_mod.record(notes_mod.ESTIMATE, compiled_optimizer.UNFUSED_NOTE.format(name=type(optimizer).__name__))
             raise compile_inputs.RefusedRegion(compile_inputs.OPTIMIZER_REASON)
+        if module_hooks.fsdp1_inside(self.module):
+            return FSDP1_EAGER
         if module_hooks.fsdp_inside(self.module, self.fn):   # not on torch's fakes first (module_hooks.py)
             if isinstance(self.fn, torch.nn.Module) and module_hooks.torch_compiles_nothing(self.fn):
                 return FORWARD_SKIPPED.format(forward=type(self.fn).forward.__qualname__)

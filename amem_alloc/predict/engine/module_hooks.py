@@ -82,6 +82,16 @@ def fsdp_inside(module: torch.nn.Module | None, fn) -> bool:
     return isinstance(module, FSDPModule) and not bare_forward
 
 
+def fsdp1_inside(module: torch.nn.Module | None) -> bool:
+    """Whether the region holds a module of FSDP1 (FullyShardedDataParallel), whose lazy
+    initialisation and hooks change its own state as they run: they must not run on torch's fakes."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:   # (a torch without torch.distributed)
+        return False
+    return module is not None and any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+
+
 def dynamo_skips_forward(module: torch.nn.Module) -> bool:
     """Whether dynamo skips the module's `forward` as a frame of its own, as it does torch's own
     modules' (torch.nn's Sequential, Linear): after the hooks break the graph torch then compiles
