@@ -63,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_command(_parser(), argv)
         command = f"amem {args.command}"
         return args.func(args)
-    except KeyboardInterrupt as stopped:  # the same line wherever it lands: parsing, importing torch, a run
-        if type(stopped).__name__ == "Terminated":   # SIGTERM under predict (predict/stop_signals.py)
-            print(f"{command}: terminated", file=sys.stderr)
-            return exit_status.TERMINATED
+    except KeyboardInterrupt:  # the same line wherever it lands: parsing, importing torch, a run
         print(f"{command}: interrupted", file=sys.stderr)
         return exit_status.INTERRUPTED
     except ValueError as err:  # UsageError, SnapshotError, a bad value or configuration
@@ -75,3 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, MemoryError, OSError) as err:
         print(parser.one_line(err, command), file=sys.stderr)
         return exit_status.FAILED
+    except BaseException as stopped:
+        if type(stopped).__name__ != "Terminated":   # SIGTERM under predict (predict/stop_signals.py)
+            raise
+        print(f"{command}: terminated", file=sys.stderr)
+        return exit_status.TERMINATED

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from .. import script_steps, user_script
-from . import batch_search, failures, repeat, script_logging
+from . import batch_search, failures, repeat, script_logging, stop_signals
 from .notes import NotModelledError, call_site
 from .engine import values
 from .engine.values import DataDependentError
@@ -109,7 +109,8 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         write_repeats: bool = False) -> int:
     """Runs the script inside an active `predicting` block; returns the optimizer steps it made.
     user_script.ScriptFailed when it fails, failures.AmemFailure when amem failed inside it;
-    DataDependentError, NotModelledError, PredictionTimeout, SpawnedRanks and KeyboardInterrupt go on (Ctrl-C, or the script's own raise, is the command's "interrupted", not
+    DataDependentError, NotModelledError, PredictionTimeout, SpawnedRanks, KeyboardInterrupt and SIGTERM's
+    Terminated go on (Ctrl-C, or the script's own raise, is the command's "interrupted", not
     a failure of the script)."""
     done = [0]
 
@@ -127,7 +128,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         with _Deadline(timeout), script_logging.handlers_removed_after():   # the next run adds its own
             return script_steps.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
-                                                                    SpawnedRanks, KeyboardInterrupt),
+                                                                    SpawnedRanks, *stop_signals.STOPPED),
                                          amems=amems_failure_of(argv, run),
                                          on_backward_step=lambda: _note_backward_steps(run))
     except StopPrediction:

@@ -201,7 +201,8 @@ def _failure_from_handed(err: BaseException, base: str | None):
     from .. import state
 
     st = state.current()
-    if st is None or not st.stand_in_callers or isinstance(err, (KeyboardInterrupt, SystemExit)):
+    if st is None or not st.stand_in_callers or isinstance(err, (KeyboardInterrupt, SystemExit)) \
+            or type(err).__name__ == "Terminated":
         return None   # (DCP's CheckpointException is a BaseException)
     raised_in = {(id(frame), frame.f_code) for frame, _ in _raised_through(err)}
     for what, frames in reversed(st.stand_in_callers):
