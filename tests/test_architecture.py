@@ -260,7 +260,7 @@ PREDICT = PACKAGE / "predict"
 # a unit imports only units of a lower tier. patch_table is a tool over all of them (it loads each
 # by name to print the patch catalogue).
 PREDICT_TIERS = {
-    "state": 0, "context": 0, "run": 0, "failures": 0, "repeat": 0, "options": 0, "scratch": 0,
+    "state": 0, "context": 0, "run": 0, "failures": 0, "repeat": 0, "options": 0, "scratch": 0, "stopped": 0,
     "gpus": 1, "notes": 1,
     "rules": 2,
     "engine": 3, "script_logging": 3, "batch_search": 3,

@@ -33,7 +33,8 @@ import threading
 from typing import Any
 
 from .. import script_steps, user_script
-from . import batch_search, failures, repeat, script_logging, stop_signals
+from . import batch_search, failures, repeat, script_logging
+from .stopped import STOPPED
 from .notes import NotModelledError, call_site
 from .engine import values
 from .engine.values import DataDependentError
@@ -128,7 +129,7 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
         with _Deadline(timeout), script_logging.handlers_removed_after():   # the next run adds its own
             return script_steps.run_steps(argv, after_step, reraise=(DataDependentError, NotModelledError,
                                                                     StopPrediction, PredictionTimeout,
-                                                                    SpawnedRanks, *stop_signals.STOPPED),
+                                                                    SpawnedRanks, *STOPPED),
                                          amems=amems_failure_of(argv, run),
                                          on_backward_step=lambda: _note_backward_steps(run))
     except StopPrediction:

@@ -7,10 +7,8 @@ Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread is
 default ends the process at once: nothing of amem's runs, its scratch folders (children.py's,
 the nvidia-smi stand-in's) stay behind and the script's buffered output is lost (`timeout 900
 amem predict ...` ends so). While `unwinding()` is active both raise: Ctrl-C KeyboardInterrupt
-(the command's "interrupted", 130), SIGTERM `Terminated` ("terminated", 143). Terminated is no
-KeyboardInterrupt: under plain Python SIGTERM ends the script where it is, so the script's own
-`except KeyboardInterrupt:` (PyTorch's word_language_model: "Exiting from training early", then it
-loads a checkpoint never saved) must not catch it and carry on as if the user had stopped it.
+(the command's "interrupted", 130), SIGTERM `Terminated` ("terminated", 143; no KeyboardInterrupt,
+stopped.py says why).
 
 Raised inside one of amem's callbacks whose exceptions Python drops (the weak-reference callback
 that records a free, the garbage collector's phase callback: script.py's `in_dropping_callback`)
@@ -24,15 +22,10 @@ import signal
 import threading
 from typing import Any, Iterator
 
+from .stopped import Terminated
+
 RETRY_S = 0.05   # how soon a signal that landed in a dropping callback is sent again
 
-
-class Terminated(BaseException):
-    """SIGTERM: the run unwinds as on Ctrl-C, its line "terminated" and the shell's status 143; no
-    `except Exception` or `except KeyboardInterrupt` of the script's catches it."""
-
-
-STOPPED = (KeyboardInterrupt, Terminated)   # what ends a run wherever it lands (see the note)
 
 
 def _handler(signum: int, frame: Any) -> None:

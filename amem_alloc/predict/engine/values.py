@@ -60,6 +60,7 @@ import torch
 from .. import failures, notes
 from ..notes import NotModelledError
 from ..rules import data_dependent
+from ..stopped import STOPPED
 from .devices import cuda_index
 from .known import UNSEEN
 
@@ -201,8 +202,7 @@ def _failure_from_handed(err: BaseException, base: str | None):
     from .. import state
 
     st = state.current()
-    if st is None or not st.stand_in_callers or isinstance(err, (KeyboardInterrupt, SystemExit)) \
-            or type(err).__name__ == "Terminated":
+    if st is None or not st.stand_in_callers or isinstance(err, (*STOPPED, SystemExit)):
         return None   # (DCP's CheckpointException is a BaseException)
     raised_in = {(id(frame), frame.f_code) for frame, _ in _raised_through(err)}
     for what, frames in reversed(st.stand_in_callers):
