@@ -492,3 +492,30 @@ def test_share_memory_of_a_cuda_tensor_does_nothing_as_on_cuda():
         host = torch.zeros(4).share_memory_()
         assert host.is_shared()
     assert [size for kind, _, size, _ in s.ops if kind == ALLOC] == [64 * 64 * 4, 64 * 4]
+
+
+def test_an_lbfgs_step_says_what_its_value_dependent_history_leaves_out():
+    """LBFGS's iterations and history follow the loss's values: under stand-ins a step stopped after
+    its first iterations with no history, and the prediction said nothing (pytorch/examples'
+    time_sequence_prediction; 1.8 GiB of history after 3 real steps of a 16 MiB model, none
+    predicted). Each step says so, with the largest history the optimizer may keep."""
+    import amem_alloc
+
+    def main():
+        model = torch.nn.Linear(1024, 1024, bias=False).cuda()   # 4 MiB
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=7, history_size=10)
+        x = torch.randn(64, 1024, device="cuda")
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            return loss
+        for _ in range(2):
+            opt.step(closure)
+
+    prediction = amem_alloc.predict(main, gpu="H100", policies=["torch"])
+    told = [n for n in prediction.notes if n["what"].startswith("LBFGS:")]
+    assert len(told) == 1 and told[0]["kind"] == "not-modelled" and told[0]["count"] == 2, told
+    assert "max_iter=7" in told[0]["what"] and "history_size=10" in told[0]["what"]
+    assert told[0]["what"].endswith("up to 80.00 MiB more than predicted")   # 10 pairs x 2 x 4 MiB

@@ -45,6 +45,7 @@ from .. import state as state_mod
 from ..rules import meta_kernels
 from ..run import RunRecorder
 from . import children
+from . import lbfgs
 from . import stream_uses
 from . import torch_patches
 from . import threads
@@ -429,6 +430,7 @@ class FakeCudaSession:
 
     def _opt_post(self, optimizer, args, kwargs) -> None:
         self._phase_override = None
+        lbfgs.note_step(optimizer)
         for state in optimizer.state.values():
             for name, v in state.items():
                 self._mark(v, self.know.optimizer_state, name)
