@@ -519,3 +519,20 @@ def test_an_lbfgs_step_says_what_its_value_dependent_history_leaves_out():
     assert len(told) == 1 and told[0]["kind"] == "not-modelled" and told[0]["count"] == 2, told
     assert "max_iter=7" in told[0]["what"] and "history_size=10" in told[0]["what"]
     assert told[0]["what"].endswith("up to 80.00 MiB more than predicted")   # 10 pairs x 2 x 4 MiB
+
+
+@pytest.mark.parametrize("make", [lambda: torch.ones(3, device="cuda:1"), lambda: torch.ones(3).to("cuda:1"),
+                                  lambda: torch.ones(3).cuda(1), lambda: torch.ones(3).to(device=torch.device("cuda", 2))])
+def test_a_device_past_the_processs_devices_fails_as_torch_fails(make):
+    """On one GPU `torch.ones(3, device="cuda:1")` fails ("invalid device ordinal"); the prediction made
+    the tensor on cuda:0 and a script that cannot run was predicted to fit."""
+    from amem_alloc.user_script import is_for_the_script
+
+    with FakeCudaSession() as s:
+        with pytest.raises(RuntimeError, match="invalid device ordinal") as raised:
+            make()
+        assert is_for_the_script(raised.value)
+        assert torch.ones(3, device="cuda:0").device == torch.device("cuda", 0)
+    with FakeCudaSession(device_count=3):   # a process with three devices has them
+        assert make().is_cuda
+    del s

@@ -14,6 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from ...user_script import for_the_script
 from .. import notes as notes_mod
 from .. import rules
 from . import autocast as autocast_rules
@@ -40,6 +41,28 @@ def _makes_on_cuda(func, name: str, args, kwargs) -> bool:
     return (device is not None and device_type(device) == "cuda" and not name.startswith("_")
             and getattr(torch, name, None) is func
             and not any(isinstance(a, torch.Tensor) for a in tree_leaves(args)))
+
+
+def _cuda_ordinal(device) -> int | None:
+    """The index a CUDA device argument names ("cuda:1", torch.device("cuda", 1)), else None."""
+    if isinstance(device, str) and device.startswith("cuda:"):
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return device.index
+    return None
+
+
+def _target_of_to(func, args: tuple, kwargs: dict):
+    """The device argument of Tensor.to/.cuda (None where it names none)."""
+    if func is torch.Tensor.cuda:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        return torch.device("cuda", device) if isinstance(device, int) else device
+    first = args[1] if len(args) > 1 else None
+    return kwargs.get("device", first if isinstance(first, (str, torch.device)) else None)
+
+
+INVALID_ORDINAL = ("CUDA error: invalid device ordinal (cuda:{index}: the process is predicted with {count} "
+                   "device{s}; a prediction gives each process the devices its launcher gives it)")
 
 
 def _factories() -> set:
@@ -240,6 +263,7 @@ class DeviceMode(TorchFunctionMode):
         name = getattr(func, "__name__", "factory")
         if name in _FROM_DATA and args and isinstance(args[0], (list, tuple)):
             args = (self._read_elements(args[0]),) + tuple(args[1:])
+        self._check_ordinal(kwargs.get("device"))
         device = device_type(kwargs.get("device")) or self._default_device()
         kwargs = dict(kwargs)
         pin = bool(kwargs.pop("pin_memory", False)) and device == "cpu"
@@ -276,8 +300,18 @@ class DeviceMode(TorchFunctionMode):
         with torch._C.DisableTorchFunction():
             return None if known.is_assumed(t) else known.value(t)
 
+    def _check_ordinal(self, device) -> None:
+        """A device index past the devices the process has: torch's error, for the script (on one GPU,
+        `torch.ones(3, device="cuda:1")` fails so; the tensor made on cuda:0 hid a script that fails)."""
+        index = _cuda_ordinal(device)
+        count = self.session.device_count
+        if index is not None and index >= count:
+            raise for_the_script(RuntimeError(INVALID_ORDINAL.format(index=index, count=count,
+                                                                     s="s" if count != 1 else "")))
+
     def _to(self, func, args, kwargs):
         t = args[0]
+        self._check_ordinal(_target_of_to(func, args, kwargs))
         target, options = _parse_to(func, args, kwargs, self._type)
         options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
