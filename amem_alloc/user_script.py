@@ -40,6 +40,10 @@ from .user_input import UsageError
 
 PROCESS_EXIT = declare("os", "_exit", "while the user's script runs: called by its main thread, it ends the script "
                        "as sys.exit would, so the prediction or trace is still written")
+RUN_PATH = declare("runpy", "run_path", "while the user's script runs: a file it runs as a script (torchtune's "
+                   "`tune run` runs its recipe so) is the program's own code in notes and call sites")
+RUN_MODULE = declare("runpy", "run_module", "while the user's script runs: a module it runs as a script is the "
+                     "program's own code in notes and call sites")
 
 _RUNPY = os.path.dirname(runpy.__file__)
 _MISSING = object()
@@ -62,6 +66,27 @@ def _os_exit_ends_the_script() -> Iterator[None]:
         raise ScriptExit(status)
     with PatchSet() as patches:
         patches.apply(PROCESS_EXIT, os, "_exit", _exit)
+        yield
+
+
+@contextlib.contextmanager
+def _what_the_script_runs_is_the_program() -> Iterator[None]:
+    """A file or module the script runs as a script itself (`tune run` runs its recipe with
+    runpy.run_path) counts as the program's own code, as the script does: notes name the recipe's
+    line, not torchtune's config wrapper around it."""
+    run_path, run_module = runpy.run_path, runpy.run_module
+
+    def path(path_name, *args, **kwargs):
+        from . import code_files
+        code_files.run_as_program(os.path.dirname(os.path.abspath(os.fspath(path_name))))
+        return run_path(path_name, *args, **kwargs)
+
+    def module(mod_name, *args, **kwargs):
+        _count_package_as_program(mod_name)
+        return run_module(mod_name, *args, **kwargs)
+    with PatchSet() as patches:
+        patches.apply(RUN_PATH, runpy, "run_path", path)
+        patches.apply(RUN_MODULE, runpy, "run_module", module)
         yield
 
 
@@ -221,7 +246,7 @@ def run(target: str, args: list[str], module: bool = False, reraise: tuple = (),
     builtins_before = dict(vars(builtins))
     sys.argv = [target, *args]
     try:
-        with _os_exit_ends_the_script():
+        with _os_exit_ends_the_script(), _what_the_script_runs_is_the_program():
             return _run_as_main(target, module, reraise, explain, amems, failed_with)
     finally:
         sys.argv = argv_before

@@ -43,3 +43,22 @@ def test_call_site_skips_as_many_frames_as_its_callers_ask(tmp_path, monkeypatch
     assert usermod.calls(1) == f"{here}:2"   # call_site's own frame is amem's: passed over
     assert usermod.calls(2) == f"{here}:2"
     assert usermod.calls(3) == f"{here}:3"
+
+
+def test_a_file_the_script_runs_as_a_script_is_the_programs_code(tmp_path):
+    """torchtune's `tune run` runs its recipe, installed beside torchtune, with runpy.run_path: notes
+    named torchtune's config wrapper as the user's line ("at torchtune/config/_parse.py:99 (via
+    recipes/full_finetune_single_device.py:701)") and the recipe's line as a library's."""
+    (tmp_path / "target" / "recipes").mkdir(parents=True)
+    (tmp_path / "target" / "recipes-1.0.dist-info").mkdir()
+    recipe = tmp_path / "target" / "recipes" / "recipe.py"
+    recipe.write_text("from amem_alloc import code_files\nprint('recipe is the user\\'s:', code_files.is_user_file(__file__))\n")
+    (tmp_path / "cli.py").write_text("import runpy, sys\nrunpy.run_path(sys.argv[1], run_name='__main__')\n")
+    code = ("import sys; from amem_alloc.user_script import run; "
+            "sys.exit(run(sys.argv[1], sys.argv[2:]))")
+    env = environment_without_amem()
+    env["PYTHONPATH"] = ":".join([str(tmp_path / "target"), str(ROOT)])
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cli.py"), str(recipe)], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "recipe is the user's: True" in out.stdout, out.stdout
