@@ -536,3 +536,17 @@ def test_a_device_past_the_processs_devices_fails_as_torch_fails(make):
     with FakeCudaSession(device_count=3):   # a process with three devices has them
         assert make().is_cuda
     del s
+
+
+def test_grouped_mm_in_float32_makes_what_cudas_fallback_loop_makes():
+    """transformers' Mixtral and Qwen2-MoE experts call grouped_mm by default on sm90; in float32 CUDA
+    takes its fallback loop of mm into one output (GroupedMMUtils.h), where torch's meta kernel
+    refused float32 and the script "failed". The output: 64 rows of 18 floats, each padded to 16 bytes."""
+    with FakeCudaSession() as s:
+        a = torch.empty(64, 32, device="cuda")
+        b = torch.empty(4, 32, 18, device="cuda")
+        offs = torch.tensor([16, 32, 48, 64], device="cuda", dtype=torch.int32)
+        out = torch.nn.functional.grouped_mm(a, b, offs=offs)
+        assert out.shape == (64, 18) and out.dtype == torch.float32 and out.stride() == (20, 1)
+    made = [size for kind, key, size, _ in s.ops if kind == ALLOC and s.infos[key].op.startswith("_grouped_mm")]
+    assert made == [(63 * 20 + 18) * 4]   # empty_strided's storage: the last row unpadded

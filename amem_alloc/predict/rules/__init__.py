@@ -14,6 +14,7 @@ registry.py by the op and the stage they apply at:
     norms.py        cuDNN batch norm where torch picks it
     losses.py       cross-entropy under autocast, op for op (engine/autocast.py calls it)
     embedding.py    embedding backward's sort and segment buffers
+    grouped_mm.py   grouped_mm (MoE experts) in float32, which CUDA's fallback loop takes
     convolution.py  cuDNN convolution workspaces (an estimate by a stated rule)
     data_dependent.py sizes only values decide: what the program fixes (counts, assumed values of
                     a guaranteed structure), and the shape rule for the rest (expected, upper)
@@ -42,7 +43,7 @@ take and return); none of them knows an op by name: each is a lookup.
 """
 from __future__ import annotations
 
-from . import attention, autograd, convolution, cublas, data_dependent, dropout, embedding, flex_attention, foreach, losses, meta_kernels, norms, rnn, shared_memory  # noqa: F401 (register)
+from . import attention, autograd, convolution, cublas, data_dependent, dropout, embedding, flex_attention, foreach, grouped_mm, losses, meta_kernels, norms, rnn, shared_memory  # noqa: F401 (register)
 from .cublas import workspace_bytes as cublas_workspace_bytes
 from .data_dependent import values
 from .registry import NOT_APPLICABLE, Stage, lookup
