@@ -61,8 +61,12 @@ _RUN_AS_PROGRAM: list[str] = []   # packages run as the program (`python -m pkg.
 
 def run_as_program(package_dir: str) -> None:
     """Counts the files under `package_dir` as the user's own code though installed as a package:
-    the program is that package's module (torchrun -m torchtitan.train)."""
+    the program is that package's module (torchrun -m torchtitan.train). A folder that is, or holds,
+    a library folder (site-packages itself; a project whose virtual environment is inside it) is not
+    one package: it never counts."""
     root = os.path.abspath(package_dir)
+    if any(lib == root or lib.startswith(root + os.sep) for lib in (*_LIBRARIES, _TORCH_DIR, _AMEM_DIR)):
+        return
     if root not in _RUN_AS_PROGRAM:
         _RUN_AS_PROGRAM.append(root)
 

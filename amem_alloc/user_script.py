@@ -46,6 +46,7 @@ RUN_MODULE = declare("runpy", "run_module", "while the user's script runs: a mod
                      "program's own code in notes and call sites")
 
 _RUNPY = os.path.dirname(runpy.__file__)
+_RUN_PATH, _RUN_MODULE = runpy.run_path, runpy.run_module   # the script runner's own, never the wrapped ones
 _MISSING = object()
 _ENTRY_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import \w+", re.M)   # pip's console-script template
 _AMEM = os.path.dirname(os.path.abspath(__file__))
@@ -74,16 +75,14 @@ def _what_the_script_runs_is_the_program() -> Iterator[None]:
     """A file or module the script runs as a script itself (`tune run` runs its recipe with
     runpy.run_path) counts as the program's own code, as the script does: notes name the recipe's
     line, not torchtune's config wrapper around it."""
-    run_path, run_module = runpy.run_path, runpy.run_module
-
     def path(path_name, *args, **kwargs):
         from . import code_files
         code_files.run_as_program(os.path.dirname(os.path.abspath(os.fspath(path_name))))
-        return run_path(path_name, *args, **kwargs)
+        return _RUN_PATH(path_name, *args, **kwargs)
 
     def module(mod_name, *args, **kwargs):
         _count_package_as_program(mod_name)
-        return run_module(mod_name, *args, **kwargs)
+        return _RUN_MODULE(mod_name, *args, **kwargs)
     with PatchSet() as patches:
         patches.apply(RUN_PATH, runpy, "run_path", path)
         patches.apply(RUN_MODULE, runpy, "run_module", module)
@@ -262,13 +261,13 @@ def _run_as_main(target: str, module: bool, reraise: tuple, explain,
         if module:
             sys.path.insert(0, os.getcwd())   # as `python -m` puts the working folder first
             _count_package_as_program(target)
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _RUN_MODULE(target, run_name="__main__", alter_sys=True)
         else:
             sys.path.insert(0, str(Path(target).resolve().parent))
             entry = console_script_entry(target)
             if entry is not None:   # a command pip installed: its package is the program's code
                 _count_package_as_program(entry)
-            runpy.run_path(target, run_name="__main__")
+            _RUN_PATH(target, run_name="__main__")
     except SystemExit as done:
         return exit_status(done.code)
     except reraise:

@@ -62,3 +62,18 @@ def test_a_file_the_script_runs_as_a_script_is_the_programs_code(tmp_path):
                          text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "recipe is the user's: True" in out.stdout, out.stdout
+
+
+def test_a_folder_holding_the_libraries_never_counts_as_the_programs_package(monkeypatch):
+    """Counting the folder a script runs from as the program's package (runpy) would make every library
+    under it the user's code where the virtual environment is inside the project (./.venv): the
+    folders that are or hold a library folder never count."""
+    import os
+    import torch
+    from amem_alloc import code_files
+
+    monkeypatch.setattr(code_files, "_RUN_AS_PROGRAM", [])
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    for folder in (site, os.path.dirname(site), os.path.dirname(torch.__file__)):
+        code_files.run_as_program(folder)
+    assert code_files._RUN_AS_PROGRAM == [] and not code_files.is_user_file(torch.__file__)
