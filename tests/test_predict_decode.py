@@ -181,7 +181,7 @@ def test_a_loop_whose_scratch_is_not_affine_runs_every_step(tmp_path):
     """On an A100 SDPA runs flash attention, whose split-KV buffers follow the number of 256-token blocks of
     keys (the split count is 1, then more as the context grows): steps alike now differ later, so the loop is
     not written out, and a note says why."""
-    args = (2, 16, 12, "dynamic")
+    args = (2, 16, 24, "dynamic")   # (a loop with fewer steps left than it ran runs them anyway)
     short = _run(tmp_path, GENERATE, args, gpu="A100-80GB")
     full = _run(tmp_path, GENERATE, args, write_decode=False, gpu="A100-80GB")
     told = _written(short)
@@ -379,3 +379,45 @@ def test_a_static_cache_generate_is_predicted_as_compiled_as_transformers_compil
     kv = b * KV_HEADS * (p + n - 1) * HEAD_DIM * BF16
     made = [size for kind, key, size, _ in run.recorded.ops if kind == replay.ALLOC and size == kv]
     assert len(made) == 2 * LAYERS, (kv, len(made))
+
+
+TRAINING_WITHOUT_GRAD_AT_TIMES = textwrap.dedent("""
+    import sys, torch
+    from torch.utils.checkpoint import checkpoint
+    kind, steps = sys.argv[1], int(sys.argv[2])
+    layers = [torch.nn.Linear(64, 64).cuda() for _ in range(24)]
+    teacher = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.SGD([p for layer in layers for p in layer.parameters()], lr=0.1)
+    x = torch.randn(8, 64, device="cuda", requires_grad=True)
+    ran = 0
+    for step in range(steps):
+        if kind == "teacher":   # a reference model's forward without gradients (distillation, DPO)
+            with torch.no_grad():
+                target = teacher(x)
+        h = x
+        for i in range(len(layers)):   # reentrant checkpointing runs each block without gradients
+            h = checkpoint(layers[i], h, use_reentrant=True) if kind == "checkpoint" else layers[i](h)
+        h.sum().backward()
+        opt.step()
+        ran += 1
+    print("steps run", ran)
+""")
+
+
+@pytest.mark.parametrize("kind", ["teacher", "checkpoint"])
+def test_a_training_loop_whose_model_runs_without_gradients_at_times_runs_every_step(tmp_path, capfd, kind):
+    """A module returning with gradients off made a loop a "decode loop": a teacher's forward under
+    no_grad in a training loop, or blocks under reentrant checkpointing, and the loop's last steps
+    were written out: the script's training loop ended early (torch.utils.checkpoint's layer loop lost
+    its last layer; a real run's 3rd step never ran). Loops that train are never written out."""
+    run = _run(tmp_path, TRAINING_WITHOUT_GRAD_AT_TIMES, (kind, 20))
+    assert not _written(run)
+    assert "steps run 20" in capfd.readouterr().out
+
+
+def test_a_loop_with_fewer_steps_left_than_it_ran_runs_them(tmp_path):
+    """A 10-step denoising loop (diffusers' DDIM) was written out after 9 steps: its last step, which
+    a callback or the scheduler's end may make different, never ran, for no time saved. A loop is
+    written out only where it has at least as many steps left as it ran."""
+    few, many = _run(tmp_path, USER_LOOP, (2, 16, 10)), _run(tmp_path, USER_LOOP, (2, 16, 20))
+    assert not _written(few) and len(_written(many)) == 1

@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,13 +227,17 @@ class DecodeLoops:
             del self.loops[key]
 
     def _write_out(self, loop: Loop, left: int, grow_after: bool) -> bool:
-        """Whether the loop's last steps grow alike; if so, its `left` steps are to be written out."""
+        """Whether the loop's last steps grow alike, it has at least as many steps left as it ran
+        (fewer are not worth a program that differs from the run's: a 10-step DDIM loop's last step
+        runs), and it trains nothing; if so, its `left` steps are to be written out."""
+        ran = len(loop.bounds) - (0 if grow_after else 1)   # a user loop's bounds are step ends; generate's, heads
         spans = list(zip(loop.bounds, loop.bounds[1:]))[WARMUP:]
-        grow = repeat.growth(self.session.ops, spans) if len(spans) >= repeat.GROW_RUN else None
+        if left < ran or len(spans) < repeat.GROW_RUN or self._trains(spans):
+            return False
+        grow = repeat.growth(self.session.ops, spans)
         if grow is None or self._not_affine(loop, spans[-1]):
             return False
         self.written.append(WrittenOut(spans, left, grow, grow_after))
-        ran = len(loop.bounds) - (0 if grow_after else 1)   # a user loop's bounds are step ends; generate's, heads
         shorter = ("" if not grow_after else f"; what the loop built (a sequence of tokens) holds the {ran} steps "
                    "run, so code after it sees it shorter than a real run would (--run-every-decode-step runs "
                    "every step)")
@@ -240,6 +245,14 @@ class DecodeLoops:
                      f"the last {repeat.GROW_RUN} (same allocations, each growing by the same bytes every step)"
                      f"{shorter}", where=loop.where)
         return True
+
+    def _trains(self, spans: list) -> bool:
+        """Whether the steps run a backward pass or an optimizer step: a training loop whose model
+        runs without gradients at times (a teacher or reference model under no_grad; a block that
+        reentrant checkpointing runs under no_grad) is no decode loop, and its steps all run."""
+        ops, infos = self.session.ops, self.session.infos
+        return any(getattr(infos.get(key), "phase", "") in ("backward", "optimizer")
+                   for kind, key, _, _ in ops[spans[0][0]:spans[-1][1]] if kind == 0)
 
     def _not_affine(self, loop: Loop, span: tuple[int, int]) -> bool:
         """Whether the step runs a kernel whose scratch is not affine in the context length, so that
@@ -336,11 +349,13 @@ def _user_loop() -> Any:
     user frame, a `range` (the iterator on its stack, or inside an enumerate there); in a library
     frame between the model and the user's code (a diffusers pipeline's denoising loop), a range, a
     tuple or a list (a tensor of timesteps iterates as a tuple of its rows), directly or through a
-    generator that wraps it (tqdm's progress bar). None inside generate() or where no such loop is."""
+    generator that wraps it (tqdm's progress bar). None inside generate(), inside torch.utils.checkpoint
+    (reentrant checkpointing runs a block's forward without gradients: a training step's, no decode
+    step's) or where no such loop is."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if "transformers/generation/" in name:
+        if "transformers/generation/" in name or name == _CHECKPOINT_FILE:
             return None
         if code_files.is_user_file(name):
             return _range_iterator(frame)
@@ -352,6 +367,7 @@ def _user_loop() -> Any:
     return None
 
 
+_CHECKPOINT_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "checkpoint.py")
 _RANGE_ITERATORS = (type(iter(range(0))), type(iter(range(1 << 64))))
 _SEQUENCE_ITERATORS = (*_RANGE_ITERATORS, type(iter(())), type(iter([])))
 _GENERATOR = type((lambda: (yield))())
