@@ -13,7 +13,8 @@ The changes, and why:
   wherever they are made (their values never decide what CUDA allocates; a 7B model on the CPU
   would need 28 GB; a tensor subclass wrapping tensors, torchao's quantized weights or a
   DTensor, stays what it is: the tensors it holds are already fake), and pinning host memory,
-  which needs a CUDA driver, makes an ordinary copy; both on the classes, not in the modes: the DataLoader pins batches in a thread of its own;
+  which needs a CUDA driver, makes an ordinary copy; both on the classes, not in the modes: the
+  DataLoader pins batches in a thread of its own;
 * `torch.nn.Module._apply` (`.cuda()`, `.to()`): a model moved holds parameters and buffers, though
   its forward may never run (its weights read directly, `F.linear(x, m.weight)`);
 * `torch.compile` and `nn.Module.compile`: inductor's regions are predicted as compiled
