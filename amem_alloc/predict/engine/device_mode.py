@@ -52,15 +52,6 @@ def _cuda_ordinal(device) -> int | None:
     return None
 
 
-def _target_of_to(func, args: tuple, kwargs: dict):
-    """The device argument of Tensor.to/.cuda (None where it names none)."""
-    if func is torch.Tensor.cuda:
-        device = args[1] if len(args) > 1 else kwargs.get("device")
-        return torch.device("cuda", device) if isinstance(device, int) else device
-    first = args[1] if len(args) > 1 else None
-    return kwargs.get("device", first if isinstance(first, (str, torch.device)) else None)
-
-
 INVALID_ORDINAL = ("CUDA error: invalid device ordinal (cuda:{index}: the process is predicted with {count} "
                    "device{s}; a prediction gives each process the devices its launcher gives it)")
 
@@ -74,14 +65,17 @@ def _factories() -> set:
 
 
 def _parse_to(func, args: tuple, kwargs: dict, type_of: Callable):
-    """(target device type or None, to()'s other arguments as keywords) of Tensor.to/.cuda/.cpu;
-    type_of(tensor) is the device type a tensor claims (for .to(other))."""
+    """(target device type or None, the CUDA index it names or None, to()'s other arguments as
+    keywords) of Tensor.to/.cuda/.cpu; type_of(tensor) is the device type a tensor claims (for
+    .to(other))."""
     nb = kwargs.get("non_blocking", False)
     fmt = kwargs.get("memory_format")
     if func is torch.Tensor.cuda:
-        return "cuda", {"non_blocking": nb or (len(args) > 2 and bool(args[2])), "memory_format": fmt}
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        index = device if isinstance(device, int) else _cuda_ordinal(device)
+        return "cuda", index, {"non_blocking": nb or (len(args) > 2 and bool(args[2])), "memory_format": fmt}
     if func is torch.Tensor.cpu:
-        return "cpu", {"memory_format": fmt}
+        return "cpu", None, {"memory_format": fmt}
     rest = dict(kwargs)
     copy = rest.pop("copy", False)
     other = rest.pop("other", None)
@@ -92,12 +86,12 @@ def _parse_to(func, args: tuple, kwargs: dict, type_of: Callable):
         device, dtype = type_of(other), other.dtype
         nb = bool(positional[0]) if positional else nb
         copy = bool(positional[1]) if len(positional) > 1 else copy
-        return device, {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
+        return device, None, {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
     if len(positional) > 3:   # to(device, dtype, non_blocking, copy): _parse_to takes no copy
         copy = bool(positional.pop(3))
     device, dtype, nb, fmt = torch._C._nn._parse_to(*positional, **rest)
-    return (device.type if device is not None else None), {"dtype": dtype, "non_blocking": nb, "copy": copy,
-                                                           "memory_format": fmt}
+    return (device.type if device is not None else None), _cuda_ordinal(device), \
+        {"dtype": dtype, "non_blocking": nb, "copy": copy, "memory_format": fmt}
 
 
 class DeviceMode(TorchFunctionMode):
@@ -263,7 +257,7 @@ class DeviceMode(TorchFunctionMode):
         name = getattr(func, "__name__", "factory")
         if name in _FROM_DATA and args and isinstance(args[0], (list, tuple)):
             args = (self._read_elements(args[0]),) + tuple(args[1:])
-        self._check_ordinal(kwargs.get("device"))
+        self._check_ordinal(_cuda_ordinal(kwargs.get("device")))
         device = device_type(kwargs.get("device")) or self._default_device()
         kwargs = dict(kwargs)
         pin = bool(kwargs.pop("pin_memory", False)) and device == "cpu"
@@ -300,10 +294,9 @@ class DeviceMode(TorchFunctionMode):
         with torch._C.DisableTorchFunction():
             return None if known.is_assumed(t) else known.value(t)
 
-    def _check_ordinal(self, device) -> None:
-        """A device index past the devices the process has: torch's error, for the script (on one GPU,
+    def _check_ordinal(self, index: int | None) -> None:
+        """A CUDA index past the devices the process has: torch's error, for the script (on one GPU,
         `torch.ones(3, device="cuda:1")` fails so; the tensor made on cuda:0 hid a script that fails)."""
-        index = _cuda_ordinal(device)
         count = self.session.device_count
         if index is not None and index >= count:
             raise for_the_script(RuntimeError(INVALID_ORDINAL.format(index=index, count=count,
@@ -311,8 +304,8 @@ class DeviceMode(TorchFunctionMode):
 
     def _to(self, func, args, kwargs):
         t = args[0]
-        self._check_ordinal(_target_of_to(func, args, kwargs))
-        target, options = _parse_to(func, args, kwargs, self._type)
+        target, index, options = _parse_to(func, args, kwargs, self._type)
+        self._check_ordinal(index)
         options = {k: v for k, v in options.items() if v is not None}
         source = self._type(t)
         if target is None or (target == "meta" and t.device.type == "meta" and not spoofing()):
