@@ -335,17 +335,17 @@ class FakeCudaSession:
         """The running models' parameters, buffers and gradients, as they are now (at each optimizer
         step and at the end)."""
         for root in self.modules.roots:
-            for t, table, label in self._state_of(root):
-                self._mark(t, table, label)
+            self.learn_model(root)
 
     def made_parameter(self, param) -> None:
         """A Parameter made over a CUDA storage (a model deep-copied for its EMA, which may never run a
         forward, and so is no model the module scope sees): that storage holds a parameter."""
         self._mark(param, self.know.model_state, ("parameter", "made as a Parameter"))
 
-    def moved_model(self, model) -> None:
-        """A model moved or cast (Module._apply): its parameters and buffers are learnt now, by
-        name (a model whose forward never runs: its weights read as `F.linear(x, m.weight)`)."""
+    def learn_model(self, model) -> None:
+        """A model's parameters, buffers and gradients as they are now, by name: a running model's,
+        and one just moved or cast (Module._apply), whose forward may never run (its weights read
+        as `F.linear(x, m.weight)`)."""
         for t, table, label in self._state_of(model):
             self._mark(t, table, label)
 

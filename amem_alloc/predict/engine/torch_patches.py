@@ -203,7 +203,7 @@ def _moved_models(session: Any, patches: PatchSet) -> None:
         finally:
             depth[0] -= 1
         if not depth[0]:
-            session.moved_model(module)
+            session.learn_model(module)
         return out
 
     patches.apply(MODULE_APPLY, torch.nn.Module, "_apply", apply)
