@@ -90,6 +90,7 @@ class Loop:
     bounds: list[int] = field(default_factory=list)  # op index at each step's end
     owner: Any = None                                # a user loop's range iterator
     lengths: list[int] = field(default_factory=list) # generate(): the sequences' length at each head
+    trains: bool = False                             # a step ran a backward or an optimizer step
 
 
 @dataclass
@@ -231,8 +232,10 @@ class DecodeLoops:
         (fewer are not worth a program that differs from the run's: a 10-step DDIM loop's last step
         runs), and it trains nothing; if so, its `left` steps are to be written out."""
         ran = len(loop.bounds) - (0 if grow_after else 1)   # a user loop's bounds are step ends; generate's, heads
+        if len(loop.bounds) > 1:   # (asked at each step's end: the newest step alone is read)
+            loop.trains = loop.trains or self._trains(loop.bounds[-2], loop.bounds[-1])
         spans = list(zip(loop.bounds, loop.bounds[1:]))[WARMUP:]
-        if left < ran or len(spans) < repeat.GROW_RUN or self._trains(spans):
+        if left < ran or len(spans) < repeat.GROW_RUN or loop.trains:
             return False
         grow = repeat.growth(self.session.ops, spans)
         if grow is None or self._not_affine(loop, spans[-1]):
@@ -246,13 +249,14 @@ class DecodeLoops:
                      f"{shorter}", where=loop.where)
         return True
 
-    def _trains(self, spans: list) -> bool:
-        """Whether the steps run a backward pass or an optimizer step: a training loop whose model
-        runs without gradients at times (a teacher or reference model under no_grad; a block that
-        reentrant checkpointing runs under no_grad) is no decode loop, and its steps all run."""
+    def _trains(self, begin: int, end: int) -> bool:
+        """Whether the step between these op indices ran a backward pass or an optimizer step: a
+        training loop whose model runs without gradients at times (a teacher or reference model
+        under no_grad; a block that reentrant checkpointing runs under no_grad) is no decode loop,
+        and its steps all run."""
         ops, infos = self.session.ops, self.session.infos
         return any(getattr(infos.get(key), "phase", "") in ("backward", "optimizer")
-                   for kind, key, _, _ in ops[spans[0][0]:spans[-1][1]] if kind == 0)
+                   for kind, key, _, _ in ops[begin:end] if kind == 0)
 
     def _not_affine(self, loop: Loop, span: tuple[int, int]) -> bool:
         """Whether the step runs a kernel whose scratch is not affine in the context length, so that
