@@ -137,8 +137,8 @@ def run(argv: list[str], run: Any, steps: int = DEFAULT_STEPS, timeout: float = 
     except NotModelledError as failure:   # after steps, a stand-in's consequence: the steps stand
         if not (done[0] and getattr(failure, "after_stand_in", False)):
             raise
-        unit = "backward pass" if getattr(run, "backward_steps", False) else "optimizer step"
-        run.ended_by = ENDED_BY.format(steps=_count(done[0], unit), failure=failure)
+        run.ended_by = ENDED_BY.format(steps=_count(done[0], _unit(getattr(run, "backward_steps", False))),
+                                       failure=failure)
         return done[0]
 
 
@@ -178,7 +178,7 @@ def stopped_after_line(done: int, steps: int, written_out: int = 0, ended_by: st
     """What the output says when --steps stopped the script, or a stand-in's consequence did
     (`ended_by`, run() says it), or None when it ran to its end. `backward_steps`: the script made
     no optimizer, and its steps were its backward passes."""
-    unit = "backward pass" if backward_steps else "optimizer step"
+    unit = _unit(backward_steps)
     if ended_by:
         return ended_by
     if written_out:
@@ -194,6 +194,11 @@ def stopped_after_line(done: int, steps: int, written_out: int = 0, ended_by: st
         return (f"the script ended after 1 {unit}: the figures cover that step; a second step, run with {held} "
                 "already held, often peaks higher (give the script more data or epochs to see it)")
     return None
+
+
+def _unit(backward_steps: bool) -> str:
+    """What a step is: the script's backward pass where it made no optimizer, else an optimizer step."""
+    return "backward pass" if backward_steps else "optimizer step"
 
 
 def _count(n: int, unit: str) -> str:
